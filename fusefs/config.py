@@ -1,0 +1,549 @@
+"""The configuration schema: typed dataclasses that validate YAML, apply ``-o`` overrides and print defaults.
+
+The dataclasses below are the single source of truth: ``seerfs config --defaults`` prints them with
+their docs, ``man/seerfs.yaml.5`` documents the same keys (a test keeps them in step), and every
+error names the dotted key and what was expected.  Later features extend the schema; keys are never
+renamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from .errors import ConfigError
+
+ByteSize = NewType("ByteSize", int)
+"""An integer byte count; YAML may give ``4GiB``, ``512M`` (binary) or ``2GB`` (decimal)."""
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}  # fmt: skip
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: object) -> int:
+    """Parse a byte size (int, or a string with an optional unit); raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("a byte size")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a non-negative byte size")
+        return value
+    if isinstance(value, str):
+        m = _BYTES_RE.match(value)
+        if m and m.group(2).lower() in _BYTE_UNITS:
+            return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
+    raise ValueError("a byte size such as 1048576, 512MiB, 4G or 2GB")
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field carrying its documentation (printed by ``config --defaults``)."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class FuseSettings:
+    entry_timeout: float = doc("seconds the kernel caches name lookups (the tree is immutable)", 86400.0)
+    attr_timeout: float = doc("seconds the kernel caches attributes", 86400.0)
+    read_ahead_kb: int = doc("read-ahead set on the mount's bdi; >128 allows 1 MiB read requests", 1024)
+    max_tasks: int = doc("most FUSE requests served concurrently (pyfuse3 trio tasks)", 64)
+    whole_file_max: ByteSize = doc("files up to this size are read whole at open", ByteSize(4 << 20))
+    io_threads: int = doc("threads for blocking reads from the source", 16)
+
+
+@dataclass(frozen=True)
+class SnapshotSettings:
+    walk_threads: int = doc("threads that walk the source at mount", 8)
+    reuse: bool = doc("reuse the persisted snapshot when the source's fingerprint is unchanged", True)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    kind: Literal["distributed", "random", "sequential", "list"] = doc(
+        "distributed: DistributedSampler; random: DataLoader(shuffle=True, generator seeded) in one "
+        "process per rank; sequential: in index order (validation); list: the order in order_file",
+        "distributed",
+    )
+    shuffle: bool = doc("DistributedSampler(shuffle=...)", True)
+    drop_last: bool = doc("DistributedSampler(drop_last=...): truncate instead of padding", False)
+    persistent_workers: bool = doc("random: DataLoader(persistent_workers=...)", False)
+    order_file: str | None = doc("list: file of dataset indices, one per line, in read order", None)
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    root: str = doc("directory of the dataset inside the mount ('.' for the mount root)", ".")
+    layout: Literal["imagefolder", "files", "list"] = doc(
+        "imagefolder: torchvision ImageFolder order; files: every file, sorted; list: list_file's order",
+        "imagefolder",
+    )
+    list_file: str | None = doc("list: file of paths relative to root, one per line", None)
+    extensions: list[str] | None = doc(
+        "file extensions kept (case-insensitive); default: ImageFolder's for imagefolder, all for files",
+        None,
+    )
+    follows: str | None = doc(
+        "root of the dataset after each epoch of which this one is read (validation), or null", None
+    )
+    every: int = doc("with follows: read after every Nth epoch", 1)
+    sampler: SamplerConfig = doc("how the training code samples this dataset", factory=SamplerConfig)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    world_size: int = doc("number of training ranks in the job", 1)
+    ranks_per_node: int = doc("training ranks on each node", 1)
+    rank_order: Literal["contiguous", "round_robin"] = doc(
+        "contiguous: node k hosts ranks k*R..k*R+R-1 (torchrun, srun); round_robin: rank r on node r%N",
+        "contiguous",
+    )
+    epochs: int = doc("epochs the job trains", 1)
+    batch_size: int = doc("per-rank DataLoader batch size", 1)
+    drop_last: bool = doc("DataLoader(drop_last=...): the last partial batch is never read", False)
+    num_workers: int = doc("DataLoader worker processes per rank", 0)
+    prefetch_factor: int = doc("DataLoader prefetch_factor (batches per worker in flight)", 2)
+
+
+ThroughputTable = dict[int, float]
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    kind: Literal["memory", "directory"] = doc("memory: daemon RAM; directory: a local disk path", "memory")
+    path: str | None = doc("directory tiers: where cached files live (created, owned by the daemon)", None)
+    bytes: ByteSize = doc("hard byte budget (memory tiers include the page cache the mount fills)", ByteSize(0))
+    threads: int = doc("prefetch threads that fill this tier", 4)
+    read_mbps: ThroughputTable | None = doc("r_j(p): MB/s read with p threads; default from model", None)
+    write_mbps: ThroughputTable | None = doc("w_j(p): MB/s written with p threads; default from model", None)
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    lookahead_bytes: ByteSize = doc("staging window: bytes of this node's upcoming reads kept ready",
+                                    ByteSize(256 << 20))
+    threads: int = doc("threads that fill the staging window", 4)
+    staging: Literal["page_cache", "memory"] = doc(
+        "page_cache: push staged files into the kernel page cache (notify_store); memory: serve from RAM",
+        "page_cache",
+    )
+    reactive: bool = doc("without a confirmed plan, cache by a static frequency set instead of not at all",
+                         True)
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    discovery: Literal["auto", "mpi", "rendezvous", "static", "none"] = doc(
+        "auto: MPI when launched by mpirun/srun, else rendezvous_dir, else static, else alone", "auto"
+    )
+    bind: str = doc("address or interface name the data port binds to", "127.0.0.1")
+    port: int = doc("data port (0: any free port)", 0)
+    rendezvous_dir: str | None = doc("shared directory where daemons publish their addresses", None)
+    static: list[str] = doc("fixed peer list, host:port per node, same order on every node", factory=list)
+    expect: int = doc("nodes to wait for with rendezvous discovery (0: use static's length)", 0)
+    join_timeout: float = doc("seconds to wait for the group to form", 120.0)
+    timeout: float = doc("seconds before an unanswered peer request falls back to the PFS", 2.0)
+    down_after: int = doc("consecutive failures before a peer is marked down", 2)
+    max_requests: int = doc("concurrent requests to one peer", 8)
+    spread: bool = doc("assign every file an owner when aggregate storage allows", True)
+
+
+def _default_pfs_table() -> ThroughputTable:
+    return {1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0}
+
+
+def _default_memory_read() -> ThroughputTable:
+    return {1: 10000.0, 4: 40000.0, 8: 85000.0}
+
+
+def _default_memory_write() -> ThroughputTable:
+    return {1: 5000.0, 4: 20000.0, 8: 40000.0}
+
+
+def _default_disk_read() -> ThroughputTable:
+    return {1: 1000.0, 2: 2000.0, 4: 4000.0}
+
+
+def _default_disk_write() -> ThroughputTable:
+    return {1: 800.0, 2: 1500.0, 4: 2500.0}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    pfs_mbps: ThroughputTable = doc("t(gamma): PFS aggregate random-read MB/s with gamma reading nodes",
+                                    factory=_default_pfs_table)
+    network_mbps: float = doc("b_c: node-to-node bandwidth in MB/s", 24000.0)
+    memory_read_mbps: ThroughputTable = doc("r(p) of memory tiers by threads", factory=_default_memory_read)
+    memory_write_mbps: ThroughputTable = doc("w(p) of memory tiers by threads", factory=_default_memory_write)
+    directory_read_mbps: ThroughputTable = doc("r(p) of directory tiers by threads", factory=_default_disk_read)
+    directory_write_mbps: ThroughputTable = doc("w(p) of directory tiers by threads",
+                                                factory=_default_disk_write)
+    open_latency_s: float = doc("PFS per-file open latency in seconds", 0.003)
+
+
+def _default_datasets() -> list[DatasetConfig]:
+    return [DatasetConfig()]
+
+
+def _default_tiers() -> list[TierConfig]:
+    return [TierConfig(kind="memory", bytes=ByteSize(1 << 30), threads=4)]
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str | None = doc("the dataset directory on the PFS (the SOURCE argument overrides it)", None)
+    cache_dir: str = doc("local directory for the persisted snapshot and logs", "~/.cache/seerfs")
+    log_file: str | None = doc("daemon log (default: CACHE_DIR/log/<mount>.log)", None)
+    log_level: Literal["debug", "info", "warning", "error"] = doc("daemon log level", "info")
+    allow_other: bool = doc("let other users use the mount (needs user_allow_other in /etc/fuse.conf "
+                            "unless mounting as root)", False)
+    fuse: FuseSettings = doc("kernel interface", factory=FuseSettings)
+    snapshot: SnapshotSettings = doc("metadata snapshot", factory=SnapshotSettings)
+    datasets: list[DatasetConfig] = doc("datasets inside the mount and how they are sampled",
+                                        factory=_default_datasets)
+    job: JobConfig = doc("the training job's shape, shared by every node", factory=JobConfig)
+    tiers: list[TierConfig] = doc("local storage tiers, fastest first", factory=_default_tiers)
+    prefetch: PrefetchConfig = doc("staging window", factory=PrefetchConfig)
+    peers: PeersConfig = doc("the daemon group and its data plane", factory=PeersConfig)
+    model: ModelConfig = doc("performance-model parameters (NoPFS section 4)", factory=ModelConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested mapping (the form ``placement`` takes and ``.control/config`` shows)."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(os.path.expanduser(self.cache_dir))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    if tp is ByteSize:
+        return "a byte size such as 4GiB"
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in inner) + " or null"
+    if origin is list:
+        return f"a list of {_type_name(get_args(tp)[0])}s"
+    if origin is dict:
+        return "a mapping of integer to number"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp`` and return it in its Python form."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(value, inner[0], key)
+    if tp is ByteSize:
+        try:
+            return ByteSize(parse_bytes(value))
+        except ValueError:
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}") from None
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        (item_tp,) = get_args(tp)
+        return [_convert(v, item_tp, f"{key}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not value:
+            raise ConfigError(f"{key}: expected {_type_name(tp)} (e.g. {{1: 330, 8: 2870}}), got {value!r}")
+        out: dict[int, float] = {}
+        for k, v in value.items():
+            kk = _convert(k, int, f"{key}.{k}")
+            vv = _convert(v, float, f"{key}.{k}")
+            if kk < 1 or vv <= 0:
+                raise ConfigError(f"{key}.{k}: expected a positive count and a positive throughput")
+            out[kk] = vv
+        return dict(sorted(out.items()))
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif tp is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, naming the full key of anything unknown or wrong."""
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            where = f"{prefix}." if prefix else ""
+            raise ConfigError(f"{where}{k}: unknown key (expected one of: {', '.join(sorted(names))})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            kwargs[f.name] = _convert(data[f.name], hints[f.name], key)
+    return cls(**kwargs)
+
+
+def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}: expected a {'non-negative' if allow_zero else 'positive'} value, got {value}")
+
+
+def check(cfg: Config) -> Config:
+    """Cross-field checks the types alone cannot express."""
+    for key, value in (
+        ("fuse.entry_timeout", cfg.fuse.entry_timeout),
+        ("fuse.attr_timeout", cfg.fuse.attr_timeout),
+        ("peers.timeout", cfg.peers.timeout),
+        ("peers.join_timeout", cfg.peers.join_timeout),
+        ("model.network_mbps", cfg.model.network_mbps),
+    ):
+        _check_positive(key, value, allow_zero=key.startswith("fuse."))
+    for key, ivalue in (
+        ("fuse.read_ahead_kb", cfg.fuse.read_ahead_kb),
+        ("fuse.max_tasks", cfg.fuse.max_tasks),
+        ("fuse.io_threads", cfg.fuse.io_threads),
+        ("snapshot.walk_threads", cfg.snapshot.walk_threads),
+        ("job.world_size", cfg.job.world_size),
+        ("job.ranks_per_node", cfg.job.ranks_per_node),
+        ("job.epochs", cfg.job.epochs),
+        ("job.batch_size", cfg.job.batch_size),
+        ("job.prefetch_factor", cfg.job.prefetch_factor),
+        ("prefetch.threads", cfg.prefetch.threads),
+        ("peers.max_requests", cfg.peers.max_requests),
+        ("peers.down_after", cfg.peers.down_after),
+    ):
+        _check_positive(key, ivalue)
+    _check_positive("job.num_workers", cfg.job.num_workers, allow_zero=True)
+    _check_positive("model.open_latency_s", cfg.model.open_latency_s, allow_zero=True)
+    if cfg.job.world_size % cfg.job.ranks_per_node:
+        raise ConfigError(
+            f"job.ranks_per_node: expected a divisor of job.world_size ({cfg.job.world_size}), "
+            f"got {cfg.job.ranks_per_node}"
+        )
+    if not 0 <= cfg.peers.port <= 65535:
+        raise ConfigError(f"peers.port: expected 0..65535, got {cfg.peers.port}")
+    roots: set[str] = set()
+    for i, ds in enumerate(cfg.datasets):
+        key = f"datasets.{i}"
+        norm = os.path.normpath(ds.root)
+        if os.path.isabs(ds.root) or norm.startswith(".."):
+            raise ConfigError(f"{key}.root: expected a path inside the mount, got {ds.root!r}")
+        if norm in roots:
+            raise ConfigError(f"{key}.root: {ds.root!r} is configured twice")
+        roots.add(norm)
+        if ds.layout == "list" and not ds.list_file:
+            raise ConfigError(f"{key}.list_file: expected a file name when layout is 'list'")
+        if ds.sampler.kind == "list" and not ds.sampler.order_file:
+            raise ConfigError(f"{key}.sampler.order_file: expected a file name when sampler.kind is 'list'")
+        _check_positive(f"{key}.every", ds.every)
+    for i, ds in enumerate(cfg.datasets):
+        if ds.follows is not None and os.path.normpath(ds.follows) not in roots:
+            raise ConfigError(f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}")
+    for i, tier in enumerate(cfg.tiers):
+        key = f"tiers.{i}"
+        if tier.kind == "directory" and not tier.path:
+            raise ConfigError(f"{key}.path: expected a directory for a directory tier")
+        if tier.kind == "memory" and tier.path:
+            raise ConfigError(f"{key}.path: memory tiers take no path")
+        _check_positive(f"{key}.threads", tier.threads)
+    return cfg
+
+
+# --------------------------------------------------------------------------- loading
+
+
+GENERIC_MOUNT_OPTIONS = frozenset(
+    "rw ro dev nodev suid nosuid exec noexec auto noauto user nouser users owner group defaults async "
+    "sync atime noatime diratime nodiratime relatime norelatime strictatime lazytime nolazytime "
+    "_netdev nofail silent loud nomand mand iversion noiversion".split()
+)
+"""Options mount(8)/mount.fuse3 may pass along; they mean nothing to seerfs and are ignored."""
+
+
+def parse_mount_options(opts: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+    """Split ``-o`` strings into (config file, key=value overrides, ignored generic options)."""
+    config_file: str | None = None
+    overrides: dict[str, str] = {}
+    ignored: list[str] = []
+    for chunk in opts:
+        for item in chunk.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            if key == "config" and sep:
+                config_file = value
+            elif key == "allow_other" and not sep:
+                overrides["allow_other"] = "true"
+            elif key in GENERIC_MOUNT_OPTIONS and not sep:
+                ignored.append(key)
+            elif not sep:
+                raise ConfigError(f"-o {item}: expected key=value (e.g. job.epochs=3) or config=FILE")
+            else:
+                overrides[key] = value
+    return config_file, overrides, ignored
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, raw: str) -> None:
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = dotted.split(".")
+    node: Any = data
+    defaults: Any = Config()
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit():
+                raise ConfigError(f"-o {dotted}: expected a list index at {part!r}")
+            idx = int(part)
+            if idx > len(node):
+                raise ConfigError(f"-o {dotted}: index {idx} is past the end of the list ({len(node)} items)")
+            if idx == len(node):
+                node.append({})
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+            defaults = None
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"-o {dotted}: {part!r} is not inside a mapping")
+        if last:
+            node[part] = value
+            break
+        if part not in node or node[part] is None:
+            default_value = getattr(defaults, part, None) if defaults is not None else None
+            if isinstance(default_value, list):
+                node[part] = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in default_value]
+            else:
+                node[part] = {}
+        defaults = getattr(defaults, part, None) if defaults is not None else None
+        node = node[part]
+
+
+def load(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, str] | None = None) -> Config:
+    """Load, override and validate a config; every problem raises ConfigError naming the key."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config {path}{where}: not valid YAML") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config {path}: expected a mapping at the top level")
+        data = loaded
+    for key, raw in (overrides or {}).items():
+        _set_dotted(data, key, raw)
+    return check(build(Config, data))
+
+
+def defaults_yaml() -> str:
+    """The default configuration as commented YAML (``seerfs config --defaults``)."""
+    lines = ["# seerfs configuration: every key with its default (see seerfs.yaml(5))"]
+    _emit(Config(), 0, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _scalar(value: Any, tp: Any) -> str:
+    if tp is ByteSize:
+        return format_bytes(value)
+    dumped = yaml.safe_dump(value, default_flow_style=True).strip()
+    return dumped.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _emit(obj: Any, indent: int, lines: list[str]) -> None:
+    pad = "  " * indent
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        comment = f.metadata.get("doc", "")
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:  # {comment}")
+            _emit(value, indent + 1, lines)
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            lines.append(f"{pad}{f.name}:  # {comment}")
+            for item in value:
+                sub: list[str] = []
+                _emit(item, 0, sub)
+                for j, line in enumerate(sub):
+                    lines.append(f"{pad}  {'- ' if j == 0 else '  '}{line}")
+        else:
+            lines.append(f"{pad}{f.name}: {_scalar(value, hints[f.name])}  # {comment}")
+
+
+def all_keys(cls: Any = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema (list items as ``name[]``); the docs test uses it."""
+    keys: list[str] = []
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        tp = hints[f.name]
+        if get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0]):
+            keys.extend(all_keys(get_args(tp)[0], f"{key}[]."))
+        elif dataclasses.is_dataclass(tp):
+            keys.extend(all_keys(tp, f"{key}."))
+    return keys

@@ -1,0 +1,64 @@
+"""User-facing errors and the documented exit codes (man seerfs(1), EXIT STATUS).
+
+Anything a user can cause is raised as a :class:`SeerfsError` subclass and reported by the CLI as
+one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug: the message names the log file
+    USAGE = 2  # bad command line (argparse)
+    CONFIG = 3  # bad configuration file, -o override or option value
+    SOURCE = 4  # SOURCE missing, not a directory or unreadable
+    MOUNTPOINT = 5  # MOUNTPOINT missing, not a directory, not empty or already mounted
+    FUSE = 6  # FUSE unusable: no /dev/fuse, no fusermount3, allow_other refused
+    TIMEOUT = 7  # wait/umount gave up after --timeout
+    BUSY = 8  # umount: the mount is in use (the holders are named)
+    NOT_MOUNTED = 9  # no seerfs mount at that path
+    GROUP = 10  # the daemon group could not form or disagrees (config/plan digests)
+
+
+class SeerfsError(Exception):
+    code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class ConfigError(SeerfsError):
+    code = ExitCode.CONFIG
+
+
+class SourceError(SeerfsError):
+    code = ExitCode.SOURCE
+
+
+class MountpointError(SeerfsError):
+    code = ExitCode.MOUNTPOINT
+
+
+class FuseUnavailable(SeerfsError):
+    code = ExitCode.FUSE
+
+
+class TimeoutExpired(SeerfsError):
+    code = ExitCode.TIMEOUT
+
+
+class BusyError(SeerfsError):
+    code = ExitCode.BUSY
+
+
+class NotMounted(SeerfsError):
+    code = ExitCode.NOT_MOUNTED
+
+
+class GroupError(SeerfsError):
+    code = ExitCode.GROUP

@@ -1,0 +1,1 @@
+"""Programs around seerfs: PFS emulator, dataset generator, benchmarks, simulator, plots, demo."""
