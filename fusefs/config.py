@@ -137,7 +137,9 @@ ThroughputTable = dict[int, float]
 class TierConfig:
     kind: Literal["memory", "directory"] = doc("memory: daemon RAM; directory: a local disk path", "memory")
     path: str | None = doc("directory tiers: where cached files live (created, owned by the daemon)", None)
-    bytes: ByteSize = doc("hard byte budget (memory tiers include the page cache the mount fills)", ByteSize(0))
+    bytes: ByteSize = doc(
+        "hard byte budget (memory tiers include the page cache the mount fills)", ByteSize(0)
+    )
     threads: int = doc("prefetch threads that fill this tier", 4)
     read_mbps: ThroughputTable | None = doc("r_j(p): MB/s read with p threads; default from model", None)
     write_mbps: ThroughputTable | None = doc("w_j(p): MB/s written with p threads; default from model", None)
@@ -145,15 +147,17 @@ class TierConfig:
 
 @dataclass(frozen=True)
 class PrefetchConfig:
-    lookahead_bytes: ByteSize = doc("staging window: bytes of this node's upcoming reads kept ready",
-                                    ByteSize(256 << 20))
+    lookahead_bytes: ByteSize = doc(
+        "staging window: bytes of this node's upcoming reads kept ready", ByteSize(256 << 20)
+    )
     threads: int = doc("threads that fill the staging window", 4)
     staging: Literal["page_cache", "memory"] = doc(
         "page_cache: push staged files into the kernel page cache (notify_store); memory: serve from RAM",
         "page_cache",
     )
-    reactive: bool = doc("without a confirmed plan, cache by a static frequency set instead of not at all",
-                         True)
+    reactive: bool = doc(
+        "without a confirmed plan, cache by a static frequency set instead of not at all", True
+    )
 
 
 @dataclass(frozen=True)
@@ -195,14 +199,18 @@ def _default_disk_write() -> ThroughputTable:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    pfs_mbps: ThroughputTable = doc("t(gamma): PFS aggregate random-read MB/s with gamma reading nodes",
-                                    factory=_default_pfs_table)
+    pfs_mbps: ThroughputTable = doc(
+        "t(gamma): PFS aggregate random-read MB/s with gamma reading nodes", factory=_default_pfs_table
+    )
     network_mbps: float = doc("b_c: node-to-node bandwidth in MB/s", 24000.0)
     memory_read_mbps: ThroughputTable = doc("r(p) of memory tiers by threads", factory=_default_memory_read)
     memory_write_mbps: ThroughputTable = doc("w(p) of memory tiers by threads", factory=_default_memory_write)
-    directory_read_mbps: ThroughputTable = doc("r(p) of directory tiers by threads", factory=_default_disk_read)
-    directory_write_mbps: ThroughputTable = doc("w(p) of directory tiers by threads",
-                                                factory=_default_disk_write)
+    directory_read_mbps: ThroughputTable = doc(
+        "r(p) of directory tiers by threads", factory=_default_disk_read
+    )
+    directory_write_mbps: ThroughputTable = doc(
+        "w(p) of directory tiers by threads", factory=_default_disk_write
+    )
     open_latency_s: float = doc("PFS per-file open latency in seconds", 0.003)
 
 
@@ -220,12 +228,15 @@ class Config:
     cache_dir: str = doc("local directory for the persisted snapshot and logs", "~/.cache/seerfs")
     log_file: str | None = doc("daemon log (default: CACHE_DIR/log/<mount>.log)", None)
     log_level: Literal["debug", "info", "warning", "error"] = doc("daemon log level", "info")
-    allow_other: bool = doc("let other users use the mount (needs user_allow_other in /etc/fuse.conf "
-                            "unless mounting as root)", False)
+    allow_other: bool = doc(
+        "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless mounting as root)",
+        False,
+    )
     fuse: FuseSettings = doc("kernel interface", factory=FuseSettings)
     snapshot: SnapshotSettings = doc("metadata snapshot", factory=SnapshotSettings)
-    datasets: list[DatasetConfig] = doc("datasets inside the mount and how they are sampled",
-                                        factory=_default_datasets)
+    datasets: list[DatasetConfig] = doc(
+        "datasets inside the mount and how they are sampled", factory=_default_datasets
+    )
     job: JobConfig = doc("the training job's shape, shared by every node", factory=JobConfig)
     tiers: list[TierConfig] = doc("local storage tiers, fastest first", factory=_default_tiers)
     prefetch: PrefetchConfig = doc("staging window", factory=PrefetchConfig)
@@ -338,7 +349,9 @@ def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
 
 def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key}: expected a {'non-negative' if allow_zero else 'positive'} value, got {value}")
+        raise ConfigError(
+            f"{key}: expected a {'non-negative' if allow_zero else 'positive'} value, got {value}"
+        )
 
 
 def check(cfg: Config) -> Config:
@@ -391,7 +404,9 @@ def check(cfg: Config) -> Config:
         _check_positive(f"{key}.every", ds.every)
     for i, ds in enumerate(cfg.datasets):
         if ds.follows is not None and os.path.normpath(ds.follows) not in roots:
-            raise ConfigError(f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}")
+            raise ConfigError(
+                f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}"
+            )
     for i, tier in enumerate(cfg.tiers):
         key = f"tiers.{i}"
         if tier.kind == "directory" and not tier.path:
@@ -406,9 +421,43 @@ def check(cfg: Config) -> Config:
 
 
 GENERIC_MOUNT_OPTIONS = frozenset(
-    "rw ro dev nodev suid nosuid exec noexec auto noauto user nouser users owner group defaults async "
-    "sync atime noatime diratime nodiratime relatime norelatime strictatime lazytime nolazytime "
-    "_netdev nofail silent loud nomand mand iversion noiversion".split()
+    [
+        "rw",
+        "ro",
+        "dev",
+        "nodev",
+        "suid",
+        "nosuid",
+        "exec",
+        "noexec",
+        "auto",
+        "noauto",
+        "user",
+        "nouser",
+        "users",
+        "owner",
+        "group",
+        "defaults",
+        "async",
+        "sync",
+        "atime",
+        "noatime",
+        "diratime",
+        "nodiratime",
+        "relatime",
+        "norelatime",
+        "strictatime",
+        "lazytime",
+        "nolazytime",
+        "_netdev",
+        "nofail",
+        "silent",
+        "loud",
+        "nomand",
+        "mand",
+        "iversion",
+        "noiversion",
+    ]
 )
 """Options mount(8)/mount.fuse3 may pass along; they mean nothing to seerfs and are ignored."""
 
@@ -469,7 +518,10 @@ def _set_dotted(data: dict[str, Any], dotted: str, raw: str) -> None:
         if part not in node or node[part] is None:
             default_value = getattr(defaults, part, None) if defaults is not None else None
             if isinstance(default_value, list):
-                node[part] = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in default_value]
+                node[part] = [
+                    dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+                    for v in default_value
+                ]
             else:
                 node[part] = {}
         defaults = getattr(defaults, part, None) if defaults is not None else None

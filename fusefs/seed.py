@@ -1,0 +1,81 @@
+"""The sampler seed the job writes to ``.control/seed``: parsing and the daemon's current value.
+
+The seed that matters is the *sampler's* (``DistributedSampler(seed=...)``, default 0; or the seed of
+the generator given to the DataLoader), not the script's ``torch.manual_seed`` (DESIGN section 1).
+Until a seed is written the daemon assumes the sampler default 0 and marks it ``assumed``.
+
+Every accepted change bumps ``generation``; with peers, the highest generation wins (ties broken
+by the writing node's index) so concurrent writes on different nodes settle on one value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed's accepted range
+SAMPLER_DEFAULT_SEED = 0
+
+
+class SeedSyntaxError(ValueError):
+    """The text written is not a seed; the message is shown in status."""
+
+
+def parse_seed(data: bytes) -> int:
+    """A decimal integer, surrounding whitespace and a trailing newline allowed."""
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise SeedSyntaxError("seed must be a decimal integer (got non-ASCII bytes)") from None
+    if not text:
+        raise SeedSyntaxError("seed must be a decimal integer (got nothing)")
+    body = text[1:] if text[0] in "+-" else text
+    if not body.isdigit():
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise SeedSyntaxError(f"seed must be a decimal integer (got {shown!r})")
+    value = int(text)
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise SeedSyntaxError(f"seed {value} is outside torch's range [-2**63, 2**64-1]")
+    return value
+
+
+@dataclass
+class SeedState:
+    value: int = SAMPLER_DEFAULT_SEED
+    origin: str = "assumed"  # assumed (sampler default) | written (here) | peer (from another node)
+    generation: int = 0
+    writer: int = -1  # node index that wrote it (-1: nobody yet)
+    updated_at: float = 0.0
+    last_error: str | None = None
+    listeners: list[Callable[[SeedState], None]] = field(default_factory=list, repr=False)
+
+    def set(self, value: int, origin: str, generation: int | None = None, writer: int = -1) -> bool:
+        """Adopt a seed; returns False when a newer generation already holds (it is ignored)."""
+        gen = self.generation + 1 if generation is None else generation
+        if generation is not None and (gen, writer) <= (self.generation, self.writer):
+            return False
+        self.value, self.origin, self.generation, self.writer = value, origin, gen, writer
+        self.updated_at = time.time()
+        self.last_error = None
+        for listener in list(self.listeners):
+            listener(self)
+        return True
+
+    def reject(self, reason: str) -> None:
+        self.last_error = reason
+
+    def content(self) -> bytes:
+        return f"{self.value}\n".encode()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "origin": self.origin,
+            "generation": self.generation,
+            "writer": self.writer,
+            "updated_at": self.updated_at or None,
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,160 @@
+"""Builds the daemon's components for one mount and runs the pyfuse3 loop.
+
+Kept apart from :mod:`fusefs.daemon` (process lifecycle) so tests and the MPI launcher can build a
+Server in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import pyfuse3
+import trio
+
+from . import mountinfo
+from .attrs import AttrFactory
+from .control import ControlFiles
+from .counters import ReadCounters
+from .daemon import MountRequest
+from .errors import FuseUnavailable, MountpointError
+from .files import DirectFiles
+from .operations import SeerOperations
+from .pfs import PfsReader
+from .runtime import MountRecord
+from .seed import SeedState
+from .snapshot import Snapshot, load_or_scan
+from .status import StatusBoard
+
+log = logging.getLogger(__name__)
+
+
+def _escape_opt(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
+class Server:
+    def __init__(self, req: MountRequest) -> None:
+        self.req = req
+        self.cfg = req.config
+        self.mounted = False
+        self.record: MountRecord | None = None
+        self.board = StatusBoard(req.source, req.mountpoint)
+
+    # ------------------------------------------------------------------ startup
+
+    def start(self) -> None:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        self.snapshot, self.snapshot_reason = load_or_scan(
+            self.req.source, cfg.cache_path, cfg.snapshot.walk_threads, cfg.snapshot.reuse, self.req.rescan
+        )
+        log.info(
+            "snapshot of %s: %s (%s, %.3fs)",
+            self.req.source,
+            self.snapshot.counts(),
+            self.snapshot_reason,
+            time.monotonic() - t0,
+        )
+        for path in self.snapshot.external_links:
+            log.warning("symlink leaves the source tree, reads through it bypass seerfs: %s", path)
+        self.counters = ReadCounters()
+        self.seed = SeedState()
+        self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        self.files = DirectFiles(self.reader, self.counters)
+        self.control = ControlFiles(
+            self.seed,
+            self.board,
+            cfg.to_yaml(),
+            os.getuid(),
+            os.getgid(),
+            time.time_ns(),
+            cfg.fuse.entry_timeout,
+        )
+        attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
+        self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
+        self.board.add("snapshot", self._snapshot_status)
+        self.board.add("seed", self.seed.status)
+        self.board.add("reads", self.counters.status)
+        self._mount()
+
+    def _mount(self) -> None:
+        options = set(pyfuse3.default_options)
+        options |= {f"fsname={_escape_opt(self.req.source)}", "subtype=seerfs", "noatime"}
+        if self.cfg.allow_other:
+            options.add("allow_other")
+        try:
+            pyfuse3.init(self.ops, self.req.mountpoint, options)
+        except RuntimeError as exc:
+            text = str(exc)
+            if "allow_other" in text or "user_allow_other" in text:
+                raise FuseUnavailable(f"allow_other refused: {text}") from None
+            raise MountpointError(f"mount {self.req.mountpoint} failed: {text}") from None
+        self.mounted = True
+        self._tune_read_ahead()
+        self.record = MountRecord(
+            os.getpid(), self.req.mountpoint, self.req.source, str(self.req.log_file), time.time()
+        )
+        self.record.write()
+        self.board.state = "serving"
+        log.info("mounted %s on %s", self.req.source, self.req.mountpoint)
+
+    def _tune_read_ahead(self) -> None:
+        """Raise the mount's read-ahead so the kernel sends 1 MiB reads instead of 128 KiB (DESIGN 5)."""
+        entry = mountinfo.find(self.req.mountpoint)
+        if entry is None:
+            return
+        path = f"/sys/class/bdi/{entry.device}/read_ahead_kb"
+        try:
+            with open(path, "w") as fh:
+                fh.write(str(self.cfg.fuse.read_ahead_kb))
+        except OSError as exc:
+            log.info("read_ahead_kb not set (%s): %s", path, exc.strerror)
+
+    def _snapshot_status(self) -> dict[str, Any]:
+        s: Snapshot = self.snapshot
+        return {
+            **s.counts(),
+            "reused": s.reused,
+            "reason": self.snapshot_reason,
+            "build_seconds": round(s.build_seconds, 4),
+            "fingerprint": s.fingerprint,
+            "memory_bytes": s.memory_bytes(),
+            "bytes_per_entry": round(s.bytes_per_entry(), 2),
+            "external_symlinks": s.external_links[:100],
+            "external_symlinks_total": len(s.external_links),
+            "unlisted_dirs": s.errors[:100],
+        }
+
+    # ------------------------------------------------------------------ serving
+
+    def serve(self) -> None:
+        trio.run(self._main)
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._signals, nursery.cancel_scope)
+            await pyfuse3.main(min_tasks=2, max_tasks=self.cfg.fuse.max_tasks)
+            nursery.cancel_scope.cancel()
+
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                log.info("signal %d: unmounting", signum)
+                self.board.state = "stopping"
+                pyfuse3.terminate()
+                return
+
+    def close(self) -> None:
+        if self.mounted:
+            try:
+                pyfuse3.close(unmount=True)
+            except Exception as exc:  # already unmounted from outside: nothing left to do
+                log.debug("close: %s", exc)
+            self.mounted = False
+        if self.record is not None:
+            self.record.remove()
+        log.info("stopped")
