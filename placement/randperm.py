@@ -1,0 +1,389 @@
+"""``torch.randperm(n, generator)`` on CPU, bit for bit, with or without torch installed.
+
+The planner must know the exact order a training job reads its files, and that order comes from
+torch's CPU generator (mt19937 seeded with ``seed & 0xFFFFFFFF``) driving one of two loops in
+``aten/src/ATen/native/TensorFactories.cpp`` (``randperm_cpu``, torch 2.13):
+
+* ``n < THRESHOLD_64BIT``: forward Fisher-Yates with a biased modulo,
+  ``for i in 0..n-2: z = next32() % (n - i); swap(a[i], a[i + z])`` (n - 1 draws);
+* ``n >= THRESHOLD_64BIT``: the "inside-out" variant with 64-bit draws ``(d1 << 32) | d2``,
+  ``for i in 0..n-1: z = next64() % (i + 1); a[i] = a[z]; a[z] = i`` (2n draws).
+
+With torch importable we call it (it is the reference and ~2-3x faster).  Without torch, numpy
+replays the same loops vectorised: the draws come from ``np.random.MT19937`` with the legacy
+(``init_genrand``) seeding, which is the very generator torch uses; the sequential swaps are
+resolved with one sort of (target, step) keys plus short pointer chains (see
+:func:`_forward_fisher_yates`), so no Python-level loop runs per element.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+THRESHOLD_64BIT = 214_748_364  # 0xFFFFFFFF // 20: from here on torch uses the 64-bit algorithm
+SEED_MIN = -(2**63)  # torch.Generator.manual_seed accepts [-2**63, 2**64 - 1]
+SEED_MAX = 2**64 - 1
+_DRAW_CHUNK = 1 << 22  # draws generated at once where only a bounded buffer is wanted
+
+Backend = Literal["auto", "torch", "numpy"]
+IndexArray = npt.NDArray[np.int64]
+
+
+# --------------------------------------------------------------------------------------------
+# torch, when present
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _torch_module() -> ModuleType | None:
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        return None
+
+
+def torch_available() -> bool:
+    """Whether ``import torch`` works here (imported once, on first use, then cached)."""
+    return _torch_module() is not None
+
+
+def _torch() -> Any:
+    torch = _torch_module()
+    if torch is None:
+        raise RuntimeError("backend='torch' asked for, but torch cannot be imported here")
+    return torch
+
+
+def resolve_backend(backend: Backend) -> Literal["torch", "numpy"]:
+    """The backend ``auto`` stands for here; ``torch`` fails early when torch is missing."""
+    if backend == "auto":
+        return "torch" if torch_available() else "numpy"
+    if backend == "torch":
+        _torch()
+        return "torch"
+    if backend == "numpy":
+        return "numpy"
+    raise ValueError(f"backend: expected 'auto', 'torch' or 'numpy', got {backend!r}")
+
+
+def check_seed(seed: int) -> int:
+    """Validate a generator seed like ``torch.Generator.manual_seed`` does and return it.
+
+    torch refuses seeds outside [-2**63, 2**64 - 1]; a job with such a seed cannot run, so a plan
+    for it would be fiction.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed: expected an integer, got {seed!r}")
+    seed = int(seed)
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(f"seed: {seed} is outside torch's range [-2**63, 2**64 - 1]")
+    return seed
+
+
+def randperm_draws(n: int) -> int:
+    """How many 32-bit draws ``torch.randperm(n)`` takes from its generator."""
+    if n < 0:
+        raise ValueError(f"n: expected a non-negative size, got {n}")
+    if n < THRESHOLD_64BIT:
+        return max(n - 1, 0)
+    return 2 * n
+
+
+# --------------------------------------------------------------------------------------------
+# Draw streams
+# --------------------------------------------------------------------------------------------
+
+
+class DrawStream(Protocol):
+    """A torch CPU generator's output consumed in order (what sampler models need)."""
+
+    @property
+    def consumed(self) -> int: ...
+    def skip(self, k: int) -> None: ...
+    def randperm(self, n: int) -> IndexArray: ...
+    def copy(self) -> DrawStream: ...
+
+
+class Mt19937Stream:
+    """32-bit draws of a torch-seeded CPU generator, consumable in order, numpy only.
+
+    torch seeds mt19937 with ``init_genrand(seed & 0xFFFFFFFF)``; numpy's ``RandomState`` uses the
+    same legacy seeding, so its key and position are copied into a bare ``MT19937`` whose
+    ``random_raw`` then yields torch's ``random()`` values.
+    """
+
+    def __init__(self, seed: int) -> None:
+        seed32 = check_seed(seed) & 0xFFFFFFFF
+        legacy = np.random.RandomState(seed32).get_state(legacy=False)
+        self._bits = np.random.MT19937()
+        self._bits.state = {"bit_generator": "MT19937", "state": legacy["state"]}
+        self._consumed = 0
+
+    @property
+    def consumed(self) -> int:
+        """Draws taken so far (skipped or returned)."""
+        return self._consumed
+
+    def skip(self, k: int) -> None:
+        """Discard ``k`` draws (no buffer is allocated)."""
+        if k < 0:
+            raise ValueError(f"skip: expected k >= 0, got {k}")
+        if k:
+            self._bits.random_raw(k, output=False)
+            self._consumed += k
+
+    def draws(self, k: int) -> npt.NDArray[np.uint32]:
+        """The next ``k`` draws as uint32."""
+        if k < 0:
+            raise ValueError(f"draws: expected k >= 0, got {k}")
+        raw = self._bits.random_raw(k)
+        self._consumed += k
+        return np.asarray(raw, dtype=np.uint64).astype(np.uint32)
+
+    def randperm(self, n: int) -> IndexArray:
+        return randperm_from_stream(n, self)
+
+    def copy(self) -> Mt19937Stream:
+        """An independent stream at the same position (a checkpoint)."""
+        other = Mt19937Stream.__new__(Mt19937Stream)
+        other._bits = np.random.MT19937()
+        other._bits.state = self._bits.state
+        other._consumed = self._consumed
+        return other
+
+
+class TorchGeneratorStream:
+    """The same stream driven by a real ``torch.Generator`` (exact by construction, faster)."""
+
+    def __init__(self, seed: int) -> None:
+        torch = _torch()
+        self._gen = torch.Generator()
+        self._gen.manual_seed(check_seed(seed) & 0xFFFFFFFF)
+        self._consumed = 0
+
+    @property
+    def consumed(self) -> int:
+        return self._consumed
+
+    def skip(self, k: int) -> None:
+        """Discard ``k`` draws: int32 ``random_()`` takes exactly one ``random()`` per element."""
+        if k < 0:
+            raise ValueError(f"skip: expected k >= 0, got {k}")
+        torch = _torch()
+        left = k
+        while left:
+            step = min(left, _DRAW_CHUNK)
+            torch.empty(step, dtype=torch.int32).random_(generator=self._gen)
+            left -= step
+        self._consumed += k
+
+    def randperm(self, n: int) -> IndexArray:
+        torch = _torch()
+        perm = torch.randperm(n, generator=self._gen).numpy()
+        self._consumed += randperm_draws(n)
+        return np.asarray(perm, dtype=np.int64)
+
+    def copy(self) -> TorchGeneratorStream:
+        torch = _torch()
+        other = TorchGeneratorStream.__new__(TorchGeneratorStream)
+        other._gen = torch.Generator()
+        other._gen.set_state(self._gen.get_state())
+        other._consumed = self._consumed
+        return other
+
+
+def open_stream(seed: int, backend: Backend = "auto") -> Mt19937Stream | TorchGeneratorStream:
+    """A draw stream for ``torch.Generator().manual_seed(seed)`` on the chosen backend."""
+    if resolve_backend(backend) == "torch":
+        return TorchGeneratorStream(seed)
+    return Mt19937Stream(seed)
+
+
+# --------------------------------------------------------------------------------------------
+# randperm
+# --------------------------------------------------------------------------------------------
+
+
+def randperm(n: int, seed: int, *, backend: Backend = "auto") -> IndexArray:
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` as int64."""
+    _check_n(n)
+    seed = check_seed(seed)
+    if resolve_backend(backend) == "torch":
+        return TorchGeneratorStream(seed).randperm(n)
+    return randperm_from_stream(n, Mt19937Stream(seed))
+
+
+def randperm_from_stream(n: int, stream: Mt19937Stream) -> IndexArray:
+    """The permutation torch computes from ``stream``'s next draws, consuming exactly those."""
+    _check_n(n)
+    return _numpy_randperm(n, stream, sixty_four_bit=n >= THRESHOLD_64BIT)
+
+
+def _numpy_randperm(n: int, stream: Mt19937Stream, *, sixty_four_bit: bool) -> IndexArray:
+    """Either of torch's two loops at any n (tests force the 64-bit one at small n)."""
+    if sixty_four_bit:
+        return _inside_out(_offsets_64(n, stream), n)
+    return _forward_fisher_yates(_offsets_32(n, stream), n)
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n: expected a non-negative integer, got {n!r}")
+
+
+def _offsets_32(n: int, stream: Mt19937Stream) -> npt.NDArray[np.uint32]:
+    """``z[i] = next32() % (n - i)`` for the n - 1 steps of the 32-bit loop."""
+    if n <= 1:
+        return np.zeros(0, dtype=np.uint32)
+    z = stream.draws(n - 1)
+    np.remainder(z, np.arange(n, 1, -1, dtype=np.uint32), out=z)
+    return z
+
+
+def _offsets_64(n: int, stream: Mt19937Stream) -> npt.NDArray[Any]:
+    """``z[i] = next64() % (i + 1)`` for the n steps of the 64-bit loop, in bounded chunks."""
+    z = np.empty(n, dtype=_index_dtype(n))
+    for lo in range(0, n, _DRAW_CHUNK):
+        hi = min(n, lo + _DRAW_CHUNK)
+        d = stream.draws(2 * (hi - lo)).astype(np.uint64)
+        r = (d[0::2] << np.uint64(32)) | d[1::2]
+        z[lo:hi] = r % np.arange(lo + 1, hi + 1, dtype=np.uint64)
+    return z
+
+
+def _index_dtype(n: int) -> type[np.signedinteger[Any]]:
+    """int32 where it holds every index: half the memory traffic of the random reads and writes."""
+    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+
+
+def _group_by_target(
+    offsets: npt.NDArray[Any], *, target_is_step_plus_offset: bool
+) -> tuple[IndexArray, IndexArray]:
+    """Steps 0..m-1 sorted by (target, step); returns (targets, steps) as int64 arrays.
+
+    The target of step i is ``offsets[i]`` or ``i + offsets[i]``.  Both go in one int64 key,
+    ``target << shift | step``, built as ``(offset << shift) + i * mult`` so the packing costs two
+    passes, and one numpy sort (vectorised) does the grouping.  Past 2**31 steps the key does not
+    fit and a stable argsort does the same job, slower.
+    """
+    m = int(offsets.shape[0])
+    shift = max(1, (m - 1).bit_length())
+    if 2 * shift > 62:  # pragma: no cover - needs more than 2**31 files
+        target = np.asarray(offsets, dtype=np.int64)
+        if target_is_step_plus_offset:
+            target = target + np.arange(m, dtype=np.int64)
+        order = np.argsort(target, kind="stable").astype(np.int64)
+        return target[order], order
+    mult = (1 << shift) + 1 if target_is_step_plus_offset else 1
+    key = np.arange(0, m * mult, mult, dtype=np.int64)
+    key += np.left_shift(offsets, shift, dtype=np.int64)
+    key.sort()
+    targets = key >> shift
+    key &= (1 << shift) - 1
+    return targets, key
+
+
+def _resolve_chains(
+    start: IndexArray, parent: npt.NDArray[Any], is_root: npt.NDArray[np.bool_]
+) -> npt.NDArray[Any]:
+    """The root reached from each ``start`` by following ``parent`` until ``is_root``.
+
+    Chains here are short (about half of them stop at each hop), so walking all of them one hop
+    per round beats pointer doubling over the whole array.  ``is_root`` is a byte array, cheap to
+    probe at random; ``parent`` should be int32 to halve the random reads.
+    """
+    out = np.asarray(start).astype(parent.dtype)
+    active = np.flatnonzero(~is_root.take(start))
+    while active.size:
+        nxt = parent.take(out.take(active))
+        out[active] = nxt
+        active = active.take(np.flatnonzero(~is_root.take(nxt)))
+    return out
+
+
+def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
+    """Apply ``swap(a[i], a[i + z[i]])`` for i = 0..n-2 to ``a = arange(n)`` without a loop.
+
+    Step i fixes a[i] for good, to the value that target j = i + z[i] holds just before step i.
+    Let W(p) be the value position p holds just before step p.  Group the steps by target (by
+    step inside a group): the first step of a group finds the target's own index there; every
+    later one finds what the previous step of the group put there, W(previous step).  W(p) is p
+    unless an earlier step targeted p; then it is W(last such step): a chain through earlier
+    steps ending at a position no earlier step targeted.  One sort and short chain walks give
+    every a[i].
+    """
+    m = n - 1
+    if m <= 0:
+        return np.zeros(n, dtype=np.int64)
+    idt = _index_dtype(n)
+    tgt, step = _group_by_target(z, target_is_step_plus_offset=True)
+    same = tgt[1:] == tgt[:-1]  # entry s + 1 continues the group of entry s
+    ends = np.flatnonzero(~same)  # last entries of every group but the final one
+    # parent[p]: the last step before p that targeted p (p itself when none: a root)
+    parent = np.arange(n, dtype=idt)
+    parent[tgt.take(ends)] = step.take(ends)
+    parent[tgt[m - 1]] = step[m - 1]
+    # A step targeting itself (z == 0) is the last of its group but comes *at* p, not before it.
+    selfish = np.flatnonzero(z == 0)
+    if selfish.size:
+        at = np.searchsorted(tgt, selfish, side="right") - 1
+        prev = np.maximum(at - 1, 0)
+        has_prev = (at > 0) & (tgt.take(prev) == selfish)
+        parent[selfish] = np.where(has_prev, step.take(prev), selfish)
+    is_root = parent == np.arange(n, dtype=idt)
+    later = np.flatnonzero(same)
+    found = _resolve_chains(step.take(later), parent, is_root)  # W(previous step of the group)
+    later += 1
+    receivers = step.take(later)
+    del tgt, step, same, ends, later
+    out = np.empty(n, dtype=idt)
+    np.add(z.view(np.int32) if idt is np.int32 else z, np.arange(m, dtype=idt), out=out[:m], casting="unsafe")
+    out[receivers] = found
+    out[m] = _resolve_chains(np.array([m], dtype=np.int64), parent, is_root)[0]
+    return out.astype(np.int64, copy=False)
+
+
+def _inside_out(z: npt.NDArray[Any], n: int) -> IndexArray:
+    """Apply ``a[i] = a[z[i]]; a[z[i]] = i`` for i = 0..n-1 (z[i] <= i) without a loop.
+
+    Let X(p) be what step p writes into a[p].  Group the steps by target (by step inside a
+    group).  If p is not the first of its group, a[z[p]] last held the previous step of the
+    group (it wrote its own number there): X(p) is that step.  If p is first and z[p] == p, X(p)
+    is p.  Otherwise a[z[p]] still holds what step z[p] wrote: X(p) = X(z[p]), a chain.  At the
+    end a[q] is the last step of group q, or X(q) when no step targeted q.
+    """
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    idt = _index_dtype(n)
+    tgt, step = _group_by_target(z, target_is_step_plus_offset=False)
+    first = np.ones(n, dtype=np.bool_)
+    np.not_equal(tgt[1:], tgt[:-1], out=first[1:])
+    later = np.flatnonzero(~first)
+    base = np.empty(n, dtype=idt)  # X(p) for the chain ends
+    base[step.take(later)] = step.take(later - 1)
+    del later
+    is_root = np.zeros(n, dtype=np.bool_)
+    is_root[step[~first]] = True
+    selfish = np.flatnonzero(z == np.arange(n, dtype=z.dtype))
+    is_root[selfish] = True
+    base[selfish] = selfish
+    last = np.ones(n, dtype=np.bool_)
+    last[:-1] = first[1:]
+    del first
+    out = np.empty(n, dtype=np.int64)
+    targeted = np.zeros(n, dtype=np.bool_)
+    targeted[tgt] = True
+    out[tgt[last]] = step[last]
+    del tgt, step, last
+    parent = np.asarray(z, dtype=idt)
+    untargeted = np.flatnonzero(~targeted)
+    out[untargeted] = base.take(_resolve_chains(untargeted, parent, is_root))
+    return out

@@ -1,0 +1,382 @@
+"""What each rank's sampler yields per epoch, exactly as PyTorch 2.13 computes it.
+
+Each model answers ``rank_indices(epoch, rank)``: the list ``iter(sampler)`` produces on that rank
+in that epoch (before the DataLoader batches it).  The facts modelled (DESIGN 4.3, 4.4):
+
+* ``DistributedSampler``: each ``__iter__`` seeds a fresh generator with ``seed + epoch``, takes
+  ``randperm(n)``, pads it cyclically (or truncates with ``drop_last``) to
+  ``num_samples * world_size`` and gives rank r the entries ``r::world_size``.
+* ``DataLoader(shuffle=True, generator=G)`` in one process per rank: every ``iter(loader)`` first
+  draws the workers' base seed from G (an int64 ``random_``: 2 draws), even with num_workers=0,
+  except for epochs after the first with persistent workers; then ``RandomSampler`` yields
+  ``randperm(n)`` and, when it is exhausted, computes and discards a second ``randperm(n)``.
+  Every rank runs the same code with the same seed, so all ranks read the same order.
+* sequential: ``0..n-1``; list: an order given by the user.
+
+Models answer for any epoch in any order: per-epoch arrays are kept in a small LRU and the
+random sampler keeps generator checkpoints, so long jobs never hold every epoch at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from placement.randperm import (
+    Backend,
+    IndexArray,
+    Mt19937Stream,
+    TorchGeneratorStream,
+    check_seed,
+    open_stream,
+    randperm,
+    randperm_draws,
+    resolve_backend,
+)
+
+SAMPLER_KINDS = ("distributed", "random", "sequential", "list")
+BASE_SEED_DRAWS = 2  # torch.empty((), dtype=torch.int64).random_(generator=G): one random64()
+
+UNPREDICTABLE_RANDOM = (
+    "sampler 'random' without a seeded generator: DataLoader(shuffle=True) with generator=None "
+    "draws its order from torch's global RNG, which a seed cannot predict; pass "
+    "generator=torch.Generator().manual_seed(S) to the DataLoader and write S to .control/seed"
+)
+
+
+@runtime_checkable
+class SamplerModel(Protocol):
+    """The per-rank index lists of one sampler setup, for every epoch."""
+
+    n: int
+    world_size: int
+
+    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
+        """What ``iter(sampler)`` yields on ``rank`` in ``epoch``."""
+        ...
+
+    def num_samples(self) -> int:
+        """Entries per rank and epoch, before the DataLoader's drop_last."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class EpochLayout:
+    """One epoch of a sampler in the compact form :mod:`placement.streams` builds on.
+
+    ``shared``: every rank reads ``order[:num_samples]``.  Otherwise rank r reads
+    ``order[r::world_size][:num_samples]`` (the DistributedSampler layout).  The first
+    ``distinct`` entries of ``order`` are known to be pairwise different, which lets inverse
+    lookups and counts skip duplicate handling there.
+    """
+
+    order: IndexArray
+    shared: bool
+    distinct: int
+
+
+@runtime_checkable
+class HasEpochLayout(Protocol):
+    def epoch_layout(self, epoch: int) -> EpochLayout: ...
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
+    """A tiny least-recently-used memo: per-epoch arrays are large, keep only a couple."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"cache size: expected >= 1, got {size}")
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = make()
+        self._items[key] = value
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _frozen(a: npt.NDArray[np.int64]) -> IndexArray:
+    """Cached arrays are handed out many times: make accidental writes fail loudly."""
+    a.setflags(write=False)
+    return a
+
+
+def _check_n(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: expected a dataset of at least 1 file, got {n!r}")
+    return int(n)
+
+
+def _check_world(world_size: int) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size: expected a positive integer, got {world_size!r}")
+    return int(world_size)
+
+
+def _check_epoch(epoch: int) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"epoch: expected a non-negative integer, got {epoch!r}")
+    return int(epoch)
+
+
+def _check_rank(rank: int, world_size: int) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected 0..{world_size - 1}, got {rank!r}")
+    return int(rank)
+
+
+class DistributedSamplerModel:
+    """``DistributedSampler(dataset, world_size, rank, shuffle, seed, drop_last)`` with set_epoch."""
+
+    def __init__(
+        self,
+        n: int,
+        world_size: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        *,
+        backend: Backend = "auto",
+        cache_epochs: int = 2,
+    ) -> None:
+        self.n = _check_n(n)
+        self.world_size = _check_world(world_size)
+        self.seed = check_seed(seed)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.backend = resolve_backend(backend) if shuffle else "numpy"
+        if self.drop_last and self.n % self.world_size:
+            self._num_samples = math.ceil((self.n - self.world_size) / self.world_size)
+        else:
+            self._num_samples = math.ceil(self.n / self.world_size)
+        self.total_size = self._num_samples * self.world_size
+        self._cache: LRU[int, IndexArray] = LRU(cache_epochs)
+
+    def num_samples(self) -> int:
+        return self._num_samples
+
+    def epoch_seed(self, epoch: int) -> int:
+        """The seed ``__iter__`` gives its generator (torch refuses it past 2**64 - 1)."""
+        return check_seed(self.seed + _check_epoch(epoch))
+
+    def epoch_order(self, epoch: int) -> IndexArray:
+        """The padded or truncated global list (length total_size); rank r reads ``[r::R]``."""
+        epoch = _check_epoch(epoch)
+        return self._cache.get(epoch, lambda: _frozen(self._compute_order(epoch)))
+
+    def _compute_order(self, epoch: int) -> IndexArray:
+        if self.shuffle:
+            base = randperm(self.n, self.epoch_seed(epoch), backend=self.backend)
+        else:
+            base = np.arange(self.n, dtype=np.int64)
+        if self.total_size <= self.n:
+            return base[: self.total_size].copy() if self.total_size < self.n else base
+        # padding repeats the list from its start, cyclically when the pad exceeds n
+        return np.resize(base, self.total_size)
+
+    def epoch_layout(self, epoch: int) -> EpochLayout:
+        order = self.epoch_order(epoch)
+        return EpochLayout(order=order, shared=False, distinct=min(self.n, self.total_size))
+
+    def fresh_layout(self, epoch: int) -> EpochLayout:
+        """:meth:`epoch_layout` without the cache: a pure function of the epoch, safe in threads."""
+        order = _frozen(self._compute_order(_check_epoch(epoch)))
+        return EpochLayout(order=order, shared=False, distinct=min(self.n, self.total_size))
+
+    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
+        rank = _check_rank(rank, self.world_size)
+        return self.epoch_order(epoch)[rank :: self.world_size]
+
+
+class RandomSamplerModel:
+    """``DataLoader(ds, shuffle=True, generator=torch.Generator().manual_seed(seed))`` per rank.
+
+    Every rank builds the same loader with the same seed, so every rank reads the same order.
+    Epoch e's draws follow all of the earlier epochs' draws on the one generator, so the model
+    keeps a checkpoint of the stream at the start of every epoch it has passed (a few KiB each)
+    and reaches any epoch from the nearest one by skipping, never by recomputing permutations.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        persistent_workers: bool = False,
+        num_workers: int = 0,
+        world_size: int = 1,
+        *,
+        backend: Backend = "auto",
+        cache_epochs: int = 2,
+    ) -> None:
+        self.n = _check_n(n)
+        self.world_size = _check_world(world_size)
+        self.seed = check_seed(seed)
+        if num_workers < 0:
+            raise ValueError(f"num_workers: expected >= 0, got {num_workers}")
+        if persistent_workers and num_workers == 0:
+            # DataLoader raises this itself: the job could never have started
+            raise ValueError("persistent_workers=True needs num_workers > 0 (DataLoader refuses it)")
+        self.persistent_workers = bool(persistent_workers)
+        self.num_workers = int(num_workers)
+        self.backend = resolve_backend(backend)
+        self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {
+            0: open_stream(self.seed, self.backend)
+        }
+        self._cache: LRU[int, IndexArray] = LRU(cache_epochs)
+
+    def num_samples(self) -> int:
+        return self.n
+
+    def base_seed_draws(self, epoch: int) -> int:
+        """Draws ``iter(loader)`` takes for the workers' base seed in ``epoch``."""
+        if self.persistent_workers and epoch > 0:
+            return 0  # the persistent iterator is only _reset(): no new base seed
+        return BASE_SEED_DRAWS
+
+    def epoch_draws(self, epoch: int) -> int:
+        """All draws of one full epoch: base seed, the permutation, the discarded permutation."""
+        return self.base_seed_draws(epoch) + 2 * randperm_draws(self.n)
+
+    def draws_before(self, epoch: int) -> int:
+        """Draws taken before ``epoch``'s permutation starts."""
+        epoch = _check_epoch(epoch)
+        return sum(self.epoch_draws(e) for e in range(epoch)) + self.base_seed_draws(epoch)
+
+    def _stream_at(self, epoch: int) -> Mt19937Stream | TorchGeneratorStream:
+        start = max(e for e in self._checkpoints if e <= epoch)
+        stream = self._checkpoints[start].copy()
+        for e in range(start, epoch):
+            stream.skip(self.epoch_draws(e))
+            self._checkpoints[e + 1] = stream.copy()
+        return stream
+
+    def epoch_order(self, epoch: int) -> IndexArray:
+        """The permutation every rank reads in ``epoch``."""
+        epoch = _check_epoch(epoch)
+
+        def compute() -> IndexArray:
+            stream = self._stream_at(epoch)
+            stream.skip(self.base_seed_draws(epoch))
+            return _frozen(stream.randperm(self.n))
+
+        return self._cache.get(epoch, compute)
+
+    def epoch_layout(self, epoch: int) -> EpochLayout:
+        return EpochLayout(order=self.epoch_order(epoch), shared=True, distinct=self.n)
+
+    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
+        _check_rank(rank, self.world_size)
+        return self.epoch_order(epoch)
+
+
+class SequentialSamplerModel:
+    """``SequentialSampler`` (validation loaders): every rank reads ``0..n-1`` in order."""
+
+    def __init__(self, n: int, world_size: int = 1) -> None:
+        self.n = _check_n(n)
+        self.world_size = _check_world(world_size)
+        self._order = _frozen(np.arange(self.n, dtype=np.int64))
+
+    def num_samples(self) -> int:
+        return self.n
+
+    def epoch_layout(self, epoch: int) -> EpochLayout:
+        _check_epoch(epoch)
+        return EpochLayout(order=self._order, shared=True, distinct=self.n)
+
+    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
+        _check_epoch(epoch)
+        _check_rank(rank, self.world_size)
+        return self._order
+
+
+class ExplicitOrderModel:
+    """A read order given as a list of dataset indices, the same for every rank and epoch."""
+
+    def __init__(self, order: npt.ArrayLike, n: int, world_size: int = 1) -> None:
+        self.n = _check_n(n)
+        self.world_size = _check_world(world_size)
+        arr = np.asarray(order)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError("order: expected a flat list of integer dataset indices")
+        arr = arr.astype(np.int64)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.n):
+            bad = int(arr[(arr < 0) | (arr >= self.n)][0])
+            raise ValueError(f"order: index {bad} is outside the dataset's 0..{self.n - 1}")
+        self._order = _frozen(arr)
+        counts = np.bincount(arr, minlength=self.n) if arr.size else np.zeros(self.n, np.int64)
+        self.max_repeats = int(counts.max())
+        self._distinct = arr.size if self.max_repeats <= 1 else 0
+
+    def num_samples(self) -> int:
+        return int(self._order.size)
+
+    def epoch_layout(self, epoch: int) -> EpochLayout:
+        _check_epoch(epoch)
+        return EpochLayout(order=self._order, shared=True, distinct=self._distinct)
+
+    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
+        _check_epoch(epoch)
+        _check_rank(rank, self.world_size)
+        return self._order
+
+
+def make_sampler(
+    kind: str,
+    n: int,
+    *,
+    seed: int,
+    world_size: int,
+    shuffle: bool = True,
+    sampler_drop_last: bool = False,
+    persistent_workers: bool = False,
+    num_workers: int = 0,
+    order: npt.ArrayLike | None = None,
+    generator_seeded: bool = True,
+    backend: Backend = "auto",
+) -> SamplerModel:
+    """The model for a config's ``datasets[].sampler`` (kind: distributed, random, sequential, list).
+
+    Raises ValueError with a one-line reason for setups whose order cannot be predicted or that
+    PyTorch itself would refuse.
+    """
+    if kind == "distributed":
+        return DistributedSamplerModel(
+            n, world_size, seed, shuffle=shuffle, drop_last=sampler_drop_last, backend=backend
+        )
+    if kind == "random":
+        if not generator_seeded:
+            raise ValueError(UNPREDICTABLE_RANDOM)
+        return RandomSamplerModel(
+            n,
+            seed,
+            persistent_workers=persistent_workers,
+            num_workers=num_workers,
+            world_size=world_size,
+            backend=backend,
+        )
+    if kind == "sequential":
+        return SequentialSamplerModel(n, world_size)
+    if kind == "list":
+        if order is None:
+            raise ValueError("sampler 'list' needs the order (sampler.order_file)")
+        return ExplicitOrderModel(order, n, world_size)
+    raise ValueError(f"sampler kind: expected one of {', '.join(SAMPLER_KINDS)}, got {kind!r}")
