@@ -23,6 +23,34 @@ class AttrFactory:
         self.entry_timeout = entry_timeout
         self.attr_timeout = attr_timeout
 
+    def batch(self, lo: int, hi: int) -> list[pyfuse3.EntryAttributes]:
+        """Attributes of consecutive entries ``lo:hi``: columns converted once, not per field."""
+        s = self.snapshot
+        t = s.tree
+        rows = zip(
+            range(inode_of(lo), inode_of(hi)), s.mode[lo:hi].tolist(), s.nlink[lo:hi].tolist(),
+            s.uid[lo:hi].tolist(), s.gid[lo:hi].tolist(), t.size[lo:hi].tolist(), s.atime_ns[lo:hi].tolist(),
+            t.mtime_ns[lo:hi].tolist(), s.ctime_ns[lo:hi].tolist(), strict=True,
+        )  # fmt: skip
+        out = []
+        for ino, mode, nlink, uid, gid, size, atime, mtime, ctime in rows:
+            a = pyfuse3.EntryAttributes()
+            a.st_ino = ino
+            a.entry_timeout = self.entry_timeout
+            a.attr_timeout = self.attr_timeout
+            a.st_mode = mode
+            a.st_nlink = nlink
+            a.st_uid = uid
+            a.st_gid = gid
+            a.st_size = size
+            a.st_blksize = BLKSIZE
+            a.st_blocks = (size + 511) // 512
+            a.st_atime_ns = atime
+            a.st_mtime_ns = mtime
+            a.st_ctime_ns = ctime
+            out.append(a)
+        return out
+
     def __call__(self, entry: int) -> pyfuse3.EntryAttributes:
         s = self.snapshot
         t = s.tree

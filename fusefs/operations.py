@@ -23,6 +23,7 @@ from .control import CONTROL_NAME, CTL_DIR, ControlFiles, ControlHandle
 from .files import FileService, OpenFile
 from .snapshot import Snapshot
 
+_READDIR_BATCH = 32
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -35,9 +36,7 @@ class SeerOperations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(
-        self, snapshot: Snapshot, control: ControlFiles, files: FileService, attrs: AttrFactory
-    ) -> None:
+    def __init__(self, snapshot: Snapshot, control: ControlFiles, files: FileService, attrs: AttrFactory) -> None:
         super().__init__()
         self.snapshot = snapshot
         self.tree = snapshot.tree
@@ -58,9 +57,7 @@ class SeerOperations(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ metadata
 
-    async def lookup(
-        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         ctl = self.control.lookup(parent_inode, name)
         if ctl is not None:
             return self.control.attrs(ctl)
@@ -116,15 +113,20 @@ class SeerOperations(pyfuse3.Operations):
                     return
             return
         entry = self._entry(fh)
-        children = self.tree.children(entry)
+        first = int(self.tree.child_start[entry])
+        end = first + int(self.tree.child_count[entry])
         hide_control = entry == 0
-        for pos in range(start_id, len(children)):
-            child = children[pos]
-            name = self.tree.name(child)
-            if hide_control and name == CONTROL_NAME:
-                continue  # the source's own .control is shadowed by ours and must not become a class
-            if not pyfuse3.readdir_reply(token, name, self.attrs(child), pos + 1):
-                return
+        pos = start_id
+        # A reply holds one page (~25 entries): convert a small batch at a time, never the whole dir.
+        while first + pos < end:
+            lo = first + pos
+            hi = min(end, lo + _READDIR_BATCH)
+            for name, attrs in zip(self.tree.names_of(lo, hi), self.attrs.batch(lo, hi), strict=True):
+                pos += 1
+                if hide_control and name == CONTROL_NAME:
+                    continue  # the source's own .control is shadowed by ours and must not become a class
+                if not pyfuse3.readdir_reply(token, name, attrs, pos):
+                    return
 
     async def releasedir(self, fh: int) -> None:
         return None

@@ -156,7 +156,7 @@ class Snapshot:
             raise SourceError("source has more than 2**32 entries")
         lens = np.concatenate([np.zeros(1, np.uint8)] + [c.lens for c in chunks])
         blob = b"".join(c.blob for c in chunks)
-        names = np.frombuffer(blob, dtype=np.uint8).copy() if blob else np.zeros(0, np.uint8)
+        names = np.frombuffer(blob, dtype=np.uint8)  # a view: TreeArrays.blob reuses the bytes object
         name_off = np.zeros(n, np.uint64)
         np.cumsum(lens[:-1], out=name_off[1:])
         stats = np.concatenate([np.array([stat_row(root_stat)], np.int64)] + [c.stats for c in chunks])
@@ -280,6 +280,7 @@ class Snapshot:
             if meta.get("format") != FORMAT_VERSION:
                 raise ValueError("old snapshot format")
             cols: dict[str, Any] = {k: data[k] for k in data.files if k != "meta"}
+        cols["names"] = np.frombuffer(cols["names"].tobytes(), np.uint8)  # see TreeArrays.blob
         tree = TreeArrays(**{k: cols.pop(k) for k in _TREE_COLUMNS})
         return cls(
             source=os.fsencode(meta["source"]), tree=tree, fingerprint=meta["fingerprint"],

@@ -51,9 +51,30 @@ class TreeArrays:
     def __len__(self) -> int:
         return int(self.kind.shape[0])
 
+    @property
+    def blob(self) -> bytes:
+        """All names as one ``bytes`` (slicing it is ~5x cheaper than slicing the array).
+
+        Free when ``names`` is a view over a bytes object (how the snapshot builds it); otherwise a
+        copy is made once and kept.
+        """
+        cached = self.__dict__.get("_blob")
+        if cached is None:
+            base = self.names.base
+            cached = base if isinstance(base, bytes) and len(base) == self.names.nbytes else self.names.tobytes()
+            self.__dict__["_blob"] = cached
+        return cached
+
     def name(self, i: int) -> bytes:
         off = int(self.name_off[i])
-        return self.names[off : off + int(self.name_len[i])].tobytes()
+        return self.blob[off : off + int(self.name_len[i])]
+
+    def names_of(self, lo: int, hi: int) -> list[bytes]:
+        """Names of the consecutive entries ``lo:hi`` (one vectorised conversion, then slices)."""
+        blob = self.blob
+        offs = self.name_off[lo:hi].tolist()
+        lens = self.name_len[lo:hi].tolist()
+        return [blob[o : o + n] for o, n in zip(offs, lens, strict=True)]
 
     def children(self, d: int) -> range:
         start = int(self.child_start[d])
