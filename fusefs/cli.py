@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .errors import ExitCode, SeerfsError, TimeoutExpired
+from .errors import EXIT_MEANINGS, ExitCode, SeerfsError, TimeoutExpired
 
-EXIT_CODES = "\n".join(f"  {int(c):>2}  {c.name.lower()}" for c in ExitCode)
+EXIT_CODES = "\n".join(f"  {int(c):>2}  {EXIT_MEANINGS[c]}" for c in ExitCode)
 
 EPILOG = f"""\
 exit status:
@@ -60,13 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mount SOURCE (a dataset directory on the PFS) on MOUNTPOINT. Daemonises and "
         "returns once the mount answers, unless --fg.",
     )
-    p.add_argument("source", metavar="SOURCE")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("source", metavar="SOURCE", help="the dataset directory on the PFS")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory to mount on")
     _add_config_args(p)
     p.add_argument("--fg", action="store_true", help="serve in the foreground (what srun/mpirun launch)")
-    p.add_argument(
-        "--rescan", action="store_true", help="walk the source even if a persisted snapshot matches"
-    )
+    p.add_argument("--rescan", action="store_true", help="walk the source even if a persisted snapshot matches")
     p.add_argument(
         "--timeout",
         type=float,
@@ -81,23 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument(
-        "--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)"
-    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
 
     p = sub.add_parser(
         "umount",
         help="unmount MOUNTPOINT and wait for its daemon",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Unmount; also cleans up a mount whose daemon died. When busy, names the "
-        "processes holding it.",
+        description="Unmount; also cleans up a mount whose daemon died. When busy, names the processes holding it.",
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument(
-        "--lazy", action="store_true", help="detach now; the daemon exits when the last user closes it"
-    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
+    p.add_argument("--lazy", action="store_true", help="detach now; the daemon exits when the last user closes it")
     p.add_argument(
         "--timeout",
         type=float,
@@ -112,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--json", action="store_true", help="print the raw JSON document (seerfs-control(7))")
     p.add_argument(
         "--watch",

@@ -137,9 +137,7 @@ ThroughputTable = dict[int, float]
 class TierConfig:
     kind: Literal["memory", "directory"] = doc("memory: daemon RAM; directory: a local disk path", "memory")
     path: str | None = doc("directory tiers: where cached files live (created, owned by the daemon)", None)
-    bytes: ByteSize = doc(
-        "hard byte budget (memory tiers include the page cache the mount fills)", ByteSize(0)
-    )
+    bytes: ByteSize = doc("hard byte budget (memory tiers include the page cache the mount fills)", ByteSize(0))
     threads: int = doc("prefetch threads that fill this tier", 4)
     read_mbps: ThroughputTable | None = doc("r_j(p): MB/s read with p threads; default from model", None)
     write_mbps: ThroughputTable | None = doc("w_j(p): MB/s written with p threads; default from model", None)
@@ -155,9 +153,7 @@ class PrefetchConfig:
         "page_cache: push staged files into the kernel page cache (notify_store); memory: serve from RAM",
         "page_cache",
     )
-    reactive: bool = doc(
-        "without a confirmed plan, cache by a static frequency set instead of not at all", True
-    )
+    reactive: bool = doc("without a confirmed plan, cache by a static frequency set instead of not at all", True)
 
 
 @dataclass(frozen=True)
@@ -205,12 +201,8 @@ class ModelConfig:
     network_mbps: float = doc("b_c: node-to-node bandwidth in MB/s", 24000.0)
     memory_read_mbps: ThroughputTable = doc("r(p) of memory tiers by threads", factory=_default_memory_read)
     memory_write_mbps: ThroughputTable = doc("w(p) of memory tiers by threads", factory=_default_memory_write)
-    directory_read_mbps: ThroughputTable = doc(
-        "r(p) of directory tiers by threads", factory=_default_disk_read
-    )
-    directory_write_mbps: ThroughputTable = doc(
-        "w(p) of directory tiers by threads", factory=_default_disk_write
-    )
+    directory_read_mbps: ThroughputTable = doc("r(p) of directory tiers by threads", factory=_default_disk_read)
+    directory_write_mbps: ThroughputTable = doc("w(p) of directory tiers by threads", factory=_default_disk_write)
     open_latency_s: float = doc("PFS per-file open latency in seconds", 0.003)
 
 
@@ -234,9 +226,7 @@ class Config:
     )
     fuse: FuseSettings = doc("kernel interface", factory=FuseSettings)
     snapshot: SnapshotSettings = doc("metadata snapshot", factory=SnapshotSettings)
-    datasets: list[DatasetConfig] = doc(
-        "datasets inside the mount and how they are sampled", factory=_default_datasets
-    )
+    datasets: list[DatasetConfig] = doc("datasets inside the mount and how they are sampled", factory=_default_datasets)
     job: JobConfig = doc("the training job's shape, shared by every node", factory=JobConfig)
     tiers: list[TierConfig] = doc("local storage tiers, fastest first", factory=_default_tiers)
     prefetch: PrefetchConfig = doc("staging window", factory=PrefetchConfig)
@@ -349,9 +339,7 @@ def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
 
 def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(
-            f"{key}: expected a {'non-negative' if allow_zero else 'positive'} value, got {value}"
-        )
+        raise ConfigError(f"{key}: expected a {'non-negative' if allow_zero else 'positive'} value, got {value}")
 
 
 def check(cfg: Config) -> Config:
@@ -404,9 +392,7 @@ def check(cfg: Config) -> Config:
         _check_positive(f"{key}.every", ds.every)
     for i, ds in enumerate(cfg.datasets):
         if ds.follows is not None and os.path.normpath(ds.follows) not in roots:
-            raise ConfigError(
-                f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}"
-            )
+            raise ConfigError(f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}")
     for i, tier in enumerate(cfg.tiers):
         key = f"tiers.{i}"
         if tier.kind == "directory" and not tier.path:

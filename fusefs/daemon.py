@@ -60,9 +60,7 @@ def check_request(source: str | None, mountpoint: str, cfg: Config, rescan: bool
         hint = "; run 'seerfs umount' first" if existing.fstype == mountinfo.FSTYPE else ""
         raise MountpointError(f"mountpoint {mp}: already mounted ({existing.fstype}){hint}")
     if not os.path.isdir(mp):
-        raise MountpointError(
-            f"mountpoint {mp}: {'not a directory' if os.path.exists(mp) else 'no such directory'}"
-        )
+        raise MountpointError(f"mountpoint {mp}: {'not a directory' if os.path.exists(mp) else 'no such directory'}")
     try:
         if os.listdir(mp):
             raise MountpointError(f"mountpoint {mp}: not empty")
@@ -187,8 +185,7 @@ def wait_answering(mountpoint: str, timeout: float) -> None:
             except OSError as exc:
                 if exc.errno == errno.ENOTCONN:
                     raise SeerfsError(
-                        f"{mountpoint}: daemon died (transport endpoint is not connected); "
-                        "run 'seerfs umount'",
+                        f"{mountpoint}: daemon died (transport endpoint is not connected); run 'seerfs umount'",
                         ExitCode.INTERNAL,
                     ) from None
         if time.monotonic() >= deadline:

@@ -23,6 +23,21 @@ class ExitCode(IntEnum):
     GROUP = 10  # the daemon group could not form or disagrees (config/plan digests)
 
 
+EXIT_MEANINGS = {
+    ExitCode.OK: "success",
+    ExitCode.INTERNAL: "internal error (a bug); the message names the daemon log",
+    ExitCode.USAGE: "bad command line",
+    ExitCode.CONFIG: "bad configuration file, -o override or unusable cache/tier directory",
+    ExitCode.SOURCE: "SOURCE missing, not a directory or unreadable",
+    ExitCode.MOUNTPOINT: "MOUNTPOINT missing, not a directory, not empty or already mounted",
+    ExitCode.FUSE: "FUSE unusable: no /dev/fuse, no fusermount3, or allow_other refused",
+    ExitCode.TIMEOUT: "gave up waiting (--timeout)",
+    ExitCode.BUSY: "umount: the mount is in use; the holding processes are named",
+    ExitCode.NOT_MOUNTED: "no seerfs mount at that path",
+    ExitCode.GROUP: "the daemon group could not form, or nodes disagree on config or plan",
+}
+
+
 class SeerfsError(Exception):
     code: ExitCode = ExitCode.INTERNAL
 

@@ -41,9 +41,7 @@ def render(doc: dict[str, Any]) -> str:
     seed = doc.get("seed", {})
     if seed:
         err = f"  last write rejected: {seed['last_error']}" if seed.get("last_error") else ""
-        lines.append(
-            f"seed      {seed.get('value')} ({seed.get('origin')}, generation {seed.get('generation')}){err}"
-        )
+        lines.append(f"seed      {seed.get('value')} ({seed.get('origin')}, generation {seed.get('generation')}){err}")
     plan = doc.get("plan")
     if plan:
         lines.append(

@@ -116,9 +116,7 @@ def walk_levels(root: bytes, threads: int) -> Iterator[tuple[list[int], list[Dir
     level: list[tuple[int, bytes]] = [(0, root)]
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="walk") as pool:
         while level:
-            chunks = list(
-                pool.map(scan_dir, (p for _, p in level), chunksize=max(1, len(level) // (threads * 8)))
-            )
+            chunks = list(pool.map(scan_dir, (p for _, p in level), chunksize=max(1, len(level) // (threads * 8))))
             yield [i for i, _ in level], chunks
             nxt: list[tuple[int, bytes]] = []
             for (_, dpath), chunk in zip(level, chunks, strict=True):
