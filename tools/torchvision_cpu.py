@@ -22,8 +22,9 @@ def load() -> types.ModuleType:
     import torch
 
     if _LIBRARY is None:
+        library: Any = torch.library  # torch.library is untyped
         try:
-            lib = torch.library.Library("torchvision", "DEF")
+            lib = library.Library("torchvision", "DEF")
             lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             _LIBRARY = lib
