@@ -1,0 +1,40 @@
+"""README, --help and man pages agree: every command, option and config key is documented."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from fusefs.cli import build_parser
+from tools import genman
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_man_pages_are_current() -> None:
+    stale = [name for name, make in genman.PAGES.items() if (ROOT / "man" / name).read_text() != make()]
+    assert not stale, f"run tools/genman: stale {stale}"
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_readme_names_every_command_and_option() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name, p in _subcommands().items():
+        assert re.search(rf"seerfs {name}\b", readme), f"README does not show 'seerfs {name}'"
+        for action in p._actions:
+            for opt in action.option_strings:
+                if opt in ("-h", "--help"):
+                    continue
+                assert opt in readme, f"README does not mention {name} {opt}"
+
+
+def test_control_page_documents_every_status_section() -> None:
+    page = (ROOT / "man" / "seerfs-control.7").read_text()
+    for section in ("snapshot", "seed", "reads"):
+        assert f".B {section}\n" in page

@@ -1,0 +1,232 @@
+"""Generate man/seerfs.1 and man/seerfs.yaml.5 from the argparse parser and the config schema.
+
+Why generated: the commands, options, exit codes and config keys then cannot drift between
+``--help``, ``seerfs config --defaults`` and the man pages; tests/test_docs.py fails when the
+committed pages are stale (run ``tools/genman`` to refresh them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from fusefs import __version__, config
+from fusefs.cli import build_parser
+from fusefs.errors import EXIT_MEANINGS, ExitCode
+
+MAN = Path(__file__).resolve().parent.parent / "man"
+DATE = "2026-11-22"
+
+
+def esc(text: str) -> str:
+    """Escape for roff: backslashes, leading dots/quotes, hyphens in option names."""
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return "\\&" + text if text[:1] in (".", "'") else text
+
+
+def _actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)]
+
+
+def _usage(name: str, p: argparse.ArgumentParser) -> str:
+    usage = p.format_usage().strip().removeprefix("usage: ")
+    return " ".join(usage.split())
+
+
+def _option_lines(p: argparse.ArgumentParser) -> list[str]:
+    lines: list[str] = []
+    for a in _actions(p):
+        if not a.option_strings:
+            continue
+        names = ", ".join(a.option_strings)
+        if a.nargs != 0:
+            names += f" {a.metavar if isinstance(a.metavar, str) else a.dest.upper()}"
+        lines += [".TP", f".B {esc(names)}", esc(str(a.help or ""))]
+    return lines
+
+
+def seerfs_1() -> str:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = [
+        f'.TH SEERFS 1 "{DATE}" "seerfs {__version__}" "User Commands"',
+        ".SH NAME",
+        "seerfs \\- clairvoyant per\\-node FUSE cache for deep\\-learning datasets",
+        ".SH SYNOPSIS",
+    ]
+    for name, p in sub.choices.items():
+        out += [".nf", esc(_usage(name, p)), ".fi"]
+    out += [
+        ".nf", esc("seerfs SOURCE MOUNTPOINT -o OPTIONS") + "    (as run by mount(8) and fstab)", ".fi",
+        ".SH DESCRIPTION",
+        "seerfs mounts a dataset directory that lives on a shared parallel filesystem (the PFS) on a "
+        "per\\-node mountpoint and shows its tree unchanged and read\\-only.  Training code is not "
+        "modified: it points torchvision ImageFolder at the mountpoint.  The job writes its sampler's "
+        "shuffle seed to", ".IR MOUNTPOINT /.control/seed ;",
+        "from it the placement planner knows which node reads which file in which epoch, prefetches "
+        "files ahead of use into local tiers (RAM, local disk) and serves every read from the fastest "
+        "of local cache, a peer node and the PFS.",
+        ".PP",
+        "The directory tree is read once at mount (the metadata snapshot) and persisted in the cache "
+        "directory; a later mount of an unchanged source reuses it.  A file whose size or mtime changed "
+        "after the mount fails to read with EIO and is named in the status.",
+        ".SH COMMANDS",
+    ]  # fmt: skip
+    for name, p in sub.choices.items():
+        helptext = next((c.help for c in sub._choices_actions if c.dest == name), "") or ""
+        out += [".SS " + esc(name), esc(_usage(name, p)), ".PP", esc(p.description or helptext)]
+        positionals = [a for a in _actions(p) if not a.option_strings]
+        for a in positionals:
+            out += [".TP", f".I {esc(str(a.metavar or a.dest))}", esc(str(a.help or ""))]
+        out += _option_lines(p)
+    out += [
+        ".SH MOUNT(8) AND FSTAB",
+        "mount.fuse3 runs", ".B seerfs SOURCE MOUNTPOINT \\-o OPTIONS",
+        "for filesystems of type", ".BR fuse.seerfs .",
+        "Generic options (rw, ro, dev, nodev, suid, nosuid, exec, noexec, auto, noauto, user, _netdev, "
+        "nofail, defaults, atime options) are ignored;", ".B config=FILE",
+        "names the configuration and", ".B key=value", "overrides a configuration key.  mount(8) "
+        "searches /usr/local/bin, where tools/setup links the command.  Example fstab line:",
+        ".PP", ".nf",
+        esc("/lustre/imagenet  /tmp/imagenet  fuse.seerfs  noauto,config=/etc/seerfs.yaml  0 0"),
+        ".fi",
+        ".SH EXIT STATUS",
+    ]  # fmt: skip
+    for code in ExitCode:
+        out += [".TP", f".B {int(code)}", esc(EXIT_MEANINGS[code])]
+    out += [
+        ".SH FILES",
+        ".TP", ".I CACHE_DIR/snapshots/",
+        "persisted metadata snapshots, one per source (cache_dir defaults to ~/.cache/seerfs)",
+        ".TP", ".I CACHE_DIR/log/",
+        "daemon logs, one per mountpoint",
+        ".TP", ".I /run/seerfs/",
+        "per\\-mount runtime records (pid, source) used by umount; $XDG_RUNTIME_DIR/seerfs or "
+        "/tmp/seerfs\\-UID for other users",
+        ".SH EXAMPLES",
+        "Slurm job: one daemon per node for the whole job, then training, then the epilogue:",
+        ".PP", ".nf",
+        esc("srun --overlap --ntasks-per-node=1 seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
+        esc("srun --ntasks-per-node=1 seerfs wait /tmp/imagenet"),
+        esc("echo 0 > /tmp/imagenet/.control/seed"),
+        esc("srun python train.py --data /tmp/imagenet/train"),
+        esc("srun --ntasks-per-node=1 seerfs umount /tmp/imagenet"),
+        ".fi",
+        ".SH SEE ALSO",
+        ".BR seerfs.yaml (5),",
+        ".BR seerfs\\-control (7),",
+        ".BR mount.fuse3 (8),",
+        ".BR fusermount3 (1)",
+    ]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _type_text(tp: Any) -> str:
+    return config._type_name(tp)
+
+
+def _default_text(value: Any, tp: Any) -> str:
+    if dataclasses.is_dataclass(value):
+        return ""
+    if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+        return ""
+    return config._scalar(value, tp)
+
+
+def _keys(cls: Any, obj: Any, prefix: str, out: list[str]) -> None:
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        value = getattr(obj, f.name)
+        default = _default_text(value, tp)
+        out += [".TP", f".B {key}", esc(f.metadata.get("doc", "")) + "."]
+        if default:
+            out += [".br", f"Type: {esc(_type_text(tp))}; default: {esc(default)}."]
+        if dataclasses.is_dataclass(tp):
+            _keys(tp, value, f"{key}.", out)
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            item_cls: Any = type(value[0])
+            out += [".br", f"A list; each item has the keys below (default: {len(value)} item(s))."]
+            _keys(item_cls, item_cls(), f"{key}[].", out)
+
+
+def seerfs_yaml_5() -> str:
+    out = [
+        f'.TH SEERFS.YAML 5 "{DATE}" "seerfs {__version__}" "File Formats"',
+        ".SH NAME",
+        "seerfs.yaml \\- configuration of a seerfs mount and of the job that reads it",
+        ".SH DESCRIPTION",
+        "A YAML mapping given with", ".B seerfs mount \\-c FILE", "(or", ".B \\-o config=FILE", "from "
+        "mount(8)).  Every key is optional.  Every node of a job uses the same file: which training ranks "
+        "a node hosts, and the epoch a resumed job is at, are inferred from the files it opens, never "
+        "configured per node.  Keys are given below with their dotted names;",
+        ".B \\-o key=value", "overrides any of them (list items by index, e.g.", ".BR tiers.0.bytes=8G ).",
+        "An unknown key or a bad value is an error naming the key and what was expected (exit status 3).",
+        ".PP",
+        "Byte sizes accept plain integers or a number with a unit: K, M, G, T, KiB, MiB, GiB, TiB (binary) "
+        "or KB, MB, GB, TB (decimal).  Throughput tables map a count (readers or threads) to MB/s and are "
+        "interpolated linearly between their points.",
+        ".PP",
+        ".B seerfs config \\-\\-defaults",
+        "prints every key with its default; the effective configuration of a running mount is "
+        "in", ".IR MOUNTPOINT /.control/config .",
+        ".SH KEYS",
+    ]  # fmt: skip
+    _keys(config.Config, config.Config(), "", out)
+    out += [
+        ".SH EXAMPLE",
+        "ImageNet with validation after every epoch, two nodes with four ranks each:",
+        ".PP", ".nf",
+        *[esc(line) for line in EXAMPLE.strip().splitlines()],
+        ".fi",
+        ".SH SEE ALSO",
+        ".BR seerfs (1),",
+        ".BR seerfs\\-control (7)",
+    ]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+EXAMPLE = """
+cache_dir: /local/seerfs
+datasets:
+  - root: train
+    layout: imagefolder
+    sampler: {kind: distributed, shuffle: true}
+  - root: val
+    follows: train
+    sampler: {kind: distributed, shuffle: false}
+job: {world_size: 8, ranks_per_node: 4, epochs: 90, batch_size: 256, num_workers: 8}
+tiers:
+  - {kind: memory, bytes: 64GiB, threads: 8}
+  - {kind: directory, path: /local/ssd/seerfs, bytes: 800GiB, threads: 4}
+peers: {discovery: mpi, bind: ib0}
+"""
+
+PAGES = {"seerfs.1": seerfs_1, "seerfs.yaml.5": seerfs_yaml_5}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="genman", description="Regenerate man/seerfs.1 and man/seerfs.yaml.5.")
+    p.add_argument("--check", action="store_true", help="exit 1 if a committed page is stale, write nothing")
+    args = p.parse_args(argv)
+    stale = []
+    for name, make in PAGES.items():
+        text = make()
+        path = MAN / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"genman: stale: {', '.join(stale)} (run tools/genman)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
