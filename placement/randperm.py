@@ -32,6 +32,7 @@ THRESHOLD_64BIT = 214_748_364  # 0xFFFFFFFF // 20: from here on torch uses the 6
 SEED_MIN = -(2**63)  # torch.Generator.manual_seed accepts [-2**63, 2**64 - 1]
 SEED_MAX = 2**64 - 1
 _DRAW_CHUNK = 1 << 22  # draws generated at once where only a bounded buffer is wanted
+_SMALL_WORK = 1 << 25  # below this many files, int64 work arrays (fastest); above, int32 (leanest)
 
 Backend = Literal["auto", "torch", "numpy"]
 IndexArray = npt.NDArray[np.int64]
@@ -243,7 +244,10 @@ def _offsets_32(n: int, stream: Mt19937Stream) -> npt.NDArray[np.uint32]:
     """``z[i] = next32() % (n - i)`` for the n - 1 steps of the 32-bit loop."""
     if n <= 1:
         return np.zeros(0, dtype=np.uint32)
-    z = stream.draws(n - 1)
+    z = np.empty(n - 1, dtype=np.uint32)
+    for lo in range(0, n - 1, _DRAW_CHUNK):
+        hi = min(n - 1, lo + _DRAW_CHUNK)
+        z[lo:hi] = stream.draws(hi - lo)
     np.remainder(z, np.arange(n, 1, -1, dtype=np.uint32), out=z)
     return z
 
@@ -260,14 +264,23 @@ def _offsets_64(n: int, stream: Mt19937Stream) -> npt.NDArray[Any]:
 
 
 def _index_dtype(n: int) -> type[np.signedinteger[Any]]:
-    """int32 where it holds every index: half the memory traffic of the random reads and writes."""
+    """int32 where it holds every index: half the memory of int64 at the sizes where that counts."""
     return np.int32 if n <= np.iinfo(np.int32).max else np.int64
 
 
+def _work_dtype(n: int) -> type[np.signedinteger[Any]]:
+    """Index type of the sorted (target, step) columns.
+
+    numpy fancy indexing converts other index types to int64 first, so int64 is fastest; past a
+    few million entries the arrays' size matters more and int32 halves it.
+    """
+    return np.int64 if n <= _SMALL_WORK else _index_dtype(n)
+
+
 def _group_by_target(
-    offsets: npt.NDArray[Any], *, target_is_step_plus_offset: bool
-) -> tuple[IndexArray, IndexArray]:
-    """Steps 0..m-1 sorted by (target, step); returns (targets, steps) as int64 arrays.
+    offsets: npt.NDArray[Any], *, target_is_step_plus_offset: bool, dtype: type[np.signedinteger[Any]]
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """Steps 0..m-1 sorted by (target, step); returns (targets, steps) as ``dtype`` arrays.
 
     The target of step i is ``offsets[i]`` or ``i + offsets[i]``.  Both go in one int64 key,
     ``target << shift | step``, built as ``(offset << shift) + i * mult`` so the packing costs two
@@ -286,13 +299,18 @@ def _group_by_target(
     key = np.arange(0, m * mult, mult, dtype=np.int64)
     key += np.left_shift(offsets, shift, dtype=np.int64)
     key.sort()
-    targets = key >> shift
-    key &= (1 << shift) - 1
-    return targets, key
+    targets = np.empty(m, dtype=dtype)
+    np.right_shift(key, shift, out=targets, casting="unsafe")
+    if dtype is np.int64:
+        key &= (1 << shift) - 1
+        return targets, key
+    steps = np.empty(m, dtype=dtype)
+    np.bitwise_and(key, (1 << shift) - 1, out=steps, casting="unsafe")
+    return targets, steps
 
 
 def _resolve_chains(
-    start: IndexArray, parent: npt.NDArray[Any], is_root: npt.NDArray[np.bool_]
+    start: npt.NDArray[Any], parent: npt.NDArray[Any], is_root: npt.NDArray[np.bool_]
 ) -> npt.NDArray[Any]:
     """The root reached from each ``start`` by following ``parent`` until ``is_root``.
 
@@ -324,12 +342,13 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
     if m <= 0:
         return np.zeros(n, dtype=np.int64)
     idt = _index_dtype(n)
-    tgt, step = _group_by_target(z, target_is_step_plus_offset=True)
+    tgt, step = _group_by_target(z, target_is_step_plus_offset=True, dtype=_work_dtype(n))
     same = tgt[1:] == tgt[:-1]  # entry s + 1 continues the group of entry s
     ends = np.flatnonzero(~same)  # last entries of every group but the final one
     # parent[p]: the last step before p that targeted p (p itself when none: a root)
     parent = np.arange(n, dtype=idt)
     parent[tgt.take(ends)] = step.take(ends)
+    del ends
     parent[tgt[m - 1]] = step[m - 1]
     # A step targeting itself (z == 0) is the last of its group but comes *at* p, not before it.
     selfish = np.flatnonzero(z == 0)
@@ -339,14 +358,17 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
         has_prev = (at > 0) & (tgt.take(prev) == selfish)
         parent[selfish] = np.where(has_prev, step.take(prev), selfish)
     is_root = parent == np.arange(n, dtype=idt)
+    del tgt
     later = np.flatnonzero(same)
+    del same
     found = _resolve_chains(step.take(later), parent, is_root)  # W(previous step of the group)
     later += 1
     receivers = step.take(later)
-    del tgt, step, same, ends, later
+    del step, later
     out = np.empty(n, dtype=idt)
-    np.add(z.view(np.int32) if idt is np.int32 else z, np.arange(m, dtype=idt), out=out[:m], casting="unsafe")
+    np.add(z, np.arange(m, dtype=idt), out=out[:m], casting="unsafe")
     out[receivers] = found
+    del receivers, found
     out[m] = _resolve_chains(np.array([m], dtype=np.int64), parent, is_root)[0]
     return out.astype(np.int64, copy=False)
 
@@ -362,16 +384,15 @@ def _inside_out(z: npt.NDArray[Any], n: int) -> IndexArray:
     """
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    idt = _index_dtype(n)
-    tgt, step = _group_by_target(z, target_is_step_plus_offset=False)
+    tgt, step = _group_by_target(z, target_is_step_plus_offset=False, dtype=_work_dtype(n))
     first = np.ones(n, dtype=np.bool_)
     np.not_equal(tgt[1:], tgt[:-1], out=first[1:])
     later = np.flatnonzero(~first)
-    base = np.empty(n, dtype=idt)  # X(p) for the chain ends
+    base = np.empty(n, dtype=_index_dtype(n))  # X(p) where a chain ends
     base[step.take(later)] = step.take(later - 1)
-    del later
     is_root = np.zeros(n, dtype=np.bool_)
-    is_root[step[~first]] = True
+    is_root[step.take(later)] = True
+    del later
     selfish = np.flatnonzero(z == np.arange(n, dtype=z.dtype))
     is_root[selfish] = True
     base[selfish] = selfish
@@ -381,9 +402,11 @@ def _inside_out(z: npt.NDArray[Any], n: int) -> IndexArray:
     out = np.empty(n, dtype=np.int64)
     targeted = np.zeros(n, dtype=np.bool_)
     targeted[tgt] = True
-    out[tgt[last]] = step[last]
-    del tgt, step, last
-    parent = np.asarray(z, dtype=idt)
+    ends = np.flatnonzero(last)
+    del last
+    out[tgt.take(ends)] = step.take(ends)
+    del tgt, step, ends
     untargeted = np.flatnonzero(~targeted)
-    out[untargeted] = base.take(_resolve_chains(untargeted, parent, is_root))
+    del targeted
+    out[untargeted] = base.take(_resolve_chains(untargeted, z, is_root))
     return out
