@@ -334,6 +334,15 @@ def test_stats_and_reset_commands(emu: RunningEmulator) -> None:
     assert emu.counters().bytes == 0
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie: the daemon's parent exited, and PID 1 here reaps only every second or so."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
 @requires_fuse
 @pytest.mark.mount
 def test_daemon_mode_returns_once_mounted_and_exits_on_unmount(backing: Path, tmp_path: Path) -> None:
@@ -351,11 +360,11 @@ def test_daemon_mode_returns_once_mounted_and_exits_on_unmount(backing: Path, tm
         stats = _cli("stats", str(mnt))
         assert stats.returncode == 0 and "opens 1" in stats.stdout, stats.stdout
         subprocess.run(["fusermount3", "-u", str(mnt)], check=True)
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=10, what="the daemon to exit")
+        wait_for(lambda: not _alive(pid), timeout=10, what="the daemon to exit")
         assert not control.exists()
     finally:
         force_unmount(mnt)
-        if pid is not None and os.path.exists(f"/proc/{pid}"):
+        if pid is not None and _alive(pid):
             os.kill(pid, 9)
 
 

@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,31 +152,41 @@ def measure_throughput(
     )
 
 
+def _opener(path: str, count: int, start_at: float, conn: multiprocessing.connection.Connection) -> None:
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    times = []
+    for _ in range(count):
+        t = time.perf_counter()
+        fd = os.open(path, os.O_RDONLY)
+        times.append(time.perf_counter() - t)
+        os.close(fd)
+    conn.send(times)
+    conn.close()
+
+
 def measure_open_latency(
     emu: pfsemu.RunningEmulator, rel: str, samples: int = 200, concurrency: int = 1
 ) -> OpenLatency:
-    """Latency of ``os.open`` of one file through the mount, by ``concurrency`` threads at once."""
+    """Latency of ``os.open`` of one file through the mount, by ``concurrency`` processes at once.
+
+    Processes, not threads: with threads the GIL, not the emulator, decides when a finished open is
+    timed once other work shares the two cores.
+    """
     path = str(emu.mountpoint / rel)
     os.close(os.open(path, os.O_RDONLY))  # the kernel now knows the name: no lookup in the timing
-    times: list[float] = []
-    lock = threading.Lock()
-
-    def opener(count: int) -> None:
-        mine = []
-        for _ in range(count):
-            t = time.perf_counter()
-            fd = os.open(path, os.O_RDONLY)
-            mine.append(time.perf_counter() - t)
-            os.close(fd)
-        with lock:
-            times.extend(mine)
-
-    threads = [threading.Thread(target=opener, args=(samples // concurrency,)) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    times.sort()
+    ctx = multiprocessing.get_context("fork")
+    start_at = time.monotonic() + 0.1 + 0.02 * concurrency
+    procs, conns = [], []
+    for _ in range(concurrency):
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_opener, args=(path, samples // concurrency, start_at, child))
+        proc.start()
+        child.close()
+        procs.append(proc)
+        conns.append(parent)
+    times = sorted(t for conn in conns for t in conn.recv())
+    for proc in procs:
+        proc.join()
     configured = float(emu.counters(files=False).config["open_latency_ms"])
     return OpenLatency(
         concurrency=concurrency,

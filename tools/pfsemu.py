@@ -101,6 +101,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -657,9 +658,7 @@ class PfsemuOperations(pyfuse3.Operations):
             raise _fuse_error(exc) from None
         await self._meta_delay(arrival)
         fh = next(self._fh)
-        self._dirs[fh] = [
-            (name, self._inodes.inode(rel + b"/" + name if rel else name), st) for name, st in entries
-        ]
+        self._dirs[fh] = [(name, self._inodes.inode(rel + b"/" + name if rel else name), st) for name, st in entries]
         return fh
 
     async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -691,9 +690,7 @@ class PfsemuOperations(pyfuse3.Operations):
 
     # -- data ----------------------------------------------------------------------------------------
 
-    async def open(
-        self, inode: pyfuse3.InodeT, flags: pyfuse3.FlagT, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.FileInfo:
+    async def open(self, inode: pyfuse3.InodeT, flags: pyfuse3.FlagT, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         arrival = trio.current_time()
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
             raise pyfuse3.FUSEError(errno.EROFS)
@@ -804,8 +801,7 @@ class PfsemuOperations(pyfuse3.Operations):
                 "mean": (c.lag_sum_s / c.lag_samples * 1e3) if c.lag_samples else 0.0,
             },
             "clients": [
-                {"pid": pid, "comm": c.client_comm.get(pid, "?"), **t.to_json()}
-                for pid, t in sorted(c.clients.items())
+                {"pid": pid, "comm": c.client_comm.get(pid, "?"), **t.to_json()} for pid, t in sorted(c.clients.items())
             ],
             "comms": {name: t.to_json() for name, t in sorted(c.comms.items())},
         }
@@ -865,9 +861,7 @@ class ControlServer:
             sock.listen(64)
         except OSError as exc:
             sock.close()
-            raise PfsemuError(
-                f"cannot listen on control socket {path}: {exc.strerror}", EXIT_CONTROL
-            ) from None
+            raise PfsemuError(f"cannot listen on control socket {path}: {exc.strerror}", EXIT_CONTROL) from None
         return sock
 
     def close(self) -> None:
@@ -1045,15 +1039,13 @@ def _check_paths(backing: Path, mountpoint: Path) -> tuple[Path, Path]:
         raise PfsemuError(f"BACKING {backing} is not a directory", EXIT_BACKING)
     if not os.access(backing, os.R_OK | os.X_OK):
         raise PfsemuError(f"BACKING {backing} is not readable", EXIT_BACKING)
+    if is_mounted(mountpoint):
+        raise PfsemuError(f"MOUNTPOINT {mountpoint} is already a mount point", EXIT_MOUNTPOINT)
     if not mountpoint.is_dir():
         raise PfsemuError(f"MOUNTPOINT {mountpoint} is not a directory", EXIT_MOUNTPOINT)
-    if os.path.ismount(mountpoint):
-        raise PfsemuError(f"MOUNTPOINT {mountpoint} is already a mount point", EXIT_MOUNTPOINT)
     real_b, real_m = Path(os.path.realpath(backing)), Path(os.path.realpath(mountpoint))
     if real_m == real_b or real_b in real_m.parents:
-        raise PfsemuError(
-            "MOUNTPOINT must not be inside BACKING (pfsemu would serve itself)", EXIT_MOUNTPOINT
-        )
+        raise PfsemuError("MOUNTPOINT must not be inside BACKING (pfsemu would serve itself)", EXIT_MOUNTPOINT)
     if not os.path.exists("/dev/fuse"):
         raise PfsemuError("/dev/fuse is missing: FUSE is not available here", EXIT_MOUNTPOINT)
     return real_b, real_m
@@ -1173,9 +1165,24 @@ def fuse_unavailable_reason() -> str | None:
     return None
 
 
+def is_mounted(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a mount point, per /proc/self/mountinfo.
+
+    Not ``os.path.ismount``: that lstat()s the path, which fails on a FUSE mount whose daemon died
+    ("Transport endpoint is not connected"), exactly the mount a teardown must still remove.
+    """
+    target = os.fsencode(os.path.abspath(path))
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            field = line.split(b" ")[4]
+            if re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field) == target:
+                return True
+    return False
+
+
 def unmount(mountpoint: str | os.PathLike[str]) -> None:
     """Lazy unmount if ``mountpoint`` is a mount point; never raises (teardown helper)."""
-    if os.path.ismount(mountpoint):
+    if is_mounted(mountpoint):
         subprocess.run(
             ["fusermount3", "-u", "-z", os.fspath(mountpoint)],
             stdout=subprocess.DEVNULL,
@@ -1256,7 +1263,7 @@ def running(
     emu = RunningEmulator(Path(backing), mnt, control, log_path, proc, PfsemuClient(control))
     try:
         deadline = time.monotonic() + ready_timeout_s
-        while not (os.path.ismount(mnt) and emu.client.ping()):
+        while not (is_mounted(mnt) and emu.client.ping()):
             if proc.poll() is not None:
                 raise RuntimeError(f"pfsemu exited with status {proc.returncode}: {emu.log_text().strip()}")
             if time.monotonic() > deadline:
@@ -1275,7 +1282,7 @@ def running(
         for leftover in (control, log_path):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-        if made_mnt and not os.path.ismount(mnt):
+        if made_mnt and not is_mounted(mnt):
             with contextlib.suppress(OSError):
                 mnt.rmdir()
         with contextlib.suppress(OSError):
@@ -1288,19 +1295,22 @@ def running(
 
 _EPILOG = f"""\
 model:
-  A reader is an open file handle with a read in flight or one that ended less than the active
-  window ago; gamma counts them.  All reads share one channel moving t(gamma) bytes/s in total,
-  first come first served (each reader gets t(gamma)/gamma); a read replies no earlier than the
-  read latency after it arrived.  Every open waits the open latency.  Files are served with
-  direct_io, so the counters see every byte readers get (no page cache, no readahead).
+  A reader is an open file handle with a read in flight, or whose last read ended less than the
+  active window ago; gamma counts them.  All reads share one channel moving t(gamma) bytes/s in
+  total, first come first served (each reader gets t(gamma)/gamma on average); a read replies no
+  earlier than the read latency after it arrived (latency overlaps the transfer); a read at end
+  of file replies at once.  Every open waits the open latency.  Files are served with direct_io,
+  so the counters see every byte readers get (no page cache, no readahead); bytes count for the
+  process that opened the file.
 
 defaults (printed with every result):
-  --curve {DEFAULT_CURVE} MB/s (MB = 10^6 B) is NoPFS's Lassen curve t(1,2,4,8) =
-  330, 730, 1540, 2870 MB/s scaled to a 2-core box: t(1) divided by 16.5, growth with gamma
-  compressed from 8.7x to 3x because readers, seerfs daemons and the emulator share 2 cores; the
-  per-reader share t(gamma)/gamma falls 20 -> 7.5 MB/s as on a contended PFS.  Between points t is
-  linear in gamma; beyond the last point it stays flat.  Open {DEFAULT_OPEN_LATENCY_MS:g} ms, read request
-  {DEFAULT_READ_LATENCY_MS:g} ms, metadata {DEFAULT_META_LATENCY_MS:g} ms.
+  --curve {DEFAULT_CURVE} (MB/s, MB = 10^6 B) is NoPFS's Lassen curve
+  t(1,2,4,8) = 330, 730, 1540, 2870 MB/s scaled to a 2-core box: t(1) divided by 16.5, growth
+  with gamma compressed from 8.7x to 3x because readers, seerfs daemons and the emulator share two
+  cores; the per-reader share t(gamma)/gamma falls from 20 to 7.5 MB/s as on a contended PFS.
+  t is linear in gamma between points and flat beyond them.
+  --open-latency-ms {DEFAULT_OPEN_LATENCY_MS:g} (an MDS open RPC),
+  --read-latency-ms {DEFAULT_READ_LATENCY_MS:g} (an OST RPC), --meta-latency-ms {DEFAULT_META_LATENCY_MS:g}.
 
 control socket (one request line, one JSON reply line):
   ping | stats | stats files | reset   (reset replies with the counters before zeroing them)
@@ -1368,15 +1378,14 @@ def _build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_ACTIVE_WINDOW_MS,
         metavar="MS",
-        help="a handle stays an active reader this long after its last read "
-        f"(default {DEFAULT_ACTIVE_WINDOW_MS:g})",
+        help=f"a handle stays an active reader this long after its last read (default {DEFAULT_ACTIVE_WINDOW_MS:g})",
     )
     s.add_argument(
         "--threads",
         type=int,
         default=DEFAULT_THREADS,
         metavar="N",
-        help=f"worker threads for open/pread/scandir (default {DEFAULT_THREADS})",
+        help=f"threads for reads not in the page cache and for directory scans (default {DEFAULT_THREADS})",
     )
     s.add_argument(
         "--attr-timeout-s",
@@ -1385,17 +1394,13 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"kernel entry/attribute cache time (default {DEFAULT_ATTR_TIMEOUT_S:g})",
     )
-    s.add_argument(
-        "--fg", action="store_true", help="stay in the foreground (default: daemonise once mounted)"
-    )
+    s.add_argument("--fg", action="store_true", help="stay in the foreground (default: daemonise once mounted)")
     s.add_argument("--log", type=Path, metavar="FILE", help="daemon log file (default: discard)")
     for name, text in (("stats", "print the counters"), ("reset", "zero the counters")):
         p = sub.add_parser(name, help=text, description=f"{text.capitalize()} of a running pfsemu.")
         p.add_argument("control", metavar="SOCKET", help="control socket, or the emulator's mountpoint")
         if name == "stats":
-            p.add_argument(
-                "--json", action="store_true", help="print the raw JSON reply (with per-file counts)"
-            )
+            p.add_argument("--json", action="store_true", help="print the raw JSON reply (with per-file counts)")
             p.add_argument("--top", type=int, default=10, metavar="N", help="files listed (default 10)")
     return parser
 
