@@ -1,16 +1,16 @@
-"""An emulated contended PFS for tests: ``pfsemu`` fixture and ``running_pfsemu`` context manager.
+"""An emulated contended PFS for tests: ``emulated_pfs`` fixture and ``running_pfsemu`` context manager.
 
 Tests that need a shared slow filesystem underneath (seerfs over a "PFS", end-to-end, multi-node,
 "the PFS was read once") start tools/pfsemu over a directory and read PFS traffic from the
 emulator's own counters, never from seerfs::
 
-    from pfsemu_fixture import pfsemu, requires_fuse, running_pfsemu  # noqa: F401  (pytest fixture)
+    from pfsemu_fixture import emulated_pfs, requires_fuse, running_pfsemu  # noqa: F401  (fixture)
 
-    def test_x(pfsemu):                      # serves an empty dir: fill pfsemu.backing first
-        (pfsemu.backing / "a").write_bytes(b"x" * 10)
-        pfsemu.reset()
-        data = (pfsemu.mountpoint / "a").read_bytes()
-        assert pfsemu.counters().files["a"].bytes == 10
+    def test_x(emulated_pfs):  # noqa: F811  (serves an empty dir: fill emulated_pfs.backing first)
+        (emulated_pfs.backing / "a").write_bytes(b"x" * 10)
+        emulated_pfs.reset()
+        data = (emulated_pfs.mountpoint / "a").read_bytes()
+        assert emulated_pfs.counters().files["a"].bytes == 10
 
     with running_pfsemu(src, curve="1:200", open_latency_ms=0) as emu:   # own parameters
         ... emu.mountpoint ..., emu.counters().bytes, emu.counters().pids[pid]
@@ -50,7 +50,7 @@ __all__ = [
     "PfsStats",
     "PfsemuClient",
     "RunningEmulator",
-    "pfsemu",
+    "emulated_pfs",
     "requires_fuse",
     "running_pfsemu",
 ]
@@ -61,7 +61,7 @@ requires_fuse = pytest.mark.skipif(_REASON is not None, reason=f"needs FUSE: {_R
 
 
 @pytest.fixture
-def pfsemu(tmp_path: Path) -> Iterator[RunningEmulator]:
+def emulated_pfs(tmp_path: Path) -> Iterator[RunningEmulator]:
     """An emulator with the default parameters serving the empty directory ``tmp_path/"pfs"``."""
     if _REASON is not None:
         pytest.skip(f"needs FUSE: {_REASON}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from mounting import force_unmount, is_mounted, mounted, wait_for
-from pfsemu_fixture import PfsemuClient, RunningEmulator, requires_fuse, running_pfsemu
+from pfsemu_fixture import PfsemuClient, RunningEmulator, emulated_pfs, requires_fuse, running_pfsemu  # noqa: F401
 from trees import NON_UTF8, describe, tricky_tree
 
 from tools import bench_pfsemu, pfsemu
@@ -320,6 +320,43 @@ def test_read_latency_bounds_small_reads(backing: Path) -> None:
 
 @requires_fuse
 @pytest.mark.mount
+def test_metadata_latency_delays_each_lookup(tmp_path: Path) -> None:
+    """--meta-latency-ms delays every lookup the kernel sends (here one per new name)."""
+    names = [f"n{i:02d}" for i in range(30)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    with running_pfsemu(tmp_path, meta_latency_ms=4, open_latency_ms=0) as e:
+        e.reset()  # no listing first: readdirplus would hand the kernel every entry without a lookup
+        times = []
+        for name in names:
+            t = time.perf_counter()
+            os.stat(e.mountpoint / name)
+            times.append(time.perf_counter() - t)
+        assert abs(sorted(times)[len(times) // 2] / 0.004 - 1) <= TOL, times
+        assert e.counters().meta_ops >= len(names)
+
+
+@requires_fuse
+@pytest.mark.mount
+def test_reads_missing_from_the_page_cache_go_to_threads_and_stay_exact(tmp_path: Path) -> None:
+    """Data not in the host page cache is read in a worker thread (never on the loop), bytes intact."""
+    if pfsemu._is_memory_fs(os.fsencode(tmp_path)):
+        pytest.skip("tmp_path is on tmpfs: every read is served from memory inline")
+    data = os.urandom(3 << 20)
+    (tmp_path / "cold").write_bytes(data)
+    fd = os.open(tmp_path / "cold", os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: now evicted
+    os.close(fd)
+    with running_pfsemu(tmp_path, curve="1:1000") as e:
+        assert (e.mountpoint / "cold").read_bytes() == data
+        stats = e.counters()
+        assert stats.raw["totals"]["thread_reads"] > 0
+        assert stats.files["cold"].bytes == len(data)
+
+
+@requires_fuse
+@pytest.mark.mount
 def test_stats_and_reset_commands(emu: RunningEmulator) -> None:
     """`pfsemu stats --json` shows the config and per-file counts; `reset` zeroes them."""
     (emu.mountpoint / "page").read_bytes()
@@ -386,3 +423,16 @@ def test_seerfs_mirror_over_the_emulator_serves_identical_bytes(tmp_path: Path) 
             assert stats.bytes >= expected  # seerfs read the PFS (no seed: no prefetch plan)
             assert stats.files["dog/big.jpg"].bytes >= 2 << 20
         assert not is_mounted(tmp_path / "seerfs")
+
+
+@requires_fuse
+@pytest.mark.mount
+def test_fixture_serves_files_added_to_its_backing_and_counts_them(emulated_pfs: RunningEmulator) -> None:  # noqa: F811
+    """The shared fixture: an empty backing dir to fill, a live mount, counters and reset."""
+    (emulated_pfs.backing / "a").write_bytes(b"x" * 10)
+    emulated_pfs.reset()
+    assert (emulated_pfs.mountpoint / "a").read_bytes() == b"x" * 10
+    stats = emulated_pfs.counters()
+    assert (stats.opens, stats.bytes, stats.files["a"]) == (1, 10, pfsemu.Counts(1, 2, 10))
+    assert stats.pids[os.getpid()][1].bytes == 10
+    assert stats.describe_config() == pfsemu.EmulatorConfig().describe()
