@@ -1,0 +1,244 @@
+"""Where this node's ranks are in their predicted streams, inferred from the files being opened.
+
+The daemon knows neither the epoch, nor the step, nor which ranks it hosts.  In any epoch each file
+belongs to one rank (padding aside), so the first opens reveal the node's ranks and the epoch
+(also of a resumed job); afterwards every open is placed in its rank's stream.  Each local rank has
+a low watermark (its first unconsumed position); an open counts as *predicted* when it falls
+within a window ahead of that watermark.  The window absorbs DataLoader reordering: W workers
+with prefetch_factor pf keep up to W*pf batches in flight, so opens run up to about W*pf*b ahead.
+
+When the recent hit rate drops (wrong seed, sampler not modelled), the cursor declares a mismatch
+and the daemon falls back to its reactive policy; a later run of predicted opens (the job re-seeded
+or resynchronised) recovers tracking.
+
+Pure state machine: no I/O, no clocks; the daemon feeds it opens and asks it what comes next.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from placement.jobstreams import EpochMap, JobStreams
+
+
+@dataclass(frozen=True)
+class CursorSettings:
+    window: int  # positions ahead of a rank's frontier that count as predicted
+    detect_opens: int = 8  # consistent opens needed to lock the node and the epoch
+    judge_opens: int = 32  # recent opens over which the hit rate is judged
+    mismatch_below: float = 0.5  # hit rate under which the prediction is declared wrong
+
+    @classmethod
+    def for_job(cls, batch_size: int, num_workers: int, prefetch_factor: int) -> CursorSettings:
+        inflight = max(1, num_workers) * max(1, prefetch_factor) + 1
+        return cls(window=2 * inflight * batch_size + 16, judge_opens=max(8, max(1, num_workers) * batch_size))
+
+
+@dataclass
+class RankTrack:
+    """One local rank: its epoch, first unconsumed position and highest consumed position + 1."""
+
+    rank: int
+    epoch: int
+    low: int = 0
+    high: int = 0
+    consumed: set[int] = field(default_factory=set)  # consumed positions >= low
+
+    def accepts(self, pos: int, window: int) -> bool:
+        return self.low <= pos < self.high + window and pos not in self.consumed
+
+    def consume(self, pos: int, window: int) -> None:
+        self.consumed.add(pos)
+        self.high = max(self.high, pos + 1)
+        # A position never opened (a skipped sample) must not hold the watermark back forever.
+        floor = self.high - 2 * window
+        while self.low in self.consumed or self.low < floor:
+            self.consumed.discard(self.low)
+            self.low += 1
+
+    def restart(self, epoch: int) -> None:
+        self.epoch, self.low, self.high = epoch, 0, 0
+        self.consumed.clear()
+
+
+class NodeCursor:
+    """detecting -> tracking (<-> mismatch)."""
+
+    def __init__(self, job: JobStreams, settings: CursorSettings, start_epoch: int = 0) -> None:
+        self.job = job
+        self.shape = job.shape
+        self.settings = settings
+        self.state = "detecting"
+        self.node: int | None = None
+        self.epoch = start_epoch
+        self.tracks: dict[int, RankTrack] = {}
+        self.opens = 0
+        self.hits = 0
+        self.recent: deque[bool] = deque(maxlen=settings.judge_opens)
+        self.pending: list[int] = []  # the last detect_opens opens (what detection looks at)
+        self.mismatch_reason: str | None = None
+        self.epochs_scanned = 0
+        self.retry_every = 4 * settings.judge_opens  # opens between detection attempts after a failure
+        self.retry_after = 0
+
+    # ------------------------------------------------------------------ observing
+
+    def observe(self, gid: int) -> bool:
+        """Record one open of global file ``gid``; True when the plan predicted it."""
+        self.opens += 1
+        self.pending.append(gid)
+        if len(self.pending) > self.settings.detect_opens:
+            self.pending.pop(0)
+        retry = self.state == "mismatch" and self.opens >= self.retry_after
+        if self.state == "detecting" or retry:
+            if len(self.pending) < self.settings.detect_opens:
+                return False
+            first = self.state == "detecting"
+            detecting = len(self.pending)
+            self._detect()
+            if self.state != "tracking":
+                return False
+            # The opens that revealed the position were predicted after all (only the current
+            # one after a mismatch: the others were already counted as misses).
+            credited = detecting if first else 1
+            self.hits += credited
+            self.recent.extend([True] * credited)
+            return True
+        if self.node is None:
+            return False
+        hit = self._place(gid)
+        self.hits += hit
+        self.recent.append(hit)
+        self._judge()
+        return hit
+
+    def _detect(self) -> None:
+        """Find the (epoch, node) under which the pending opens are one node's reads.
+
+        First pass: opens at the start of every rank's stream (a fresh or resumed job: set_epoch
+        then iterate from the beginning).  Only if no epoch fits that way, a second pass accepts a
+        cluster anywhere in the epoch (the daemon restarted mid-epoch).  Random files fit the first
+        test with probability ~(window/length)^detect_opens, which is negligible.
+        """
+        gids = np.asarray(self.pending, dtype=np.int64)
+        order = [self.epoch, *[e for e in range(self.job.epochs) if e != self.epoch]]
+        for from_start in (True, False):
+            for epoch in order:
+                self.epochs_scanned += 1
+                found = self._fits(self.job.epoch_map(epoch), gids, from_start)
+                if found is not None:
+                    self.node = found
+                    self.epoch = epoch
+                    self.state = "tracking"
+                    self.mismatch_reason = None
+                    self.tracks = {r: RankTrack(r, epoch) for r in self.shape.ranks_of_node(found)}
+                    for gid in self.pending:
+                        self._place(int(gid))
+                    self.recent.clear()
+                    return
+        self.state = "mismatch"
+        self.mismatch_reason = (
+            f"{len(self.pending)} opens are not one node's reads in any epoch of the plan "
+            "(wrong seed or sampler settings?)"
+        )
+        self.retry_after = self.opens + self.retry_every
+        self.retry_every = min(self.retry_every * 2, 1 << 16)
+
+    def _fits(self, emap: EpochMap, gids: npt.NDArray[np.int64], from_start: bool) -> int | None:
+        ranks = emap.rank_of[gids].astype(np.int64)
+        if (ranks < 0).any():
+            return None
+        nodes = self.shape.rank_nodes()[ranks]
+        if not (nodes == nodes[0]).all():
+            return None
+        pos = emap.pos_of[gids]
+        for r in np.unique(ranks):
+            p = pos[ranks == r]
+            if (p.max() if from_start else p.max() - p.min()) >= self.settings.window:
+                return None
+        return int(nodes[0])
+
+    def _place(self, gid: int) -> bool:
+        """Consume ``gid`` where a local rank is, or where one of them starts its next epoch."""
+        window = self.settings.window
+        for track in self.tracks.values():
+            for pos in self.job.epoch_map(track.epoch).positions(gid, track.rank).tolist():
+                if track.accepts(pos, window):
+                    track.consume(pos, window)
+                    return True
+        for track in self.tracks.values():
+            if track.epoch + 1 >= self.job.epochs:
+                continue
+            for pos in self.job.epoch_map(track.epoch + 1).positions(gid, track.rank).tolist():
+                if pos < window:
+                    track.restart(track.epoch + 1)
+                    track.consume(pos, window)
+                    self.epoch = min(t.epoch for t in self.tracks.values())
+                    return True
+        return False
+
+    def _judge(self) -> None:
+        if len(self.recent) < self.recent.maxlen:  # type: ignore[operator]
+            return
+        rate = sum(self.recent) / len(self.recent)
+        if self.state == "tracking" and rate < self.settings.mismatch_below:
+            self.state = "mismatch"
+            self.mismatch_reason = (
+                f"only {rate:.0%} of the last {len(self.recent)} opens were predicted (wrong seed or sampler settings?)"
+            )
+        elif self.state == "mismatch" and rate >= 0.9:
+            self.state = "tracking"
+            self.mismatch_reason = None
+
+    # ------------------------------------------------------------------ predicting
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.opens if self.opens else 0.0
+
+    def upcoming(self, limit: int) -> list[tuple[int, int]]:
+        """The next ``limit`` (epoch, gid) this node will open: its ranks in step, batch by batch."""
+        if self.state != "tracking" or not self.tracks:
+            return []
+        b = self.shape.batch_size
+        # Per rank: (epoch, next position), advanced batch by batch in turn.
+        heads = {r: (t.epoch, t.low) for r, t in self.tracks.items()}
+        out: list[tuple[int, int]] = []
+        while len(out) < limit and heads:
+            for r in sorted(heads):
+                epoch, lo = heads[r]
+                stream = self.job.epoch_map(epoch).streams[r]
+                if lo >= stream.shape[0]:
+                    if epoch + 1 >= self.job.epochs:
+                        del heads[r]
+                        continue
+                    epoch, lo = epoch + 1, 0
+                    stream = self.job.epoch_map(epoch).streams[r]
+                track = self.tracks[r]
+                for pos in range(lo, min(stream.shape[0], lo + b)):
+                    if epoch == track.epoch and pos in track.consumed:
+                        continue
+                    out.append((epoch, int(stream[pos])))
+                heads[r] = (epoch, lo + b)
+        return out[:limit]
+
+    def status(self) -> dict[str, Any]:
+        lows = [t.low for t in self.tracks.values() if t.epoch == self.epoch]
+        return {
+            "state": self.state,
+            "node": self.node,
+            "epoch": self.epoch,
+            "step": min(lows) // self.shape.batch_size if lows else 0,
+            "ranks": sorted(self.tracks),
+            "rank_positions": {str(r): [t.epoch, t.low] for r, t in sorted(self.tracks.items())},
+            "opens": self.opens,
+            "hits": self.hits,
+            "hit_rate": round(self.hit_rate, 6),
+            "mismatch": self.state == "mismatch",
+            "mismatch_reason": self.mismatch_reason,
+        }
