@@ -145,9 +145,14 @@ class Mt19937Stream:
         """The next ``k`` draws as uint32."""
         if k < 0:
             raise ValueError(f"draws: expected k >= 0, got {k}")
-        raw = self._bits.random_raw(k)
-        self._consumed += k
-        return np.asarray(raw, dtype=np.uint64).astype(np.uint32)
+        out = np.empty(k, dtype=np.uint32)
+        self.fill(out)
+        return out
+
+    def fill(self, out: npt.NDArray[np.uint32]) -> None:
+        """Write the next ``out.size`` draws into ``out`` (no intermediate copy)."""
+        np.copyto(out, self._bits.random_raw(out.size), casting="unsafe")
+        self._consumed += out.size
 
     def randperm(self, n: int) -> IndexArray:
         return randperm_from_stream(n, self)
@@ -247,7 +252,7 @@ def _offsets_32(n: int, stream: Mt19937Stream) -> npt.NDArray[np.uint32]:
     z = np.empty(n - 1, dtype=np.uint32)
     for lo in range(0, n - 1, _DRAW_CHUNK):
         hi = min(n - 1, lo + _DRAW_CHUNK)
-        z[lo:hi] = stream.draws(hi - lo)
+        stream.fill(z[lo:hi])
     np.remainder(z, np.arange(n, 1, -1, dtype=np.uint32), out=z)
     return z
 

@@ -237,9 +237,7 @@ class RandomSamplerModel:
         self.persistent_workers = bool(persistent_workers)
         self.num_workers = int(num_workers)
         self.backend = resolve_backend(backend)
-        self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {
-            0: open_stream(self.seed, self.backend)
-        }
+        self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {0: open_stream(self.seed, self.backend)}
         self._cache: LRU[int, IndexArray] = LRU(cache_epochs)
 
     def num_samples(self) -> int:

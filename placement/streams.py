@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,8 +32,8 @@ from placement.samplers import (
 
 RANK_ORDERS = ("contiguous", "round_robin")
 COUNT_MAX = int(np.iinfo(np.uint16).max)
-_COUNT_CHUNK = 1 << 16  # files per slice when turning node ids into per-node counts
-_BROADCAST_NODES = 24  # up to this many nodes, per-node compares beat one random scatter
+_COUNT_CHUNK = 1 << 15  # files per slice when turning node ids into per-node counts
+_BROADCAST_NODES = 96  # up to this many nodes, per-node byte compares beat one scatter
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,7 @@ class JobShape:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         if self.world_size % self.ranks_per_node:
             raise ValueError(
-                f"ranks_per_node: expected a divisor of world_size ({self.world_size}), "
-                f"got {self.ranks_per_node}"
+                f"ranks_per_node: expected a divisor of world_size ({self.world_size}), got {self.ranks_per_node}"
             )
         order = self.rank_order.replace("-", "_")
         if order not in RANK_ORDERS:
@@ -208,9 +208,7 @@ class Streams:
 
     def __init__(self, sampler: SamplerModel, shape: JobShape, cache_epochs: int = 2) -> None:
         if sampler.world_size != shape.world_size:
-            raise ValueError(
-                f"the sampler models {sampler.world_size} ranks but the job has {shape.world_size}"
-            )
+            raise ValueError(f"the sampler models {sampler.world_size} ranks but the job has {shape.world_size}")
         self.sampler = sampler
         self.shape = shape
         self.n = int(sampler.n)
@@ -218,6 +216,7 @@ class Streams:
         self.length = shape.opened_per_rank(self.per_rank)  # entries each rank opens per epoch
         self._layouts: LRU[int, EpochLayout] = LRU(cache_epochs)
         self._inverses: LRU[int, EpochInverse] = LRU(cache_epochs)
+        self._pattern: npt.NDArray[np.unsignedinteger[Any]] | None = None  # see _node_pattern
 
     # ---- per epoch ---------------------------------------------------------------------------
 
@@ -229,10 +228,7 @@ class Streams:
 
     def _generic_layout(self, epoch: int) -> EpochLayout:
         """Any SamplerModel: interleave its rank lists into one strided global order."""
-        rows = [
-            np.asarray(self.sampler.rank_indices(epoch, r), dtype=np.int64)
-            for r in range(self.shape.world_size)
-        ]
+        rows = [np.asarray(self.sampler.rank_indices(epoch, r), dtype=np.int64) for r in range(self.shape.world_size)]
         if any(row.shape != (self.per_rank,) for row in rows):
             raise ValueError("sampler model: every rank must yield num_samples() indices")
         order = np.stack(rows, axis=1).reshape(-1) if rows else np.zeros(0, dtype=np.int64)
@@ -272,16 +268,16 @@ class Streams:
         flat = lay.order[:length] if lay.shared else lay.order[: length * world]
         first_t, duplicated = _first_reads(flat, lay.distinct, self.n)
         read = first_t >= 0
-        rank_of = np.full(self.n, -1, dtype=np.int32)
-        pos_of = np.full(self.n, -1, dtype=np.int64)
+        # sequential passes only; the one random pass was the scatter in _first_reads
         if lay.shared:
-            rank_of[read] = 0
-            pos_of[read] = first_t[read]
+            rank_of = np.where(read, np.int32(0), np.int32(-1))
+            pos_of = first_t.astype(np.int64)
             if world > 1:
                 duplicated |= read
         else:
-            rank_of[read] = first_t[read] % world
-            pos_of[read] = first_t[read] // world
+            pos, rank = np.divmod(first_t, world)  # -1 // world == -1: unread stays -1
+            rank_of = np.where(read, rank, -1).astype(np.int32)
+            pos_of = pos.astype(np.int64)
         return EpochInverse(epoch, self.shape, length, rank_of, pos_of, duplicated, lay)
 
     # ---- over many epochs ----------------------------------------------------------------------
@@ -306,9 +302,7 @@ class Streams:
         for lay in self._layouts_ahead(epoch_list, workers):
             bound += self._count_bound(lay)
             if bound > COUNT_MAX:
-                raise ValueError(
-                    f"node_counts: a file could be read more than {COUNT_MAX} times; ask fewer epochs"
-                )
+                raise ValueError(f"node_counts: a file could be read more than {COUNT_MAX} times; ask fewer epochs")
             if lay.shared:
                 _add_reads(shared, lay.order[: self.length], lay.distinct)
                 shared_epochs += 1
@@ -343,22 +337,34 @@ class Streams:
             np.add.at(counts[0], flat[t[t >= u]], 1)
             return
         nodes = self.shape.nodes
-        id_type = np.uint8 if nodes < 255 else np.uint32
-        node_of_file = np.full(self.n, np.iinfo(id_type).max, dtype=id_type)  # max: not read
-        node_of_file[flat[:u]] = np.resize(rank_nodes.astype(id_type), u)
+        pattern = self._node_pattern(u)  # node of read t, for t < u
+        node_of_file = np.full(self.n, np.iinfo(pattern.dtype).max, dtype=pattern.dtype)  # max: unread
+        node_of_file[flat[:u]] = pattern  # a scatter into a small array (a byte per file)
         if nodes <= _BROADCAST_NODES:
             # a byte compare per (node, file), in cache-sized slices: no random writes at all
-            ids = np.arange(nodes, dtype=id_type)[:, None]
+            ids = np.arange(nodes, dtype=pattern.dtype)[:, None]
             for lo in range(0, self.n, _COUNT_CHUNK):
                 block = node_of_file[lo : lo + _COUNT_CHUNK]
                 counts[:, lo : lo + _COUNT_CHUNK] += block[None, :] == ids
         else:
-            files = flat[:u]
-            cell = node_of_file[files].astype(np.int64) * self.n + files  # distinct cells
-            counts.reshape(-1)[cell] += np.uint16(1)
+            # one fancy add over distinct (node, file) cells, in file order: the writes stream
+            # through the nodes' rows instead of jumping around all of them at random
+            files = np.flatnonzero(node_of_file != np.iinfo(pattern.dtype).max)
+            cells = node_of_file[files].astype(np.int64) * self.n + files
+            counts.reshape(-1)[cells] += np.uint16(1)
         if u < flat.size:  # padding: the same files again, possibly on other nodes
             t = np.arange(u, flat.size, dtype=np.int64)
             np.add.at(counts, (rank_nodes[t % world], flat[u:]), 1)
+
+    def _node_pattern(self, u: int) -> npt.NDArray[np.unsignedinteger[Any]]:
+        """``node_of_rank(t % world)`` for reads t < u, as small ints (the same every epoch)."""
+        cached = self._pattern
+        if cached is None or cached.size != u:
+            id_type = np.uint8 if self.shape.nodes < 255 else np.uint32
+            cached = np.resize(self.shape.rank_nodes().astype(id_type), u)
+            cached.setflags(write=False)
+            self._pattern = cached
+        return cached
 
     def _layouts_ahead(self, epochs: list[int], workers: int | None) -> Iterator[EpochLayout]:
         """Layouts of ``epochs`` in order; independent epochs are computed ahead in threads."""
@@ -386,16 +392,18 @@ class Streams:
 
 def _first_reads(
     flat: IndexArray, distinct: int, n: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+) -> tuple[npt.NDArray[np.signedinteger[Any]], npt.NDArray[np.bool_]]:
     """For each file, the first index t with ``flat[t] == file`` (-1: absent) and whether it repeats.
 
     ``flat[:distinct]`` is known duplicate-free: a direct scatter does it.  The rest (padding, or
     orders of unknown shape) goes through ``np.unique``, whose first-index answer is defined.
     """
-    first_t = np.full(n, -1, dtype=np.int64)
+    # int32 where it fits: this random scatter is the cost of the whole inverse
+    t_type: type[np.signedinteger[Any]] = np.int32 if flat.size <= np.iinfo(np.int32).max else np.int64
+    first_t: npt.NDArray[np.signedinteger[Any]] = np.full(n, -1, dtype=t_type)
     duplicated = np.zeros(n, dtype=np.bool_)
     u = min(distinct, flat.size)
-    first_t[flat[:u]] = np.arange(u, dtype=np.int64)
+    first_t[flat[:u]] = np.arange(u, dtype=t_type)
     rest = flat[u:]
     if rest.size:
         seen = first_t[rest] >= 0

@@ -211,7 +211,7 @@ def test_without_torch_numpy_path_is_used_and_exact(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [rp.THRESHOLD_64BIT - 1, rp.THRESHOLD_64BIT])
 def test_largest_small_and_smallest_large_n_equal_torch(n: int) -> None:
-    """Real torch on both sides of the threshold (about a minute and 9 GiB each)."""
+    """Real torch on both sides of the threshold (up to 1.5 minutes and 7 GiB each)."""
     got = rp.randperm(n, 3, backend="numpy")
     g = torch.Generator()
     g.manual_seed(3)

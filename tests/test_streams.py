@@ -205,8 +205,8 @@ def test_node_counts_match_node_streams_over_epochs() -> None:
 
 def test_node_counts_with_many_nodes_and_padding() -> None:
     """More nodes than the per-node compare path handles: the scatter path, plus padding."""
-    model = DistributedSamplerModel(50, 40, 1)
-    streams = Streams(model, JobShape(40, 1, 1, False))
+    model = DistributedSamplerModel(150, 100, 1)
+    streams = Streams(model, JobShape(100, 1, 2, True))
     np.testing.assert_array_equal(streams.node_counts(range(3)), ref_node_counts(streams, range(3)))
 
 
