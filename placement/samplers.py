@@ -273,7 +273,11 @@ class RandomSamplerModel:
         def compute() -> IndexArray:
             stream = self._stream_at(epoch)
             stream.skip(self.base_seed_draws(epoch))
-            return _frozen(stream.randperm(self.n))
+            perm = _frozen(stream.randperm(self.n))
+            if epoch + 1 not in self._checkpoints:  # the next epoch starts after the discarded one
+                stream.skip(randperm_draws(self.n))
+                self._checkpoints[epoch + 1] = stream
+            return perm
 
         return self._cache.get(epoch, compute)
 

@@ -119,7 +119,9 @@ class EpochInverse:
     ``rank_of[i]`` is -1 for a file not read this epoch (dropped).  A file read more than once
     (DistributedSampler padding, or every rank reading the same order) has ``duplicated[i]`` set
     and ``rank_of``/``pos_of`` give its earliest read: the smallest position, then the smallest
-    rank; :meth:`occurrences` lists them all.
+    rank; :meth:`occurrences` lists them all.  When every rank reads the same order (random,
+    sequential, list samplers), that is rank 0, and ``node_pos`` is the file's position in every
+    node's stream alike.
     """
 
     epoch: int
