@@ -219,3 +219,19 @@ def test_largest_small_and_smallest_large_n_equal_torch(n: int) -> None:
     step = 1 << 24
     for lo in range(0, n, step):
         np.testing.assert_array_equal(got[lo : lo + step], want[lo : lo + step])
+
+
+def test_past_the_draw_chunk() -> None:
+    """Draws are generated in bounded chunks: a permutation spanning two stays exact."""
+    n = rp._DRAW_CHUNK + 2
+    np.testing.assert_array_equal(rp.randperm(n, 2**63 - 1, backend="numpy"), torch_perm(n, 2**63 - 1))
+
+
+@pytest.mark.slow
+def test_int32_work_arrays_and_chunked_64bit_draws() -> None:
+    """Past 2**25 files the work arrays switch to int32; the 64-bit loop spans two draw chunks."""
+    n = rp._SMALL_WORK + 1
+    np.testing.assert_array_equal(rp.randperm(n, 42, backend="numpy"), torch_perm(n, 42))
+    n = rp._DRAW_CHUNK // 2 + 3  # two draws per element: two chunks
+    got = rp._numpy_randperm(n, rp.Mt19937Stream(6), sixty_four_bit=True)
+    assert got.tolist() == torch_loop_64(n, 6)
