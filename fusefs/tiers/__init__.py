@@ -1,0 +1,81 @@
+"""Local storage tiers of the daemon: a memory tier and directory tiers with hard byte budgets.
+
+The prefetcher and the read path use tiers through the :class:`Tier` protocol; ``build_tiers``
+makes them from ``config.tiers`` (fastest first).  Memory tiers charge one shared
+:class:`Budget`, which the page-cache staging window charges too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config import TierConfig
+from ..errors import ConfigError
+from .base import Tier, TierCounters
+from .budget import Budget
+from .digest import BLOCK, BlockDigests, block_count
+from .directory import NAME_BYTES, DirectoryTier
+from .layout import disk_usage
+from .memory import MEMORY_ENTRY_OVERHEAD, MemoryTier
+
+__all__ = [
+    "BLOCK",
+    "MEMORY_ENTRY_OVERHEAD",
+    "NAME_BYTES",
+    "BlockDigests",
+    "Budget",
+    "DirectoryTier",
+    "MemoryTier",
+    "Tier",
+    "TierCounters",
+    "block_count",
+    "build_tiers",
+    "disk_usage",
+    "memory_budget",
+    "tier_path",
+]
+
+
+def memory_budget(cfg_tiers: Sequence[TierConfig]) -> Budget:
+    """The RAM budget: the bytes of all memory tiers (staging charges it as well)."""
+    return Budget(sum(t.bytes for t in cfg_tiers if t.kind == "memory"), "memory")
+
+
+def tier_path(cfg: TierConfig, cache_dir: Path) -> Path:
+    """A directory tier's path: ``~`` expanded, relative paths inside ``cache_dir``."""
+    assert cfg.path is not None
+    path = Path(os.path.expanduser(cfg.path))
+    return path if path.is_absolute() else cache_dir / path
+
+
+def build_tiers(
+    cfg_tiers: Sequence[TierConfig], memory_budget: Budget, fingerprint: str, cache_dir: Path
+) -> list[Tier]:
+    """Open every configured tier (directory tiers resume warm when ``fingerprint`` matches).
+
+    Raises ConfigError (one line) when a directory cannot be used; nothing stays open then.
+    """
+    paths: dict[Path, int] = {}
+    for i, cfg in enumerate(cfg_tiers):
+        if cfg.kind != "directory":
+            continue
+        real = Path(os.path.realpath(tier_path(cfg, cache_dir)))
+        for other, j in paths.items():
+            if real == other or real in other.parents or other in real.parents:
+                raise ConfigError(f"tiers.{i}.path: {real} overlaps tiers.{j}.path ({other})")
+        paths[real] = i
+    tiers: list[Tier] = []
+    try:
+        for i, cfg in enumerate(cfg_tiers):
+            if cfg.kind == "memory":
+                tiers.append(MemoryTier(i, memory_budget, cfg.threads))
+            else:
+                tiers.append(DirectoryTier(i, tier_path(cfg, cache_dir), cfg.bytes, cfg.threads, fingerprint))
+    except BaseException:
+        for t in tiers:
+            if isinstance(t, DirectoryTier):
+                t.abandon()
+        raise
+    return tiers

@@ -1,0 +1,59 @@
+"""A hard byte budget shared by everything that holds bytes of one kind of storage.
+
+The memory tier and the page-cache staging window charge the same Budget, so RAM held by the
+daemon plus pages it pushed into the kernel never exceed the configured bytes (DESIGN 5, 6).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class Budget:
+    """``used`` never exceeds ``limit``: a charge that does not fit is refused, never granted late.
+
+    Callers live on the trio thread, but a lock makes the two counters safe from a worker thread
+    too (a release from a thread that finished with a buffer costs nothing extra).
+    """
+
+    def __init__(self, limit: int, name: str) -> None:
+        if limit < 0:
+            raise ValueError(f"budget {name}: negative limit {limit}")
+        self.limit = limit
+        self.name = name
+        self.used = 0
+        self.peak = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        return self.limit - self.used
+
+    def try_reserve(self, n: int) -> bool:
+        if n < 0:
+            raise ValueError(f"budget {self.name}: negative reservation {n}")
+        with self._lock:
+            if self.used + n > self.limit:
+                self.refused += 1
+                return False
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            if n < 0 or n > self.used:
+                raise ValueError(f"budget {self.name}: release of {n} with {self.used} used")
+            self.used -= n
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "limit": self.limit,
+            "used": self.used,
+            "free": self.free,
+            "peak": self.peak,
+            "refused": self.refused,
+        }

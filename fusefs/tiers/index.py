@@ -1,0 +1,196 @@
+"""The directory tier's index: entry -> size, source mtime, digests; kept in numpy columns.
+
+Why columns indexed by entry: a tier on a large SSD holds millions of files, and a Python object
+per file would cost ~250 bytes each; here a slot costs COLUMN_BYTES whether used or not, like the
+snapshot's own columns.  Files of more than one digest block keep their other digests in a dict
+(few files, many blocks each).
+
+The index is persisted in the tier directory as one .npz written to a temporary name, fsynced and
+renamed, so a crash leaves the previous index or the new one, never a torn one.  It may lag the
+files on disk; opening reconciles the two (see directory.py), and every read is verified anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from .digest import BLOCK, BlockDigests, block_count
+
+FORMAT = 1
+INDEX_NAME = "seerfs-index.npz"
+COLUMN_BYTES = 8 + 8 + 8 + 4
+"""Bytes per entry slot in memory: size, source mtime, first digest, generation."""
+ROW_BYTES = 8 * 4
+"""Bytes per cached file in the persisted index (entry, size, mtime, first digest)."""
+
+_ABSENT = -1
+
+
+class IndexError_(ValueError):
+    """The persisted index cannot be used (unreadable, other format, other source)."""
+
+
+class TierIndex:
+    def __init__(self) -> None:
+        self.size: npt.NDArray[np.int64] = np.full(0, _ABSENT, np.int64)
+        self.mtime: npt.NDArray[np.int64] = np.zeros(0, np.int64)
+        self.digest0: npt.NDArray[np.uint64] = np.zeros(0, np.uint64)
+        self.gen: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
+        self.extra: dict[int, tuple[int, ...]] = {}  # digests after the first, for multi-block files
+        self.count = 0
+        self.data_bytes = 0
+
+    def _grow(self, entry: int) -> None:
+        n = max(entry + 1, 2 * len(self.size), 1024)
+        old = len(self.size)
+        for name, fill in (("size", _ABSENT), ("mtime", 0), ("digest0", 0), ("gen", 0)):
+            col = getattr(self, name)
+            new = np.full(n, fill, col.dtype)
+            new[:old] = col
+            setattr(self, name, new)
+
+    def has(self, entry: int) -> bool:
+        return 0 <= entry < len(self.size) and int(self.size[entry]) != _ABSENT
+
+    def size_of(self, entry: int) -> int | None:
+        return int(self.size[entry]) if self.has(entry) else None
+
+    def generation(self, entry: int) -> int:
+        return int(self.gen[entry]) if 0 <= entry < len(self.gen) else 0
+
+    def digests(self, entry: int) -> BlockDigests:
+        size = int(self.size[entry])
+        rest = self.extra.get(entry, ()) if size > BLOCK else ()
+        return BlockDigests(size, (int(self.digest0[entry]), *rest))
+
+    def add(self, entry: int, size: int, mtime_ns: int, digests: BlockDigests) -> None:
+        if entry < 0:
+            raise ValueError(f"negative entry {entry}")
+        if entry >= len(self.size):
+            self._grow(entry)
+        if self.has(entry):
+            self.remove(entry)
+        self.size[entry] = size
+        self.mtime[entry] = mtime_ns
+        self.digest0[entry] = digests.digests[0]
+        if digests.blocks > 1:
+            self.extra[entry] = digests.digests[1:]
+        self.gen[entry] += 1
+        self.count += 1
+        self.data_bytes += size
+
+    def remove(self, entry: int) -> int:
+        """Forget ``entry``; returns its size."""
+        size = int(self.size[entry])
+        self.size[entry] = _ABSENT
+        self.extra.pop(entry, None)
+        self.gen[entry] += 1
+        self.count -= 1
+        self.data_bytes -= size
+        return size
+
+    def entries(self) -> npt.NDArray[np.intp]:
+        return np.flatnonzero(self.size != _ABSENT)
+
+    def memory_bytes(self) -> int:
+        return len(self.size) * COLUMN_BYTES + 120 * len(self.extra)
+
+    # ------------------------------------------------------------------ persistence
+
+    def export(self) -> dict[str, npt.NDArray[Any]]:
+        """Copies of the live rows (taken on the trio thread, written by a worker thread)."""
+        ents = self.entries()
+        multi = [e for e in ents.tolist() if e in self.extra]
+        return {
+            "entry": ents.astype(np.int64),
+            "size": self.size[ents],
+            "mtime": self.mtime[ents],
+            "digest0": self.digest0[ents],
+            "multi": np.array(multi, np.int64),
+            "extra": np.array([d for e in multi for d in self.extra[e]], np.uint64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, npt.NDArray[Any]]) -> TierIndex:
+        idx = cls()
+        ents = arrays["entry"].astype(np.int64)
+        sizes = arrays["size"].astype(np.int64)
+        n = len(ents)
+        if not (len(sizes) == len(arrays["mtime"]) == len(arrays["digest0"]) == n):
+            raise ValueError("columns of different lengths")
+        if n == 0:
+            return idx
+        if int(ents.min()) < 0 or int(sizes.min()) < 0 or len(np.unique(ents)) != n:
+            raise ValueError("negative or repeated rows")
+        idx._grow(int(ents.max()))
+        idx.size[ents] = sizes
+        idx.mtime[ents] = arrays["mtime"]
+        idx.digest0[ents] = arrays["digest0"]
+        idx.gen[ents] = 1
+        idx.count = n
+        idx.data_bytes = int(sizes.sum())
+        extra = arrays["extra"].tolist()
+        pos = 0
+        for e in arrays["multi"].tolist():
+            k = block_count(int(idx.size[e])) - 1 if idx.has(e) else -1
+            if k < 1 or pos + k > len(extra):
+                raise ValueError("extra digests do not match the sizes")
+            idx.extra[e] = tuple(extra[pos : pos + k])
+            pos += k
+        if pos != len(extra) or len(idx.extra) != int(np.count_nonzero(sizes > BLOCK)):
+            raise ValueError("extra digests do not match the sizes")
+        return idx
+
+
+def _checksum(arrays: dict[str, npt.NDArray[Any]]) -> str:
+    h = xxhash.xxh3_64()
+    for name in sorted(arrays):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
+
+
+def save(path: Path, arrays: dict[str, npt.NDArray[Any]], fingerprint: str) -> None:
+    """Write atomically (temp name, fsync, rename, fsync the directory). Runs in a worker thread."""
+    meta = {"format": FORMAT, "block": BLOCK, "fingerprint": fingerprint, "checksum": _checksum(arrays)}
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        members: dict[str, Any] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+        np.savez(fh, **members)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def load(path: Path, fingerprint: str) -> TierIndex:
+    """The persisted index, or IndexError_ saying why it cannot be used."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(data["meta"].tobytes())
+            arrays = {k: data[k] for k in ("entry", "size", "mtime", "digest0", "multi", "extra")}
+    except FileNotFoundError:
+        raise IndexError_("no index") from None
+    except Exception as exc:  # OSError, ValueError, KeyError, zipfile.BadZipFile... from a damaged file
+        raise IndexError_(f"index unreadable ({exc.__class__.__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("block") != BLOCK:
+        raise IndexError_("index of another format")
+    if meta.get("fingerprint") != fingerprint:
+        raise IndexError_("source changed (snapshot fingerprint differs)")
+    if meta.get("checksum") != _checksum(arrays):
+        raise IndexError_("index checksum mismatch")
+    try:
+        return TierIndex.from_arrays(arrays)
+    except ValueError as exc:
+        raise IndexError_(f"index inconsistent ({exc})") from None
