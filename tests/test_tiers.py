@@ -371,7 +371,7 @@ def test_warm_restart_keeps_valid_entries_and_removes_the_rest(tmp_path: Path) -
     (root / "05" / "picture.jpg").write_bytes(b"not ours")
 
     tier = DirectoryTier(1, root, 32 << 20, 2, FP)
-    assert tier.opened["warm"] and tier.opened["kept_files"] == 3
+    assert tier.opened["warm"] and tier.opened["kept_files"] == 3 and tier.foreign_bytes == 2 * 4096
     assert sorted(tier.entries()) == [1, 4, 5]
     assert tier.source_mtime_of(5) == 1005 and tier.budget.used == accounted(tier)
     for name in ("02/2", "03/3", "06/6.tmp", "07/7"):

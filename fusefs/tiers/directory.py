@@ -3,8 +3,9 @@
 The budget counts what ``du -s PATH`` counts, not file sizes: every file is charged its size
 rounded up to the allocation unit (or its real allocation, if larger), every name slot is charged
 for its directory entry and its two rows in the persisted index (old + new during a rewrite), and a
-fixed base covers the directories, the index headers and the digests of multi-block files.  Name
-slots are never given back during a session because directories do not shrink when files go.
+fixed base covers the directories, the index headers, the digests of multi-block files and any
+files found there that are not ours (left alone, but counted).  Name slots are never given back
+during a session because directories do not shrink when files go.
 
 Space is given back only after a dropped file is really unlinked, so the directory never holds
 more than the budget even while deletions are under way.  Unlinks and periodic index writes run
@@ -40,7 +41,16 @@ from .budget import Budget
 from .digest import BLOCK, BlockDigests
 from .fileio import read_verified, unlink_quiet, write_atomic
 from .index import INDEX_NAME, ROW_BYTES, TierIndex
-from .layout import LOCK_NAME, alloc_unit, disk_usage, file_path, scan_subdir, subdir_names, tmp_path
+from .layout import (
+    LOCK_NAME,
+    alloc_unit,
+    disk_usage,
+    file_path,
+    foreign_top_level,
+    scan_subdir,
+    subdir_names,
+    tmp_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +92,7 @@ class DirectoryTier:
         self.counters = TierCounters()
         self.alloc = 4096
         self.base_bytes = 0
+        self.foreign_bytes = 0
         self.opened: dict[str, Any] = {}
         self._idx = TierIndex()
         self._over: dict[int, int] = {}  # entry -> allocated bytes beyond round_up(size)
@@ -112,9 +123,9 @@ class DirectoryTier:
     def _claim_directory(self) -> int:
         key = f"tiers.{self.index}.path"
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)  # cached data is private
             for sub in subdir_names():
-                (self.path / sub).mkdir(exist_ok=True)
+                (self.path / sub).mkdir(mode=0o700, exist_ok=True)
             fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise ConfigError(f"{key}: cannot use {self.path}: {exc.strerror}") from None
@@ -134,9 +145,13 @@ class DirectoryTier:
             reason = "index matches the snapshot"
         except index_io.IndexError_ as exc:
             loaded, reason = None, str(exc)
+        index_tmp = self.path / (INDEX_NAME + ".tmp")
+        unlink_quiet(str(index_tmp))
         with ThreadPoolExecutor(max(4, self.threads)) as pool:
             scans = list(pool.map(functools.partial(scan_subdir, self.path), subdir_names()))
             remove: list[str] = [p for sc in scans for p in sc.temporary]
+            foreign = foreign_top_level(self.path, {LOCK_NAME, INDEX_NAME})
+            foreign += sum(sc.foreign_bytes for sc in scans)
             found: dict[int, tuple[int, int]] = {}
             for sc in scans:
                 found.update(sc.files)
@@ -146,7 +161,8 @@ class DirectoryTier:
                     idx.remove(e)
             remove.extend(file_path(self.path, e) for e in found if not idx.has(e))
             dirs = os.lstat(self.path).st_blocks * 512 + sum(max(self.alloc, sc.dir_bytes) for sc in scans)
-            self.base_bytes = dirs + INDEX_FIXED + 2 * 8 * (self.budget.limit // BLOCK + 1)
+            self.foreign_bytes = foreign
+            self.base_bytes = dirs + foreign + INDEX_FIXED + 2 * 8 * (self.budget.limit // BLOCK + 1)
             if not self.budget.try_reserve(min(self.base_bytes, self.budget.limit)):
                 raise AssertionError("a fresh budget refused its base")
             over_budget = 0
@@ -174,6 +190,9 @@ class DirectoryTier:
             "over_budget": over_budget,
             "seconds": round(time.monotonic() - t0, 3),
         }
+        log.info("%s: %s start at %s (%s): kept %d files, %d bytes; removed %d files",
+                 self.name, "warm" if loaded is not None else "cold", self.path, reason,
+                 idx.count, idx.data_bytes, len(remove))  # fmt: skip
         if self.base_bytes > self.budget.limit:
             log.warning(
                 "%s: budget %d is below the tier's fixed overhead %d; nothing will be cached",
@@ -492,6 +511,7 @@ class DirectoryTier:
             "budget_bytes": self.budget.limit,
             "used_bytes": self.budget.used,
             "base_bytes": min(self.base_bytes, self.budget.limit),
+            "foreign_bytes": self.foreign_bytes,  # not ours, left alone, charged
             "name_slots": self._names_charged,
             "stuck_bytes": self._stuck_bytes,
             "files": self._idx.count,

@@ -56,6 +56,7 @@ class SubdirScan:
     """Our names found in one fan-out directory."""
 
     dir_bytes: int = 0  # the directory's own allocated bytes (0 when missing)
+    foreign_bytes: int = 0  # allocated bytes of names that are not ours (kept, but charged)
     files: dict[int, tuple[int, int]] = field(default_factory=dict)  # entry -> (size, allocated bytes)
     temporary: list[str] = field(default_factory=list)  # leftover <entry>.tmp paths
 
@@ -72,10 +73,10 @@ def scan_subdir(root: Path, name: str) -> SubdirScan:
     with it:
         for de in it:
             m = _FILE_RE.match(de.name)
-            if m is None:
-                continue
             st = de.stat(follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode):
+            if m is None or not stat.S_ISREG(st.st_mode):
+                is_dir = stat.S_ISDIR(st.st_mode)
+                out.foreign_bytes += disk_usage(Path(de.path)) if is_dir else st.st_blocks * 512
                 continue
             if m.group(2):
                 out.temporary.append(de.path)
@@ -88,8 +89,16 @@ def subdir_names() -> list[str]:
     return [f"{i:02x}" for i in range(FANOUT)]
 
 
-def is_ours(name: str) -> bool:
-    return bool(_SUBDIR_RE.match(name) or _FILE_RE.match(name))
+def foreign_top_level(root: Path, ours: set[str]) -> int:
+    """Allocated bytes of what sits in the tier directory beside our names (never deleted)."""
+    total = 0
+    with os.scandir(root) as it:
+        for de in it:
+            if de.name in ours or _SUBDIR_RE.match(de.name):
+                continue
+            st = de.stat(follow_symlinks=False)
+            total += disk_usage(Path(de.path)) if stat.S_ISDIR(st.st_mode) else st.st_blocks * 512
+    return total
 
 
 def disk_usage(path: Path) -> int:
