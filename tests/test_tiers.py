@@ -297,10 +297,10 @@ def test_truncated_or_missing_directory_file_counts_as_corrupt(tmp_path: Path) -
     run(main)
 
 
-RANGES = st.lists(st.tuples(st.integers(-5, 3 * BLOCK + 10), st.integers(-1, BLOCK + 5000)), max_size=30)
+RANGES = st.lists(st.tuples(st.integers(-5, 3 * BLOCK + 10), st.integers(-1, BLOCK + 5000)), max_size=12)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ranges=RANGES)
 def test_range_reads_of_a_three_block_file_are_exact(tmp_path: Path, ranges: list[tuple[int, int]]) -> None:
     """Any (offset, size), across block edges, past the end or empty, reads exactly what slicing the
@@ -498,6 +498,24 @@ def test_cancelled_put_gives_its_budget_back_and_leaves_no_file(tmp_path: Path) 
             assert t.budget.used == before + slots * NAME_BYTES and not t.contains(5)
             assert await t.put(5, data, 1) and await t.get(5) == data
         assert not os.path.exists(file_path(tier.path, 5) + ".tmp")
+        await tier.close()
+
+    run(main)
+
+
+def test_failed_write_returns_false_counts_and_gives_back_its_budget(tmp_path: Path) -> None:
+    """A write the disk refuses (here: its fan-out directory replaced by a file) is not an error for
+    the caller: put returns False, counts it, keeps no data charge and leaves no temporary."""
+    tier = DirectoryTier(1, tmp_path / "tier", 8 << 20, 1, FP)
+    (tier.path / "05").rmdir()
+    (tier.path / "05").write_bytes(b"")
+
+    async def main() -> None:
+        before = tier.budget.used
+        assert not await tier.put(5, payload(5, 10_000), 1)
+        assert tier.counters.put_errors == 1 and not tier.contains(5)
+        assert tier.budget.used == before + NAME_BYTES * tier.status()["name_slots"]
+        assert await tier.put(6, payload(6, 10_000), 1)  # other directories still work
         await tier.close()
 
     run(main)

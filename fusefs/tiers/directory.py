@@ -114,6 +114,9 @@ class DirectoryTier:
         self._lock_fd = self._claim_directory()
         try:
             self._open()
+        except OSError as exc:
+            self.abandon()
+            raise ConfigError(f"tiers.{index}.path: cannot use {self.path}: {exc.strerror or exc}") from None
         except BaseException:
             self.abandon()
             raise
@@ -180,7 +183,11 @@ class DirectoryTier:
             list(pool.map(unlink_quiet, remove))
         self._idx = idx
         if loaded is None or remove or over_budget:
-            index_io.save(self.path / INDEX_NAME, idx.export(), self.fingerprint)
+            try:
+                index_io.save(self.path / INDEX_NAME, idx.export(), self.fingerprint)
+            except OSError as exc:  # e.g. disk full: the tier still works, the index is written later
+                self._changes = 1
+                log.warning("%s: cannot write the index: %s", self.name, exc.strerror or exc)
         self.opened = {
             "warm": loaded is not None,
             "reason": reason,
