@@ -190,7 +190,12 @@ class DistributedSamplerModel:
         if self.total_size <= self.n:
             return base[: self.total_size].copy() if self.total_size < self.n else base
         # padding repeats the list from its start, cyclically when the pad exceeds n
-        return np.resize(base, self.total_size)
+        out = np.empty(self.total_size, dtype=np.int64)
+        out[: self.n] = base
+        for start in range(self.n, self.total_size, self.n):
+            stop = min(start + self.n, self.total_size)
+            out[start:stop] = base[: stop - start]
+        return out
 
     def epoch_layout(self, epoch: int) -> EpochLayout:
         order = self.epoch_order(epoch)
