@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 MEMORY_ENTRY_OVERHEAD = 512
 """Bytes charged per file on top of its data: the bytes header, the record, digests and dict slot."""
+_PAGE = 4096
+_MMAP_THRESHOLD = 128 << 10
+"""glibc serves allocations from this size on with whole pages (mmap), so they are charged so."""
 
 
 @dataclass(slots=True)
@@ -61,7 +64,9 @@ class MemoryTier:
         return None if held is None else held.digests
 
     def footprint(self, size: int) -> int:
-        """Budget bytes a file of ``size`` bytes takes in this tier."""
+        """Budget bytes a file of ``size`` bytes takes in this tier (its RAM, measured by bench_tiers)."""
+        if size + 64 >= _MMAP_THRESHOLD:
+            return -(-(size + 64) // _PAGE) * _PAGE + MEMORY_ENTRY_OVERHEAD
         return size + MEMORY_ENTRY_OVERHEAD
 
     def entries(self) -> list[int]:
