@@ -180,17 +180,14 @@ class _TreeView:
         out = np.zeros(n, np.bool_)
         if short:
             # last (up to) 8 name bytes, ASCII-lower-cased, packed with the final byte lowest
-            packed = np.zeros(n, np.uint64)
             names = self.tree.names
-            for k in range(8):
-                has = self._len > k
-                b = np.zeros(n, np.uint64)
-                pos = self._start[has] + self._len[has] - 1 - k
-                raw = names[pos].astype(np.uint64)
-                upper = (raw >= 65) & (raw <= 90)
-                raw[upper] += 32
-                b[has] = raw
-                packed |= b << np.uint64(8 * k)
+            end = self._start + self._len
+            packed = np.zeros(n, np.uint64)
+            for k in range(min(8, int(self._len.max()) if n else 0)):
+                raw = names.take(np.maximum(end - 1 - k, 0)).astype(np.uint64)
+                raw += ((raw >= 65) & (raw <= 90)).astype(np.uint64) << np.uint64(5)
+                raw[self._len <= k] = 0
+                packed |= raw << np.uint64(8 * k)
             for e in short:
                 code = 0
                 for k, ch in enumerate(reversed(e.encode())):
@@ -344,8 +341,7 @@ def _files(view: _TreeView, top: int, extensions: tuple[str, ...] | None) -> _Li
     name_entry = np.concatenate(listing.name_entry)
     dir_id = np.concatenate(listing.dir_id)
     keys = [
-        _join(listing.dirs[d], decode(view.name(e)))
-        for d, e in zip(dir_id.tolist(), name_entry.tolist(), strict=True)
+        _join(listing.dirs[d], decode(view.name(e))) for d, e in zip(dir_id.tolist(), name_entry.tolist(), strict=True)
     ]
     order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
     listing.name_entry = [name_entry[order]]
@@ -391,6 +387,8 @@ def build_catalog(
     layout: str = "imagefolder",
     extensions: Sequence[str] | None = None,
     paths: Sequence[str] | None = None,
+    *,
+    _view: _TreeView | None = None,
 ) -> Catalog:
     """The catalog of the dataset at ``root`` (relative to the tree's root).
 
@@ -400,7 +398,7 @@ def build_catalog(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    view = _TreeView(tree)
+    view = _view if _view is not None else _TreeView(tree)
     top = _resolve_root(tree, root)
     exts = None if extensions is None else tuple(e.lower() for e in extensions)
     classes: list[str] = []
@@ -442,6 +440,7 @@ def build_catalogs(
     ``lists[i]``: the lines of dataset i's list_file (layout 'list'), read by the caller.
     """
     out = []
+    view = _TreeView(tree)  # shared: the per-entry columns cost more than a listing
     for i, ds in enumerate(config["datasets"]):
         paths = None
         if ds["layout"] == "list":
@@ -449,7 +448,7 @@ def build_catalogs(
                 raise ValueError(f"datasets.{i}: layout 'list' needs the contents of {ds.get('list_file')}")
             paths = [p for p in lists[i] if p.strip()]
         try:
-            out.append(build_catalog(tree, ds["root"], ds["layout"], ds.get("extensions"), paths))
+            out.append(build_catalog(tree, ds["root"], ds["layout"], ds.get("extensions"), paths, _view=view))
         except ValueError as exc:
             raise ValueError(f"datasets.{i}: {exc}") from None
     return out

@@ -1,0 +1,709 @@
+"""The plan: from (snapshot arrays, config, seed) to tiers, owners, streams and a digest.
+
+Every node computes the same plan from the same inputs; the xxh3 digest over the inputs that
+decide it (config parts, catalogs, list orders, seed) and its outputs (tier assignment, owners)
+proves agreement across nodes.  It is stable across processes and hash seeds: it hashes
+canonical JSON and little-endian array bytes, never Python ``hash``.
+
+Planning a large job takes seconds of numpy, so the daemon runs :meth:`Plan.build` in a
+subprocess, which :meth:`Plan.save` s it to a directory (``plan.json`` plus ``.npy`` columns,
+written last-file-first so a half-written plan never loads); :meth:`Plan.load` maps the
+columns read-only and rebuilds the per-epoch streams lazily from the recorded inputs.
+
+Ids: a dataset's file i has global id ``offsets[d] + i`` (datasets in config order).  Cached
+things are *objects*, one per snapshot entry (two ids reached through a symlinked directory
+share one): ``gid_obj`` maps ids to objects, ``obj_entry`` objects to entries (inode - 1).
+When no entry is shared, ``gid_obj`` is the identity and objects are ids.
+
+Job order is :class:`placement.jobstreams.JobStreams`'s, the one the daemon's cursor follows:
+each epoch reads the datasets that follow nobody (config order), then those with ``follows`` that
+are due ((epoch + 1) % every == 0), each of those at sampler epoch 0.  All datasets use the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from placement.assign import Assignment, assign, earliest_reader, spread_covers
+from placement.catalog import Catalog, build_catalogs
+from placement.frequency import (
+    AccessStats,
+    Segment,
+    access_stats,
+    expected_heavy_files,
+    heavy_threshold,
+    job_segments,
+)
+from placement.jobstreams import DatasetStreams, EpochMap, JobStreams
+from placement.model import PerfModel
+from placement.randperm import Backend
+from placement.samplers import make_sampler
+from placement.streams import JobShape, Streams
+from placement.tree import TreeArrays
+
+FORMAT = 1
+HEAVY_DELTA = 0.8  # NoPFS's example threshold for "read much more often than average"
+I64 = npt.NDArray[np.int64]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def plan_inputs(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """The parts of the config that decide the plan, canonically (hashed into the digest).
+
+    Tier paths, thread counts, the performance model and everything about FUSE or peers except
+    ``spread`` change no decision, so nodes that differ only there agree.
+    """
+    job = config["job"]
+    return {
+        "format": FORMAT,
+        "seed": int(seed),
+        "job": {k: job[k] for k in sorted(job)},
+        "datasets": [
+            {
+                "root": os.path.normpath(ds["root"]),
+                "layout": ds["layout"],
+                "extensions": ds.get("extensions"),
+                "follows": None if ds.get("follows") is None else os.path.normpath(ds["follows"]),
+                "every": int(ds.get("every", 1)),
+                "sampler": {k: ds["sampler"][k] for k in sorted(ds["sampler"]) if k != "order_file"},
+            }
+            for ds in config["datasets"]
+        ],
+        "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in config["tiers"]],
+        "spread": bool(config["peers"]["spread"]),
+    }
+
+
+def _shape(inputs: Mapping[str, Any]) -> JobShape:
+    job = inputs["job"]
+    return JobShape(
+        world_size=int(job["world_size"]),
+        ranks_per_node=int(job["ranks_per_node"]),
+        batch_size=int(job["batch_size"]),
+        drop_last=bool(job["drop_last"]),
+        rank_order=str(job.get("rank_order", "contiguous")),
+    )
+
+
+def _follows(inputs: Mapping[str, Any]) -> list[int | None]:
+    roots = [ds["root"] for ds in inputs["datasets"]]
+    out: list[int | None] = []
+    for i, ds in enumerate(inputs["datasets"]):
+        lead = ds["follows"]
+        if lead is None:
+            out.append(None)
+            continue
+        if lead not in roots or roots.index(lead) == i:
+            raise ValueError(f"datasets.{i}.follows: {lead!r} is not the root of another dataset")
+        out.append(roots.index(lead))
+    return out
+
+
+def _streams(
+    inputs: Mapping[str, Any],
+    sizes: Sequence[int],
+    orders: Mapping[int, npt.ArrayLike],
+    backend: Backend,
+) -> list[Streams]:
+    shape = _shape(inputs)
+    job = inputs["job"]
+    out = []
+    for i, ds in enumerate(inputs["datasets"]):
+        smp = ds["sampler"]
+        if sizes[i] == 0:
+            raise ValueError(f"datasets.{i} ({ds['root']}): no files to plan for")
+        if smp["kind"] == "list" and i not in orders:
+            raise ValueError(f"datasets.{i}.sampler: kind 'list' needs the contents of order_file")
+        try:
+            sampler = make_sampler(
+                smp["kind"],
+                int(sizes[i]),
+                seed=int(inputs["seed"]),
+                world_size=shape.world_size,
+                shuffle=bool(smp.get("shuffle", True)),
+                sampler_drop_last=bool(smp.get("drop_last", False)),
+                persistent_workers=bool(smp.get("persistent_workers", False)),
+                num_workers=int(job.get("num_workers", 0)),
+                order=orders.get(i),
+                backend=backend,
+            )
+        except ValueError as exc:
+            raise ValueError(f"datasets.{i}.sampler: {exc}") from None
+        out.append(Streams(sampler, shape))
+    return out
+
+
+def _job_streams(inputs: Mapping[str, Any], streams: Sequence[Streams]) -> JobStreams:
+    follows = _follows(inputs)
+    offsets = np.concatenate([[0], np.cumsum([st.n for st in streams])]).astype(np.int64)
+    datasets = [
+        DatasetStreams(st, int(offsets[d]), follows[d], int(inputs["datasets"][d]["every"]))
+        for d, st in enumerate(streams)
+    ]
+    return JobStreams(datasets, _shape(inputs), int(inputs["job"]["epochs"]))
+
+
+def _segments(js: JobStreams, ranks_per_node: int) -> list[Segment]:
+    index = {id(d): i for i, d in enumerate(js.datasets)}
+    phases = [[(index[id(d)], se) for d, se in js.phases(e)] for e in range(js.epochs)]
+    return job_segments(phases, [d.streams.length * ranks_per_node for d in js.datasets])
+
+
+def _le_bytes(a: npt.NDArray[Any]) -> bytes:
+    arr = np.ascontiguousarray(a)
+    return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def _digest(
+    inputs: Mapping[str, Any],
+    catalogs: Sequence[Catalog],
+    orders: Mapping[int, I64],
+    arrays: Sequence[npt.NDArray[Any]],
+) -> str:
+    h = xxhash.xxh3_128()
+    h.update(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode())
+    for cat in catalogs:
+        h.update(cat.digest().encode())
+    for i in sorted(orders):
+        h.update(f"order{i}".encode())
+        h.update(_le_bytes(orders[i]))
+    for a in arrays:
+        h.update(str(a.dtype.str).encode() + str(a.shape).encode())
+        h.update(_le_bytes(a))
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- objects
+
+
+@dataclass(frozen=True, eq=False)
+class Objects:
+    """Distinct cached things (snapshot entries) behind the global ids."""
+
+    gid_obj: npt.NDArray[np.int32] | None  # None: identity (no entry is shared)
+    obj_entry: npt.NDArray[np.int32]
+    size: I64
+    cacheable: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, catalogs: Sequence[Catalog], entries_in_tree: int) -> Objects:
+        entry = np.concatenate([c.entry for c in catalogs]).astype(np.int32)
+        size = np.concatenate([c.size for c in catalogs]).astype(np.int64)
+        readable = np.concatenate([c.readable for c in catalogs])
+        if not entry.size or int(np.bincount(entry, minlength=max(entries_in_tree, 1)).max()) <= 1:
+            return cls(None, entry, size, readable)
+        uniq, first_idx, inverse = np.unique(entry, return_index=True, return_inverse=True)
+        by_first = np.argsort(first_idx, kind="stable")  # objects numbered in order of first id
+        rank = np.empty_like(by_first)
+        rank[by_first] = np.arange(by_first.size)
+        gid_obj = rank[inverse].astype(np.int32)
+        firsts = first_idx[by_first]
+        return cls(gid_obj, uniq[by_first].astype(np.int32), size[firsts], readable[firsts])
+
+    def __len__(self) -> int:
+        return int(self.obj_entry.shape[0])
+
+    def fold(self, per_gid: npt.NDArray[Any], how: str) -> npt.NDArray[Any]:
+        """(nodes, gids) -> (nodes, objects) by summing ("sum") or taking the minimum ("min")."""
+        if self.gid_obj is None:
+            return per_gid
+        if how == "sum":
+            out = np.zeros((per_gid.shape[0], len(self)), per_gid.dtype)
+            for k in range(per_gid.shape[0]):
+                out[k] = np.bincount(self.gid_obj, weights=per_gid[k], minlength=len(self)).astype(per_gid.dtype)
+            return out
+        out = np.full((per_gid.shape[0], len(self)), np.iinfo(per_gid.dtype).max, per_gid.dtype)
+        for k in range(per_gid.shape[0]):
+            np.minimum.at(out[k], self.gid_obj, per_gid[k])
+        return out
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+class Plan:
+    """A computed plan (see the module docstring).  Build with :meth:`build`, or :meth:`load`."""
+
+    def __init__(
+        self,
+        inputs: dict[str, Any],
+        catalogs: list[Catalog],
+        orders: dict[int, I64],
+        objects: Objects,
+        assignment: Assignment,
+        digest: str,
+        summary: dict[str, Any],
+        backend: Backend = "auto",
+    ) -> None:
+        self.inputs = inputs
+        self.catalogs = catalogs
+        self.orders = orders
+        self.objects = objects
+        self.assignment = assignment
+        self.digest = digest
+        self._summary = summary
+        self.backend: Backend = backend
+        self.shape = _shape(inputs)
+        self.offsets = np.concatenate([[0], np.cumsum([len(c) for c in catalogs])]).astype(np.int64)
+        self._job_streams: JobStreams | None = None
+        self._segments: list[Segment] | None = None
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def build(
+        cls,
+        tree: TreeArrays,
+        config: Mapping[str, Any],
+        seed: int,
+        *,
+        lists: Mapping[int, Sequence[str]] | None = None,
+        orders: Mapping[int, npt.ArrayLike] | None = None,
+        backend: Backend = "auto",
+        workers: int | None = None,
+    ) -> Plan:
+        """Plan the job in ``config`` (``Config.to_dict()``) over ``tree`` for sampler ``seed``.
+
+        ``lists[i]`` / ``orders[i]``: contents of dataset i's list_file (paths) and
+        order_file (indices), read by the caller.  Raises ValueError with a one-line reason for
+        setups whose reads cannot be predicted.
+        """
+        catalogs = build_catalogs(tree, config, lists)
+        return cls.from_catalogs(
+            catalogs, config, seed, orders=orders, backend=backend, workers=workers, entries=len(tree)
+        )
+
+    @classmethod
+    def from_catalogs(
+        cls,
+        catalogs: Sequence[Catalog],
+        config: Mapping[str, Any],
+        seed: int,
+        *,
+        orders: Mapping[int, npt.ArrayLike] | None = None,
+        backend: Backend = "auto",
+        workers: int | None = None,
+        entries: int | None = None,
+    ) -> Plan:
+        t0 = time.monotonic()
+        inputs = plan_inputs(config, seed)
+        order_arrays = {int(i): np.asarray(o, dtype=np.int64) for i, o in (orders or {}).items()}
+        cats = list(catalogs)
+        if len(cats) != len(inputs["datasets"]):
+            raise ValueError("one catalog per configured dataset expected")
+        streams = _streams(inputs, [len(c) for c in cats], order_arrays, backend)
+        follows = _follows(inputs)
+        nodes = _shape(inputs).nodes
+        js = _job_streams(inputs, streams)
+        segments = _segments(js, _shape(inputs).ranks_per_node)
+        offsets = np.concatenate([[0], np.cumsum([len(c) for c in cats])]).astype(np.int64)
+        t_pass = time.monotonic()
+        stats = access_stats(streams, offsets.tolist(), segments, workers=workers)
+        t_assign = time.monotonic()
+        if entries is None:
+            entries = 1 + max((int(c.entry.max()) for c in cats if len(c)), default=0)
+        objects = Objects.of(cats, entries)
+        counts = objects.fold(stats.counts, "sum")
+        first = objects.fold(stats.first_use, "min")
+        budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
+        assignment = assign(counts, first, objects.size, objects.cacheable, budgets, spread=inputs["spread"])
+        digest = _digest(inputs, cats, order_arrays, [assignment.tier_of, assignment.owner])
+        t_summary = time.monotonic()
+        model = PerfModel.from_config(config)
+        summary = _summarize(inputs, cats, objects, stats, counts, first, assignment, model, nodes, follows)
+        summary["digest"] = digest
+        t_end = time.monotonic()
+        summary["plan_seconds"] = round(t_end - t0, 3)
+        summary["timings"] = {
+            "access_s": round(t_assign - t_pass, 3),
+            "assign_s": round(t_summary - t_assign, 3),
+            "summary_s": round(t_end - t_summary, 3),
+        }
+        plan = cls(inputs, cats, order_arrays, objects, assignment, digest, summary, backend)
+        plan._job_streams = js
+        plan._segments = segments
+        return plan
+
+    # ------------------------------------------------------------------ what the daemon asks
+
+    @property
+    def nodes(self) -> int:
+        return self.shape.nodes
+
+    @property
+    def epochs(self) -> int:
+        return int(self.inputs["job"]["epochs"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.inputs["seed"])
+
+    @property
+    def files(self) -> int:
+        """Global ids over all datasets."""
+        return int(self.offsets[-1])
+
+    def job_streams(self) -> JobStreams:
+        """The job's per-epoch streams over global ids (what the daemon's cursor follows)."""
+        if self._job_streams is None:
+            st = _streams(self.inputs, [len(c) for c in self.catalogs], self.orders, self.backend)
+            self._job_streams = _job_streams(self.inputs, st)
+        return self._job_streams
+
+    def segments(self, epoch: int | None = None) -> list[Segment]:
+        """The job's segments (one dataset read each), or only those of job epoch ``epoch``."""
+        if self._segments is None:
+            self._segments = _segments(self.job_streams(), self.shape.ranks_per_node)
+        if epoch is None:
+            return self._segments
+        return [s for s in self._segments if s.job_epoch == epoch]
+
+    def node_stream(self, epoch: int, node: int) -> I64:
+        """Global ids ``node`` opens in job epoch ``epoch``: the training read, then validation when due."""
+        return self.job_streams().node_stream(epoch, node)
+
+    def epoch_map(self, epoch: int) -> EpochMap:
+        """Global id -> (rank, position) of its first read in job epoch ``epoch`` (detection)."""
+        return self.job_streams().epoch_map(epoch)
+
+    def dataset_of(self, gid: int) -> tuple[int, int]:
+        """(dataset, index in its catalog) of a global id."""
+        d = int(np.searchsorted(self.offsets, gid, side="right")) - 1
+        if not 0 <= gid < self.files:
+            raise IndexError(f"gid {gid} outside 0..{self.files - 1}")
+        return d, gid - int(self.offsets[d])
+
+    def entry_of(self, gids: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        """Snapshot entry (inode - 1) of global ids."""
+        g = np.asarray(gids, dtype=np.int64)
+        return self.objects.obj_entry[self.obj_of(g)]
+
+    def obj_of(self, gids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        g = np.asarray(gids, dtype=np.int64)
+        return g if self.objects.gid_obj is None else self.objects.gid_obj[g].astype(np.int64)
+
+    def tier_of(self, node: int) -> npt.NDArray[np.int8]:
+        """Per global id: the tier holding it on ``node``, -1 none."""
+        row: npt.NDArray[np.int8] = self.assignment.tier_of[node]
+        return row if self.objects.gid_obj is None else row[self.objects.gid_obj]
+
+    def owner(self) -> npt.NDArray[np.int32]:
+        """Per global id: the primary owner node, -1 when no node holds it."""
+        o = self.assignment.owner
+        return o if self.objects.gid_obj is None else o[self.objects.gid_obj]
+
+    def fill_order(self, node: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """Objects ``node`` keeps in its tiers, in the order to fetch them, with the job position
+        each is due by (its first use there; for its primary owner, anybody's first use)."""
+        return self.assignment.fill_order(node)
+
+    def summary(self) -> dict[str, Any]:
+        return self._summary
+
+    # ------------------------------------------------------------------ persistence
+
+    def _arrays(self) -> dict[str, npt.NDArray[Any]]:
+        arrays: dict[str, npt.NDArray[Any]] = {
+            "tier_of": self.assignment.tier_of,
+            "owner": self.assignment.owner,
+            "fill_obj": self.assignment.fill_obj,
+            "fill_due": self.assignment.fill_due,
+            "fill_off": self.assignment.fill_off,
+            "tier_bytes": self.assignment.tier_bytes,
+            "tier_files": self.assignment.tier_files,
+            "obj_entry": self.objects.obj_entry,
+            "obj_size": self.objects.size,
+            "obj_cacheable": self.objects.cacheable,
+        }
+        if self.objects.gid_obj is not None:
+            arrays["gid_obj"] = self.objects.gid_obj
+        for d, cat in enumerate(self.catalogs):
+            for key, arr in cat.arrays().items():
+                arrays[f"cat{d}_{key}"] = arr
+        for d, order in self.orders.items():
+            arrays[f"order{d}"] = order
+        return arrays
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the plan into ``directory`` (created); ``plan.json`` goes last, atomically."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        meta_path = out / "plan.json"
+        if meta_path.exists():
+            meta_path.unlink()  # an old plan must not pair with new columns
+        arrays = self._arrays()
+        for name, arr in arrays.items():
+            tmp = out / f"{name}.tmp.npy"
+            np.save(tmp, np.ascontiguousarray(arr))
+            os.replace(tmp, out / f"{name}.npy")
+        meta = {
+            "format": FORMAT,
+            "digest": self.digest,
+            "inputs": self.inputs,
+            "catalogs": [c.meta() for c in self.catalogs],
+            "arrays": sorted(arrays),
+            "summary": self._summary,
+        }
+        tmp = out / "plan.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, meta_path)
+        return out
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], backend: Backend = "auto") -> Plan:
+        """Map a saved plan (columns read-only, memory-mapped); raises ValueError if incomplete."""
+        src = Path(directory)
+        try:
+            meta = json.loads((src / "plan.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"no readable plan in {src}: {exc}") from None
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"plan in {src} has format {meta.get('format')}, expected {FORMAT}")
+        try:
+            arrays = {name: np.load(src / f"{name}.npy", mmap_mode="r") for name in meta["arrays"]}
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"plan in {src} is incomplete: {exc}") from None
+        catalogs = []
+        for d, cmeta in enumerate(meta["catalogs"]):
+            prefix = f"cat{d}_"
+            catalogs.append(
+                Catalog.from_parts(cmeta, {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)})
+            )
+        orders = {int(k[5:]): np.asarray(v) for k, v in arrays.items() if k.startswith("order")}
+        objects = Objects(arrays.get("gid_obj"), arrays["obj_entry"], arrays["obj_size"], arrays["obj_cacheable"])
+        assignment = Assignment(
+            arrays["tier_of"], arrays["owner"], arrays["fill_obj"], arrays["fill_due"], arrays["fill_off"],
+            arrays["tier_bytes"], arrays["tier_files"],
+        )  # fmt: skip
+        return cls(meta["inputs"], catalogs, orders, objects, assignment, meta["digest"], meta["summary"], backend)
+
+    def recompute_digest(self) -> str:
+        """The digest from this plan's own inputs and outputs (a loaded plan can check itself)."""
+        return _digest(self.inputs, self.catalogs, self.orders, [self.assignment.tier_of, self.assignment.owner])
+
+
+# --------------------------------------------------------------------------- summary
+
+
+class _RemoteTiers:
+    """For any node, the fastest tier another node holds each object in, without a pass per tier.
+
+    Keeps per object the fastest held tier, how many nodes hold it there, and the fastest tier
+    after that one: a node only needs the second when it is the sole holder in the first.
+    """
+
+    def __init__(self, tier_of: npt.NDArray[np.int8], model: PerfModel) -> None:
+        tiers = len(model.tiers)
+        nodes, m = tier_of.shape
+        holders = np.zeros((tiers, m), np.int32)
+        for k in range(nodes):
+            row = tier_of[k]
+            for j in range(tiers):
+                holders[j] += row == j
+        self.best = np.full(m, -1, np.int8)
+        self.second = np.full(m, -1, np.int8)
+        for j in sorted(range(tiers), key=model.peer_rate):  # slowest first: faster ones overwrite
+            has = holders[j] > 0
+            self.second[has] = self.best[has]
+            self.best[has] = j
+        self.best_count = np.zeros(m, np.int32)
+        for j in range(tiers):
+            sel = self.best == j
+            self.best_count[sel] = holders[j][sel]
+        self.held_any = self.best >= 0
+
+    def for_node(self, mine: npt.NDArray[np.int8]) -> npt.NDArray[np.int8]:
+        remote = self.best.copy()
+        alone = mine == self.best
+        alone &= self.best_count == 1
+        remote[alone] = self.second[alone]
+        return remote
+
+
+def _summarize(
+    inputs: Mapping[str, Any],
+    catalogs: Sequence[Catalog],
+    objects: Objects,
+    stats: AccessStats,
+    counts: npt.NDArray[Any],
+    first: npt.NDArray[Any],
+    assignment: Assignment,
+    model: PerfModel,
+    nodes: int,
+    follows: Sequence[int | None],
+) -> dict[str, Any]:
+    """Bytes per tier, read shares by source, predicted I/O time and PFS traffic, per node.
+
+    Reads are classified per (node, object): the job's first read of a held object is a PFS read
+    (the owner's fetch, on the reader's critical path); every other read takes the fastest
+    source the model picks among the node's own tier, the fastest peer tier and the PFS.
+    "first_epoch" is job epoch 0 (cold); "later_epochs" averages the others.
+    """
+    tier_of = assignment.tier_of
+    tiers = len(inputs["tiers"])
+    epochs = int(inputs["job"]["epochs"])
+    sizes = objects.size
+    fsizes = sizes.astype(np.float64)
+    first_counts = objects.fold(stats.first_epoch_counts, "sum")
+    epoch1 = next((s.start for s in stats.segments if s.job_epoch == 1), np.iinfo(np.int64).max)
+    if assignment.first_reader is not None and assignment.earliest is not None:
+        earliest_first, first_reader = assignment.earliest, assignment.first_reader
+    else:
+        earliest_first, first_reader = earliest_reader(first)
+    remotes = _RemoteTiers(tier_of, model)
+    held_any = remotes.held_any
+    read_any = first_reader >= 0
+    total_reads = counts.sum(axis=0, dtype=np.int64)
+    # PFS traffic over the job: each held object once (its owner's fetch), the others at every read
+    pfs_bytes = int(sizes[held_any & read_any].sum()) + int((total_reads * sizes)[~held_any].sum())
+    # categories: local tier j -> j, peer tier j -> tiers + j, PFS -> 2 * tiers
+    cats = 2 * tiers + 1
+    pfs_cat = 2 * tiers
+    reads_by = np.zeros((nodes, 2, cats), np.int64)
+    bytes_by = np.zeros((nodes, 2, cats), np.int64)
+    table, pfs_above = model.source_table(nodes)
+    size_matters = bool((np.isfinite(pfs_above) & (pfs_above >= 0)).any())
+    first_is_epoch0 = earliest_first < epoch1  # the job's first read of each object is in epoch 0
+    for k in range(nodes):
+        combo = tier_of[k].astype(np.intp)
+        combo += 1
+        combo *= tiers + 1
+        combo += remotes.for_node(tier_of[k])
+        combo += 1
+        cat = table.take(combo)
+        if size_matters:  # a PFS faster than some tier: large files go there after all
+            cat[fsizes > pfs_above.take(combo)] = pfs_cat
+        c = counts[k].astype(np.float64)
+        c0 = first_counts[k].astype(np.float64)
+        all_reads = np.bincount(cat, weights=c, minlength=cats)
+        reads_by[k, 0] = np.rint(np.bincount(cat, weights=c0, minlength=cats))
+        reads_by[k, 1] = np.rint(all_reads) - reads_by[k, 0]
+        c *= fsizes
+        c0 *= fsizes
+        all_bytes = np.bincount(cat, weights=c, minlength=cats)
+        bytes_by[k, 0] = np.rint(np.bincount(cat, weights=c0, minlength=cats))
+        bytes_by[k, 1] = np.rint(all_bytes) - bytes_by[k, 0]
+        # the job's first read of a held object comes from the PFS (the owner fetches it then)
+        cold = np.flatnonzero(first_reader == k)
+        cold = cold[held_any.take(cold)]
+        for phase, sel in ((0, cold[first_is_epoch0.take(cold)]), (1, cold[~first_is_epoch0.take(cold)])):
+            moved_r = np.bincount(cat.take(sel), minlength=cats)
+            moved_b = np.rint(np.bincount(cat.take(sel), weights=fsizes.take(sel), minlength=cats)).astype(np.int64)
+            reads_by[k, phase] -= moved_r
+            bytes_by[k, phase] -= moved_b
+            reads_by[k, phase, pfs_cat] += int(sel.size)
+            bytes_by[k, phase, pfs_cat] += int(moved_b.sum())
+    pfs_readers = [int((reads_by[:, phase, 2 * tiers] > 0).sum()) for phase in (0, 1)]
+    per_node: list[dict[str, Any]] = []
+    owned_files = np.bincount(assignment.owner + 1, minlength=nodes + 1)[1:]
+    owned_bytes = np.rint(np.bincount(assignment.owner + 1, weights=fsizes, minlength=nodes + 1)[1:])
+    for k in range(nodes):
+        node: dict[str, Any] = {"node": k}
+        node["tier_bytes"] = [int(x) for x in assignment.tier_bytes[k]]
+        node["tier_files"] = [int(x) for x in assignment.tier_files[k]]
+        node["owned_files"] = int(owned_files[k])
+        node["owned_bytes"] = int(owned_bytes[k])
+        for phase, name, div in ((0, "first_epoch", 1), (1, "later_epochs", max(epochs - 1, 0))):
+            if div == 0:
+                node[name] = None
+                continue
+            r, b = reads_by[k, phase], bytes_by[k, phase]
+            local, peer, pfs = int(r[:tiers].sum()), int(r[tiers : 2 * tiers].sum()), int(r[2 * tiers])
+            total = max(local + peer + pfs, 1)
+            seconds = _phase_seconds(model, b, int(r[2 * tiers]), tiers, pfs_readers[phase])
+            node[name] = {
+                "reads_per_epoch": round((local + peer + pfs) / div, 1),
+                "share": {
+                    "local": round(local / total, 4),
+                    "peer": round(peer / total, 4),
+                    "pfs": round(pfs / total, 4),
+                },
+                "pfs_bytes_per_epoch": int(b[2 * tiers]) // div,
+                "predicted_io_seconds_per_epoch": round(seconds / div, 3),
+            }
+        per_node.append(node)
+    datasets = []
+    for d, cat in enumerate(catalogs):
+        datasets.append({
+            "root": cat.root, "layout": cat.layout, "files": len(cat), "bytes": cat.total_bytes,
+            "classes": len(cat.classes), "unreadable": int((~cat.readable).sum()),
+            "outside_links": len(cat.outside_links), "exact": cat.exact,
+            "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
+            "reads": sum(1 for s in stats.segments if s.dataset == d),
+        })  # fmt: skip
+    read = objects.cacheable & read_any
+    budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
+    return {
+        "seed": int(inputs["seed"]),
+        "nodes": nodes,
+        "world_size": int(inputs["job"]["world_size"]),
+        "ranks_per_node": int(inputs["job"]["ranks_per_node"]),
+        "epochs": epochs,
+        "spread": bool(inputs["spread"]),
+        "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]],
+        "datasets": datasets,
+        "objects": len(objects),
+        "coverage": {
+            "read_objects": int(read.sum()),
+            "read_bytes": int(sizes[read].sum()),
+            "held_objects": int((held_any & read).sum()),
+            "held_bytes": int(sizes[held_any & read].sum()),
+            "spread_guaranteed": bool(spread_covers(sizes, read, budgets)) if tiers else False,
+        },
+        "pfs_bytes_job": pfs_bytes,
+        "pfs_bytes_without_cache": int((total_reads * sizes).sum()),
+        "frequency": _frequency(inputs, catalogs, stats, nodes, follows),
+        "per_node": per_node,
+    }
+
+
+def _phase_seconds(model: PerfModel, bytes_by: I64, pfs_reads: int, tiers: int, readers: int) -> float:
+    """Sum of fetch and staging-write times of one phase's reads, over the p_0 staging threads."""
+    mb = 1_000_000
+    secs = 0.0
+    for j in range(tiers):
+        secs += int(bytes_by[j]) / mb / model.local_rate(j) + int(bytes_by[tiers + j]) / mb / model.peer_rate(j)
+    secs += int(bytes_by[2 * tiers]) / mb / model.pfs_rate(max(readers, 1)) + pfs_reads * model.open_latency_s
+    secs += model.write_seconds(float(bytes_by.sum()))
+    return secs / model.staging_threads
+
+
+def _frequency(
+    inputs: Mapping[str, Any],
+    catalogs: Sequence[Catalog],
+    stats: AccessStats,
+    nodes: int,
+    follows: Sequence[int | None],
+) -> dict[str, Any] | None:
+    """NoPFS 3.1 next to the measured counts for the first training dataset (strided samplers)."""
+    primary = next((d for d, f in enumerate(follows) if f is None), None)
+    if primary is None:
+        return None
+    smp = inputs["datasets"][primary]["sampler"]
+    if smp["kind"] != "distributed" or not smp.get("shuffle", True):
+        return None
+    files = len(catalogs[primary])
+    reads = sum(1 for s in stats.segments if s.dataset == primary)
+    threshold = heavy_threshold(nodes, reads, HEAVY_DELTA)
+    lo = sum(len(c) for c in catalogs[:primary])
+    observed = [int((stats.counts[k, lo : lo + files] >= threshold).sum()) for k in range(nodes)]
+    return {
+        "delta": HEAVY_DELTA,
+        "mean_reads_per_node": round(reads / nodes, 3),
+        "threshold": threshold,
+        "expected_heavy_per_node": round(expected_heavy_files(files, nodes, reads, HEAVY_DELTA), 1),
+        "observed_heavy_per_node": observed,
+        "max_reads_by_one_node": int(stats.counts[:, lo : lo + files].max()) if files else 0,
+    }
