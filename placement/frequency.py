@@ -160,32 +160,35 @@ def _count_bound(streams: Streams) -> int:
 
 
 def _layouts(streams: Sequence[Streams], segments: Sequence[Segment], workers: int) -> Iterator[EpochLayout]:
-    """Each segment's layout in order; permutations of later segments are computed in threads.
+    """Each segment's layout in order; the next ``workers`` permutations are computed in threads.
 
-    Only samplers with a pure per-epoch function (``fresh_layout``) run ahead; the others are
-    stateful or trivial and run in order here.
+    Only samplers with a pure per-epoch function (``fresh_layout``) that shuffle run ahead; the
+    others are stateful or trivial and run in order here (and do not use up the look-ahead).
     """
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-plan") if workers > 1 else None
 
-    def start(seg: Segment) -> Future[EpochLayout] | None:
-        fresh = getattr(streams[seg.dataset].sampler, "fresh_layout", None)
-        if pool is None or fresh is None or not getattr(streams[seg.dataset].sampler, "shuffle", False):
-            return None
-        return pool.submit(fresh, seg.ds_epoch)
+    def heavy(seg: Segment) -> bool:
+        sampler = streams[seg.dataset].sampler
+        return hasattr(sampler, "fresh_layout") and bool(getattr(sampler, "shuffle", False))
 
+    if workers <= 1:
+        for seg in segments:
+            yield streams[seg.dataset].layout(seg.ds_epoch)
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-plan")
+    futures: dict[int, Future[EpochLayout]] = {}
+    upcoming = iter([i for i, seg in enumerate(segments) if heavy(seg)])
     try:
-        pending: list[Future[EpochLayout] | None] = []
-        ahead = 0
         for i, seg in enumerate(segments):
-            while ahead < len(segments) and ahead <= i + workers:
-                pending.append(start(segments[ahead]))
-                ahead += 1
-            fut = pending[i]
-            pending[i] = None
+            while len(futures) < workers:
+                j = next(upcoming, None)
+                if j is None:
+                    break
+                sampler: Any = streams[segments[j].dataset].sampler
+                futures[j] = pool.submit(sampler.fresh_layout, segments[j].ds_epoch)
+            fut = futures.pop(i, None)
             yield fut.result() if fut is not None else streams[seg.dataset].layout(seg.ds_epoch)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def access_stats(

@@ -145,6 +145,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    """The job options again, for a child process."""
+    out = []
+    for key in ("files", "val_files", "epochs", "nodes", "ranks_per_node", "batch_size", "ram", "ssd"):
+        out += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    out += ["--mean-size", str(args.mean_size), "--sigma", str(args.sigma), "--seed", str(args.seed)]
+    if args.workers is not None:
+        out += ["--workers", str(args.workers)]
+    return out + (["--no-spread"] if args.no_spread else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="bench_plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -171,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        cmd = [sys.executable, "-m", "tools.bench_plan", "--child", mode]
-        cmd += [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--modes")]
+        cmd = [sys.executable, "-m", "tools.bench_plan", "--child", mode, *_forwarded(args)]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
         if out.returncode:
