@@ -116,6 +116,8 @@ def test_counts_and_first_uses_equal_a_brute_force_over_node_streams(case: str) 
     inputs = P.plan_inputs(config(**over), seed=11)
     counts, first, stats = brute_force(inputs, sizes, {})
     assert np.array_equal(stats.counts, counts)
+    streams = P._streams(inputs, sizes, {}, "auto")  # and with the streams' own counting
+    assert np.array_equal(stats.counts, streams[0].node_counts(range(int(job["epochs"]))))
     never = stats.never
     expect = np.where(first == np.iinfo(np.int64).max, never, first)
     assert np.array_equal(stats.first_use.astype(np.int64), expect)

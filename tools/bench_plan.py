@@ -128,6 +128,18 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     plan = Plan.from_catalogs(catalogs, cfg, args.seed, entries=len(tree), workers=args.workers)
     t2 = time.perf_counter()
     s = plan.summary()
+    import tempfile
+
+    from placement.plan import Plan as _Plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t3 = time.perf_counter()
+        plan.save(tmp)
+        t4 = time.perf_counter()
+        loaded = _Plan.load(tmp)
+        loaded.fill_order(0)
+        t5 = time.perf_counter()
+        disk = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
     return {
         "mode": args.child,
         "torch": torch_available(),
@@ -135,6 +147,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "timings": s["timings"],
         "total_s": t2 - t0,
         "cpu_s": _cpu() - cpu0,
+        "save_s": t4 - t3,
+        "load_s": t5 - t4,
+        "plan_mb": disk / 1e6,
         "rss_before_mb": rss0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "coverage": s["coverage"],
@@ -210,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['peak_rss_mb'] / TARGET_RSS_MB:>8.2f}{r['load']:>6.1f}"
         )
     r = rows[-1]
+    print(f"saved plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")
     cov, f = r["coverage"], r["frequency"]
     print(f"coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
           f"{r['pfs_bytes_job'] / 1e9:,.1f} GB vs {r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached")  # fmt: skip
