@@ -371,7 +371,10 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
     receivers = step.take(later)
     del step, later
     out = np.empty(n, dtype=idt)
-    np.add(z, np.arange(m, dtype=idt), out=out[:m], casting="unsafe")
+    if idt is np.int32:  # z < n < 2**31: same bits as int32, and an int32 add (not int64)
+        np.add(z.view(np.int32), np.arange(m, dtype=np.int32), out=out[:m])
+    else:
+        np.add(z, np.arange(m, dtype=idt), out=out[:m], casting="unsafe")
     out[receivers] = found
     del receivers, found
     out[m] = _resolve_chains(np.array([m], dtype=np.int64), parent, is_root)[0]
