@@ -16,6 +16,7 @@ Pure state machine: no I/O, no clocks; the daemon feeds it opens and asks it wha
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from placement.jobstreams import EpochMap, JobStreams
 @dataclass(frozen=True)
 class CursorSettings:
     window: int  # positions ahead of a rank's frontier that count as predicted
-    detect_opens: int = 8  # consistent opens needed to lock the node and the epoch
+    detect_opens: int = 8  # opens needed to lock the node and the epoch, at least (see NodeCursor.needed)
     judge_opens: int = 32  # recent opens over which the hit rate is judged
     mismatch_below: float = 0.5  # hit rate under which the prediction is declared wrong
 
@@ -67,7 +68,7 @@ class RankTrack:
 
 
 class NodeCursor:
-    """detecting -> tracking (<-> mismatch)."""
+    """detecting (or presumed) -> tracking (<-> mismatch)."""
 
     def __init__(self, job: JobStreams, settings: CursorSettings, start_epoch: int = 0) -> None:
         self.job = job
@@ -80,11 +81,51 @@ class NodeCursor:
         self.opens = 0
         self.hits = 0
         self.recent: deque[bool] = deque(maxlen=settings.judge_opens)
-        self.pending: list[int] = []  # the last detect_opens opens (what detection looks at)
+        self.pending: list[int] = []  # the last `needed` opens (what detection looks at)
         self.mismatch_reason: str | None = None
         self.epochs_scanned = 0
         self.retry_every = 4 * settings.judge_opens  # opens between detection attempts after a failure
         self.retry_after = 0
+        self._needed: int | None = None
+        self._chance: float | None = None
+        self.first_mismatch_open: int | None = None  # the open at which a mismatch was first declared
+
+    FALSE_LOCK = 1e-6  # accepted chance that random opens fit a wrong epoch or seed
+
+    @property
+    def needed(self) -> int:
+        """Opens detection looks at: enough that random files fit with probability < FALSE_LOCK.
+
+        A random file lands in a rank's first ``window`` positions with probability about
+        window/length, so k opens all fit by chance with (window/length)^k.  Big epochs need only
+        ``detect_opens``; a small dataset, whose window is much of an epoch, needs more.
+        """
+        if self._needed is None:
+            k = math.ceil(math.log(self.FALSE_LOCK) / math.log(min(0.98, self.chance)))
+            self._needed = max(self.settings.detect_opens, min(k, 1024))
+        return self._needed
+
+    @property
+    def chance(self) -> float:
+        """Probability that a random file falls inside a rank's window: what a wrong plan still 'hits'."""
+        if self._chance is None:
+            length = min(self.job.epoch_map(self.epoch).length(r) for r in range(self.shape.world_size))
+            self._chance = min(1.0, self.settings.window / max(1, length))
+        return self._chance
+
+    def presume(self, node: int, epoch: int = 0) -> None:
+        """Predict from the start of ``epoch`` for ``node`` before any open confirms it.
+
+        Lets the daemon prefetch epoch 0 as soon as the seed is known (a single-node job, or a
+        node that knows its index).  The first opens still run detection: they confirm the
+        guess or replace it, and a wrong guess ends in a mismatch like a wrong seed.
+        """
+        if self.state != "detecting":
+            return
+        self.state = "presumed"
+        self.node = node
+        self.epoch = epoch
+        self.tracks = {r: RankTrack(r, epoch) for r in self.shape.ranks_of_node(node)}
 
     # ------------------------------------------------------------------ observing
 
@@ -92,13 +133,13 @@ class NodeCursor:
         """Record one open of global file ``gid``; True when the plan predicted it."""
         self.opens += 1
         self.pending.append(gid)
-        if len(self.pending) > self.settings.detect_opens:
+        if len(self.pending) > self.needed:
             self.pending.pop(0)
         retry = self.state == "mismatch" and self.opens >= self.retry_after
-        if self.state == "detecting" or retry:
-            if len(self.pending) < self.settings.detect_opens:
+        if self.state in ("detecting", "presumed") or retry:
+            if len(self.pending) < self.needed:
                 return False
-            first = self.state == "detecting"
+            first = self.state in ("detecting", "presumed")
             detecting = len(self.pending)
             self._detect()
             if self.state != "tracking":
@@ -109,8 +150,8 @@ class NodeCursor:
             self.hits += credited
             self.recent.extend([True] * credited)
             return True
-        if self.node is None:
-            return False
+        if self.node is None or self.state == "mismatch":
+            return False  # unpredicted until detection locks again (see the retry above)
         hit = self._place(gid)
         self.hits += hit
         self.recent.append(hit)
@@ -127,7 +168,9 @@ class NodeCursor:
         """
         gids = np.asarray(self.pending, dtype=np.int64)
         order = [self.epoch, *[e for e in range(self.job.epochs) if e != self.epoch]]
-        for from_start in (True, False):
+        # The mid-epoch pass is only trustworthy when a window is a small part of an epoch.
+        passes = (True, False) if self.chance < 0.1 else (True,)
+        for from_start in passes:
             for epoch in order:
                 self.epochs_scanned += 1
                 found = self._fits(self.job.epoch_map(epoch), gids, from_start)
@@ -141,7 +184,7 @@ class NodeCursor:
                         self._place(int(gid))
                     self.recent.clear()
                     return
-        self.state = "mismatch"
+        self._declare_mismatch()
         self.mismatch_reason = (
             f"{len(self.pending)} opens are not one node's reads in any epoch of the plan "
             "(wrong seed or sampler settings?)"
@@ -174,6 +217,10 @@ class NodeCursor:
         for track in self.tracks.values():
             if track.epoch + 1 >= self.job.epochs:
                 continue
+            # Only a rank near the end of its epoch can be starting the next one; otherwise a stray
+            # open would jump it ahead (the window can be a large share of a small epoch).
+            if track.low + window < self.job.epoch_map(track.epoch).length(track.rank):
+                continue
             for pos in self.job.epoch_map(track.epoch + 1).positions(gid, track.rank).tolist():
                 if pos < window:
                     track.restart(track.epoch + 1)
@@ -182,18 +229,26 @@ class NodeCursor:
                     return True
         return False
 
+    def _declare_mismatch(self) -> None:
+        self.state = "mismatch"
+        if self.first_mismatch_open is None:
+            self.first_mismatch_open = self.opens
+
     def _judge(self) -> None:
+        """Declare a mismatch when the recent hit rate is closer to chance than to a correct plan's 1.0.
+
+        Recovery is left to detection (retried with backoff), whose false-lock odds are bounded.
+        """
         if len(self.recent) < self.recent.maxlen:  # type: ignore[operator]
             return
         rate = sum(self.recent) / len(self.recent)
-        if self.state == "tracking" and rate < self.settings.mismatch_below:
-            self.state = "mismatch"
+        threshold = max(self.settings.mismatch_below, (1.0 + self.chance) / 2)
+        if self.state == "tracking" and rate < threshold:
+            self._declare_mismatch()
             self.mismatch_reason = (
                 f"only {rate:.0%} of the last {len(self.recent)} opens were predicted (wrong seed or sampler settings?)"
             )
-        elif self.state == "mismatch" and rate >= 0.9:
-            self.state = "tracking"
-            self.mismatch_reason = None
+            self.retry_after = self.opens + self.retry_every
 
     # ------------------------------------------------------------------ predicting
 
@@ -203,7 +258,7 @@ class NodeCursor:
 
     def upcoming(self, limit: int) -> list[tuple[int, int]]:
         """The next ``limit`` (epoch, gid) this node will open: its ranks in step, batch by batch."""
-        if self.state != "tracking" or not self.tracks:
+        if self.state not in ("tracking", "presumed") or not self.tracks:
             return []
         b = self.shape.batch_size
         # Per rank: (epoch, next position), advanced batch by batch in turn.
@@ -241,4 +296,6 @@ class NodeCursor:
             "hit_rate": round(self.hit_rate, 6),
             "mismatch": self.state == "mismatch",
             "mismatch_reason": self.mismatch_reason,
+            "first_mismatch_open": self.first_mismatch_open,
+            "detect_opens": self._needed,
         }
