@@ -93,7 +93,9 @@ class SamplerConfig:
     shuffle: bool = doc("DistributedSampler(shuffle=...)", True)
     drop_last: bool = doc("DistributedSampler(drop_last=...): truncate instead of padding", False)
     persistent_workers: bool = doc("random: DataLoader(persistent_workers=...)", False)
-    order_file: str | None = doc("list: file of dataset indices, one per line, in read order", None)
+    order_file: str | None = doc(
+        "list: file of dataset indices in read order, one per line (relative names: in SOURCE)", None
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class DatasetConfig:
         "imagefolder: torchvision ImageFolder order; files: every file, sorted; list: list_file's order",
         "imagefolder",
     )
-    list_file: str | None = doc("list: file of paths relative to root, one per line", None)
+    list_file: str | None = doc("list: file of paths relative to root, one per line (relative names: in SOURCE)", None)
     extensions: list[str] | None = doc(
         "file extensions kept (case-insensitive); default: ImageFolder's for imagefolder, all for files",
         None,

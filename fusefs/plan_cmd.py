@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,16 +73,18 @@ def _read_lines(base: bytes, name: str, key: str) -> list[str]:
         raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
 
 
-def _side_inputs(cfg: Any, source: bytes) -> tuple[dict[int, list[str]], dict[int, list[int]]]:
-    """Contents of list_file and order_file (the planner does no I/O)."""
+def side_inputs(
+    datasets: Sequence[Mapping[str, Any]], source: bytes
+) -> tuple[dict[int, list[str]], dict[int, list[int]]]:
+    """Contents of list_file and order_file (the planner does no I/O); shared with the plan worker."""
     lists: dict[int, list[str]] = {}
     orders: dict[int, list[int]] = {}
-    for i, ds in enumerate(cfg.datasets):
-        if ds.layout == "list" and ds.list_file:
-            lists[i] = _read_lines(source, ds.list_file, f"datasets.{i}.list_file")
-        if ds.sampler.kind == "list" and ds.sampler.order_file:
+    for i, ds in enumerate(datasets):
+        if ds["layout"] == "list" and ds["list_file"]:
+            lists[i] = _read_lines(source, ds["list_file"], f"datasets.{i}.list_file")
+        if ds["sampler"]["kind"] == "list" and ds["sampler"]["order_file"]:
             key = f"datasets.{i}.sampler.order_file"
-            lines = [x.strip() for x in _read_lines(source, ds.sampler.order_file, key) if x.strip()]
+            lines = [x.strip() for x in _read_lines(source, ds["sampler"]["order_file"], key) if x.strip()]
             try:
                 orders[i] = [int(x) for x in lines]
             except ValueError:
@@ -98,7 +101,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     cfg_file, overrides, _ignored = config.parse_mount_options(args.options)
     cfg = config.load(args.config or cfg_file, overrides)
     snap = _snapshot(args.source, cfg, args.rescan)
-    lists, orders = _side_inputs(cfg, snap.source)
+    lists, orders = side_inputs(cfg.to_dict()["datasets"], snap.source)
     try:
         plan = Plan.build(snap.tree, cfg.to_dict(), args.seed, lists=lists, orders=orders)
     except ValueError as exc:
