@@ -20,7 +20,7 @@ from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
 from .attrs import AttrFactory, entry_of, inode_of
 from .control import CONTROL_NAME, CTL_DIR, ControlFiles, ControlHandle
-from .files import FileService, OpenFile
+from .files import CachedFiles, OpenFile
 from .snapshot import Snapshot
 
 _READDIR_BATCH = 32
@@ -36,7 +36,7 @@ class SeerOperations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, snapshot: Snapshot, control: ControlFiles, files: FileService, attrs: AttrFactory) -> None:
+    def __init__(self, snapshot: Snapshot, control: ControlFiles, files: CachedFiles, attrs: AttrFactory) -> None:
         super().__init__()
         self.snapshot = snapshot
         self.tree = snapshot.tree
@@ -162,7 +162,9 @@ class SeerOperations(pyfuse3.Operations):
         opened = await self.files.open(entry, ctx.pid)
         fh = next(self._fh)
         self.handles[fh] = opened
-        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True)
+        # keep_cache: the tree is immutable, so cached pages stay valid across opens (pushed pages
+        # are served without reaching us); direct_io only when the memory budget cannot hold it.
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=not opened.direct, direct_io=opened.direct)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles.get(fh)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyfuse3
 import trio
+import xxhash
 
 from . import mountinfo
 from .attrs import AttrFactory
@@ -21,13 +22,18 @@ from .control import ControlFiles
 from .counters import ReadCounters
 from .daemon import MountRequest
 from .errors import FuseUnavailable, MountpointError
-from .files import DirectFiles
+from .fetcher import Fetcher
+from .files import CachedFiles
 from .operations import SeerOperations
 from .pfs import PfsReader
+from .planning import PlanManager, planning_config
+from .prefetch import Prefetcher
 from .runtime import MountRecord
 from .seed import SeedState
-from .snapshot import Snapshot, load_or_scan
+from .snapshot import Snapshot, load_or_scan, snapshot_file
+from .staging import Staging
 from .status import StatusBoard
+from .tiers import Budget, build_tiers, memory_budget
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +70,48 @@ class Server:
         self.counters = ReadCounters()
         self.seed = SeedState()
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
-        self.files = DirectFiles(self.reader, self.counters)
-        self.control = ControlFiles(
-            self.seed,
-            self.board,
-            cfg.to_yaml(),
-            os.getuid(),
-            os.getgid(),
-            time.time_ns(),
-            cfg.fuse.entry_timeout,
-        )
+        self._build_cache()
+        self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
+        self.control = ControlFiles(self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(),
+                                    time.time_ns(), cfg.fuse.entry_timeout)  # fmt: skip
         attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
         self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
         self.board.add("snapshot", self._snapshot_status)
         self.board.add("seed", self.seed.status)
+        self.board.add("plan", self.plans.status)
+        self.board.add("cursor", lambda: self.prefetcher.status()["cursor"])
+        self.board.add("prefetch", self.prefetcher.status)
+        self.board.add("memory_budget", self.budget.status)
+        self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
         self.board.add("reads", self.counters.status)
         self._mount()
+
+    def _build_cache(self) -> None:
+        """Tiers, staging, fetcher, prefetcher and planner for this mount (DESIGN 3)."""
+        cfg = self.cfg
+        lookahead = cfg.prefetch.lookahead_bytes
+        has_memory_tier = any(t.kind == "memory" for t in cfg.tiers)
+        # The staging window lives inside the memory tiers' bytes; without a memory tier it is the
+        # RAM budget by itself.
+        self.budget = memory_budget(cfg.tiers) if has_memory_tier else Budget(lookahead, "memory")
+        self.tiers = build_tiers(cfg.tiers, self.budget, self.snapshot.fingerprint, cfg.cache_path)
+        for tier in self.tiers:
+            dropped = tier.prune_stale(self.snapshot.tree.size, self.snapshot.tree.mtime_ns)
+            if dropped:
+                log.info("%s: dropped %d copies whose source changed", tier.name, dropped)
+        self.staging = Staging(self.budget, min(lookahead, self.budget.limit), cfg.prefetch.staging)
+        self.fetcher = Fetcher(self.reader, self.tiers, self.counters)
+        capacities = [t["bytes"] for t in planning_config(cfg)["tiers"]]
+        self.prefetcher = Prefetcher(self.snapshot, cfg, self.fetcher, self.staging, self.tiers, self.counters,
+                                     capacities)  # fmt: skip
+        snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
+        if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
+            snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
+            self.snapshot.save(snap_file)
+        mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
+        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
+        self.plans.listeners.append(self.prefetcher.on_plan)
+        self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
 
     def _mount(self) -> None:
         options = set(pyfuse3.default_options)
@@ -136,9 +168,16 @@ class Server:
 
     async def _main(self) -> None:
         async with trio.open_nursery() as nursery:
+            self.fetcher.attach(nursery)
             nursery.start_soon(self._signals, nursery.cancel_scope)
+            nursery.start_soon(self.staging.run)
+            nursery.start_soon(self.prefetcher.run)
+            nursery.start_soon(self.plans.run)
+            self.plans.request(self.seed.value)  # the sampler default until a seed is written
             await pyfuse3.main(min_tasks=2, max_tasks=self.cfg.fuse.max_tasks)
             nursery.cancel_scope.cancel()
+        for tier in self.tiers:
+            await tier.close()
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:

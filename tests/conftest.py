@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from mounting import force_unmount, is_mounted
 
+pytest_plugins = ["pfsemu_fixture"]  # the emulated PFS fixtures (emulated_pfs, running_pfsemu)
+
 
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:

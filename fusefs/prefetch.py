@@ -1,0 +1,366 @@
+"""Carrying out the plan: a staging window ahead of the readers, long-term tiers filled in order of use.
+
+NoPFS rules as applied here:
+1. Optimal prefetching: the staging window holds the next files of this node's predicted stream,
+   fetched in stream order from the fastest source that has them.
+2-4. Replacement: a staged file is dropped as soon as it was consumed (it is not needed again
+   this epoch, while everything still staged is); long-term tiers hold the plan's files by access
+   frequency and are filled in order of first use, only with bandwidth staging does not need.
+When no plan can be trusted (no usable seed, or the cursor reports a mismatch) the reactive policy
+(:mod:`placement.reactive`) decides what to keep, and nothing is prefetched.
+
+Concurrency rules:
+* The cursor is owned by one worker thread at a time (``_cursor_lock``): placing opens can need an
+  epoch's permutation (~0.1 s of numpy at ImageNet scale), which must never run on the trio
+  thread.  Opens are queued; the worker places a batch, computes the window, warms the next epoch
+  and returns an immutable :class:`CursorView`, which is all the trio side ever reads.
+* Everything else runs on the trio thread; fetches and tier I/O happen in the fetcher's tasks and
+  the tiers' worker threads.
+* ``self.generation`` is bumped whenever the plan changes; a task that captured an older
+  generation stops acting on it after its next await (its decisions would follow the old plan).
+* The staging window is recomputed from scratch on each wake-up (cursor moved, plan changed, a
+  fetch finished), so no decision outlives the state it was based on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from placement.cursor import CursorSettings, NodeCursor
+from placement.plan import Plan
+from placement.reactive import StaticFrequencySet
+
+from .config import Config
+from .counters import ReadCounters
+from .fetcher import Fetcher
+from .snapshot import Snapshot
+from .staging import Staging
+from .tiers import Tier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CursorView:
+    """What the worker thread last knew about the cursor (the trio side reads only this)."""
+
+    state: str = "detecting"
+    node: int | None = None
+    epoch: int = 0
+    window: tuple[int, ...] = ()  # entries due next, in order
+    status: dict[str, Any] = field(default_factory=dict)
+    predicted: int = 0  # opens of this batch the plan predicted
+
+
+class Prefetcher:
+    def __init__(self, snapshot: Snapshot, cfg: Config, fetcher: Fetcher, staging: Staging,
+                 tiers: Sequence[Tier], counters: ReadCounters, tier_capacities: list[int]) -> None:  # fmt: skip
+        self.snapshot = snapshot
+        self.cfg = cfg
+        self.fetcher = fetcher
+        self.staging = staging
+        self.tiers = list(tiers)
+        self.counters = counters
+        self.plan: Plan | None = None
+        self.cursor: NodeCursor | None = None
+        self.generation = 0
+        self.entry_gid: npt.NDArray[np.int32] = np.full(0, -1, np.int32)
+        self.tier_of_gid: npt.NDArray[np.int8] | None = None  # this node's assignment, per gid
+        self.reactive_capacities = list(tier_capacities)
+        self.reactive = StaticFrequencySet(tier_capacities)
+        self.view = CursorView()
+        self._opens: list[int] = []  # gids opened, not yet given to the cursor
+        self._unplaced: dict[int, int] = {}  # entry -> opens the published view does not reflect yet
+        self._opens_ready = trio.Event()
+        self._cursor_lock = trio.CapacityLimiter(1)
+        self.predicted_opens = 0
+        self.unplanned_opens = 0
+        self.staging_fetches = 0
+        self.fill_fetches = 0
+        self.filled_node: int | None = None
+        self._wake = trio.Event()
+        self._staging_now: set[int] = set()  # entries a staging task is working on
+        self._staging_idle = trio.Event()
+        self._staging_idle.set()
+        self._slots = trio.Semaphore(max(1, cfg.prefetch.threads))
+        self._fill_slots = [trio.Semaphore(max(1, t.threads)) for t in cfg.tiers]
+        job = cfg.job
+        self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
+        self.window_files = max(self.settings.window, 64)
+
+    # ------------------------------------------------------------------ plan changes
+
+    def on_plan(self, plan: Plan | None) -> None:
+        """A new plan (or a failed one): restart prediction from detection."""
+        self.generation += 1
+        self.plan = plan
+        self.cursor = None
+        self.view = CursorView()
+        self._opens = []
+        self._unplaced = {}
+        self.tier_of_gid = None
+        self.filled_node = None
+        if plan is None:
+            self._adopt_into_reactive()
+        else:
+            self.cursor = NodeCursor(plan.job_streams(), self.settings)
+            self.entry_gid = np.full(len(self.snapshot), -1, np.int32)
+            gids = np.arange(plan.files, dtype=np.int64)
+            entries = plan.entry_of(gids).astype(np.int64)
+            self.entry_gid[entries[::-1]] = gids[::-1].astype(np.int32)  # the first id of a shared entry wins
+            if plan.nodes == 1:
+                self.cursor.presume(0, 0)
+        self._opens_ready.set()  # let the worker publish the new cursor's first window
+        self._wake.set()
+
+    @property
+    def mode(self) -> str:
+        if self.plan is None or self.cursor is None or self.view.state == "mismatch":
+            return "reactive"
+        if self.view.state == "detecting":
+            return "detecting"
+        return "predicting"
+
+    # ------------------------------------------------------------------ reader events
+
+    def opened(self, entry: int) -> None:
+        """An open of a dataset file: queue it for the cursor (placed in a worker thread)."""
+        gid = int(self.entry_gid[entry]) if entry < self.entry_gid.shape[0] else -1
+        if self.cursor is None or gid < 0:
+            self.unplanned_opens += 1
+            return
+        self._opens.append(gid)
+        self._unplaced[entry] = self._unplaced.get(entry, 0) + 1
+        self._opens_ready.set()
+
+    async def _cursor_loop(self) -> None:
+        while True:
+            await self._opens_ready.wait()
+            self._opens_ready = trio.Event()
+            cursor, generation, batch = self.cursor, self.generation, self._opens
+            self._opens = []
+            if cursor is None:
+                continue
+            view = await trio.to_thread.run_sync(self._advance, cursor, batch, limiter=self._cursor_lock)
+            if generation != self.generation:
+                continue  # a new plan replaced this cursor meanwhile
+            for entry in self.plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if self.plan else ():
+                left = self._unplaced.get(entry, 0) - 1
+                if left > 0:
+                    self._unplaced[entry] = left
+                else:
+                    self._unplaced.pop(entry, None)
+            if view.state != self.view.state:
+                log.info("cursor: %s -> %s (node %s, epoch %s)%s", self.view.state, view.state, view.node,
+                         view.epoch, f": {view.status['mismatch_reason']}" if view.status.get("mismatch_reason")
+                         else "")  # fmt: skip
+            self.predicted_opens += view.predicted
+            self.view = view
+            if view.state == "mismatch":
+                self._adopt_into_reactive()
+            self._wake.set()
+
+    def _advance(self, cursor: NodeCursor, gids: list[int]) -> CursorView:
+        """Worker thread: place the opens, then precompute what the trio side will ask for."""
+        predicted = 0
+        for gid in gids:
+            if cursor.observe(gid):
+                predicted += 1
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("unpredicted open: gid %d (%s, epoch %d, positions %s)", gid, cursor.state, cursor.epoch,
+                          {r: (t.epoch, t.low, t.high) for r, t in cursor.tracks.items()})  # fmt: skip
+        window: tuple[int, ...] = ()
+        plan = self.plan
+        if plan is not None and cursor.state in ("tracking", "presumed"):
+            upcoming = cursor.upcoming(self.window_files * 4)
+            if upcoming:
+                gids_ahead = np.fromiter((g for _e, g in upcoming), dtype=np.int64, count=len(upcoming))
+                window = tuple(plan.entry_of(gids_ahead).tolist())
+                last_epoch = upcoming[-1][0]
+                if last_epoch + 1 < cursor.job.epochs:
+                    cursor.job.epoch_map(last_epoch + 1)  # warm the next epoch while we are here
+        return CursorView(cursor.state, cursor.node, cursor.epoch, window, cursor.status(), predicted)
+
+    def consumed(self, entry: int) -> None:
+        self.staging.retire(entry)
+        self._wake.set()
+
+    def _adopt_into_reactive(self) -> None:
+        """Files kept under a plan that turned out wrong now count against the reactive policy.
+
+        Otherwise they would sit in the tiers outside its accounting, and the tiers would hold more
+        than the capacities both modes are meant to share.
+        """
+        for t, tier in enumerate(self.tiers):
+            for entry in tier.entries():
+                if entry not in self.reactive.where:
+                    size = tier.size_of(entry)
+                    if size is not None:
+                        self.reactive.admitted(entry, t, size)
+        for t, cap in enumerate(self.reactive_capacities):
+            excess = self.reactive.tiers[t].used - cap
+            for entry in list(self.reactive.tiers[t].members):
+                if excess <= 0:
+                    break
+                excess -= self.reactive.tiers[t].members[entry]
+                self.tiers[t].drop(entry)
+                self.reactive.dropped(entry)
+
+    def keep_decision(self, entry: int, size: int) -> Tier | None:
+        """Where a file fetched on demand should also be kept (plan's tier, or the reactive policy)."""
+        if self.mode == "predicting":
+            tier = self._planned_tier(entry)
+            return tier if tier is not None and not tier.contains(entry) else None
+        decision = self.reactive.on_read(entry, size)
+        for t, victim in decision.evict:
+            self.tiers[t].drop(victim)
+            self.reactive.dropped(victim)
+        if decision.tier is None:
+            return None
+        self.reactive.admitted(entry, decision.tier, size)
+        return self.tiers[decision.tier]
+
+    def _planned_tier(self, entry: int) -> Tier | None:
+        if self.tier_of_gid is None or entry >= self.entry_gid.shape[0]:
+            return None
+        gid = int(self.entry_gid[entry])
+        t = int(self.tier_of_gid[gid]) if gid >= 0 else -1
+        return self.tiers[t] if 0 <= t < len(self.tiers) else None
+
+    # ------------------------------------------------------------------ background work
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._cursor_loop)
+            nursery.start_soon(self._staging_loop)
+            nursery.start_soon(self._fill_loop)
+
+    async def _staging_loop(self) -> None:
+        while True:
+            self._wake = trio.Event()
+            if self.mode == "predicting":
+                await self._refill(self.generation)
+            with trio.move_on_after(0.5):
+                await self._wake.wait()
+
+    def _window(self) -> list[int]:
+        """Entries to stage next, in stream order, as many as fit the staging limit.
+
+        Files in a memory tier are left out: an open serves them from RAM already, and staging
+        them would spend the window's small budget on what needs no fetching.
+        """
+        sizes = self.snapshot.tree.size
+        memory_tiers = [t for t in self.tiers if t.kind == "memory"]
+        out: list[int] = []
+        seen: set[int] = set()
+        budget = self.staging.limit
+        for entry in self.view.window:
+            # _unplaced: opened already, but the view was computed before the cursor saw it.
+            if entry in seen or entry in self._unplaced or any(t.contains(entry) for t in memory_tiers):
+                continue
+            seen.add(entry)
+            budget -= int(sizes[entry])
+            if budget < 0:
+                break
+            out.append(entry)
+        return out
+
+    async def _refill(self, generation: int) -> None:
+        window = self._window()
+        if self.tier_of_gid is None and self.plan is not None and self.view.node is not None:
+            self.tier_of_gid = self.plan.tier_of(self.view.node)
+        # A staged file is dropped when consumed (release), or here once it left the whole predicted
+        # horizon (the plan changed, or the readers skipped it): never merely because the byte-limited
+        # window shifted, which would throw away a file needed before the ones replacing it (rule 3).
+        # A file an open already took is retired at its release, never here: its reader may still
+        # be reading the pushed pages.
+        horizon = set(self.view.window)
+        for entry in [e for e, f in self.staging.files.items() if f.staged and not f.taken and e not in horizon]:
+            self.staging.retire(entry)
+        for entry in window:
+            if self.staging.has(entry) or entry in self._staging_now:
+                continue
+            await self._slots.acquire()
+            if generation != self.generation or self._wake.is_set():
+                self._slots.release()  # the cursor moved or the plan changed: recompute the window
+                return
+            if not self.staging.reserve(entry, int(self.snapshot.tree.size[entry])):
+                self._slots.release()
+                break  # no room: wait for consumption to free some (never evict what is due sooner)
+            self._staging_now.add(entry)
+            self._staging_idle = trio.Event()
+            self.fetcher.spawn(self._stage_one, entry, generation)
+
+    async def _stage_one(self, entry: int, generation: int) -> None:
+        try:
+            fetched = await self.fetcher.from_tiers(entry)
+            if fetched is not None:
+                data = fetched.data
+            else:
+                data = await self.fetcher.start(entry, keep_in=self._planned_tier(entry), why="staging").wait()
+                self.staging_fetches += 1
+            await self.staging.fill(entry, data)
+        except Exception as exc:  # the reader's own open reports the error; staging just skips it
+            self.staging.cancel(entry)
+            log.debug("staging entry %d failed: %s", entry, exc)
+        finally:
+            self._staging_now.discard(entry)
+            if not self._staging_now:
+                self._staging_idle.set()
+            self._slots.release()
+            self._wake.set()
+
+    async def _fill_loop(self) -> None:
+        """Fill long-term tiers with this node's assigned files in order of first use."""
+        while True:
+            plan, view, generation = self.plan, self.view, self.generation
+            if plan is None or view.node is None or view.state not in ("tracking", "presumed"):
+                await trio.sleep(0.2)
+                continue
+            node = view.node
+            objs, _due = plan.fill_order(node)
+            tier_row = plan.assignment.tier_of[node]
+            entries = plan.objects.obj_entry
+            self.filled_node = node
+            for obj in objs.tolist():
+                if generation != self.generation:
+                    break
+                entry = int(entries[obj])
+                t = int(tier_row[obj])
+                if not 0 <= t < len(self.tiers) or self.tiers[t].contains(entry):
+                    continue
+                # Staging first: tier filling only uses bandwidth the readers do not need now.
+                await self._staging_idle.wait()
+                await self._fill_slots[t].acquire()
+                self.fetcher.spawn(self._fill_one, entry, t)
+            while generation == self.generation:
+                await trio.sleep(0.5)
+
+    async def _fill_one(self, entry: int, t: int) -> None:
+        try:
+            if not self.tiers[t].contains(entry):
+                await self.fetcher.fetch(entry, keep_in=self.tiers[t], why="fill")
+                self.fill_fetches += 1
+        except Exception as exc:
+            log.debug("filling entry %d into tier %d failed: %s", entry, t, exc)
+        finally:
+            self._fill_slots[t].release()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "cursor": self.view.status or None,
+            "predicted_opens": self.predicted_opens,
+            "unplanned_opens": self.unplanned_opens,
+            "staging_fetches": self.staging_fetches,
+            "fill_fetches": self.fill_fetches,
+            "window_files": self.window_files,
+            "staging": self.staging.status(),
+        }
