@@ -36,5 +36,5 @@ def test_readme_names_every_command_and_option() -> None:
 
 def test_control_page_documents_every_status_section() -> None:
     page = (ROOT / "man" / "seerfs-control.7").read_text()
-    for section in ("snapshot", "seed", "reads"):
-        assert f".B {section}\n" in page
+    for section in ("snapshot", "seed", "reads", "plan", "cursor", "prefetch", "memory_budget", "tiers"):
+        assert f".B {section}\n" in page, section

@@ -1,0 +1,95 @@
+"""One rank of a real data-parallel reading job, run as its own process by the end-to-end tests.
+
+Unchanged torchvision ImageFolder + DataLoader (worker processes) + DistributedSampler with
+set_epoch, ranks kept in step by a gloo barrier per batch (what the allreduce of real training
+does).  Every sample's bytes are checked against digests computed beforehand from the backing
+store, so the check itself reads nothing that could be cached.  Writes a JSON result.
+
+usage: python ddp_reader.py SPEC.json RANK
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def raw(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def collate(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from tools import torchvision_cpu
+
+    tv = torchvision_cpu.load()
+    world = spec["world_size"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
+    digests: dict[str, str] = spec["digests"]
+    root = spec["root"]
+    train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=raw)
+    sampler: Any = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
+    loader = DataLoader(train, batch_size=spec["batch_size"], sampler=sampler, num_workers=spec["num_workers"],
+                        collate_fn=collate, persistent_workers=False)  # fmt: skip
+    val_loader = None
+    if spec.get("val"):
+        val = tv.datasets.ImageFolder(os.path.join(root, "val"), loader=raw)
+        val_sampler: Any = DistributedSampler(val, num_replicas=world, rank=rank, shuffle=False)
+        val_loader = DataLoader(val, batch_size=spec["batch_size"], sampler=val_sampler,
+                                num_workers=spec["num_workers"], collate_fn=collate)  # fmt: skip
+    result: dict[str, Any] = {"rank": rank, "samples": 0, "bad": [], "epochs": [], "wait_s": 0.0}
+
+    def consume(dataset: Any, batches: Any, indices: list[int]) -> float:
+        waited = 0.0
+        it = iter(batches)
+        pos = 0
+        while True:
+            t0 = time.monotonic()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            waited += time.monotonic() - t0
+            for data, _label in batch:
+                path = dataset.samples[indices[pos]][0]
+                rel = os.path.relpath(path, root)
+                if hashlib.sha1(data).hexdigest() != digests[rel]:
+                    result["bad"].append(rel)
+                pos += 1
+                result["samples"] += 1
+            if spec.get("compute_s"):
+                time.sleep(spec["compute_s"])
+            dist.barrier()
+        return waited
+
+    for epoch in range(spec["start_epoch"], spec["epochs"]):
+        t0 = time.monotonic()
+        sampler.set_epoch(epoch)
+        waited = consume(train, loader, list(sampler))
+        if val_loader is not None:
+            waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
+        result["epochs"].append({"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited})
+        result["wait_s"] += waited
+    dist.destroy_process_group()
+    Path(spec["out"]).with_suffix(f".rank{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
