@@ -92,6 +92,7 @@ def test_wrong_seed_is_flagged_within_workers_times_batch_opens() -> None:
     for g in opens[: 2 * 32]:  # num_workers x batch_size opens
         cur.observe(g)
     assert cur.state == "mismatch", "not flagged within num_workers x batch_size opens"
+    assert cur.first_mismatch_open is not None and cur.first_mismatch_open <= 2 * 32
     assert "wrong seed" in (cur.mismatch_reason or "")
     assert cur.hit_rate < 0.5
 
