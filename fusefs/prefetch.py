@@ -162,9 +162,10 @@ class Prefetcher:
                          view.epoch, f": {view.status['mismatch_reason']}" if view.status.get("mismatch_reason")
                          else "")  # fmt: skip
             self.predicted_opens += view.predicted
-            self.view = view
-            if view.state == "mismatch":
+            previous, self.view = self.view, view
+            if view.state == "mismatch" and previous.state != "mismatch":
                 self._adopt_into_reactive()
+                self.fetcher.spawn(self.staging.clear)  # the window of a wrong plan is meaningless
             self._wake.set()
 
     def _advance(self, cursor: NodeCursor, gids: list[int]) -> CursorView:
@@ -361,6 +362,7 @@ class Prefetcher:
             "unplanned_opens": self.unplanned_opens,
             "staging_fetches": self.staging_fetches,
             "fill_fetches": self.fill_fetches,
+            "fetches_inflight": len(self.fetcher.inflight),
             "window_files": self.window_files,
             "staging": self.staging.status(),
         }

@@ -8,92 +8,33 @@ DistributedSampler, kept in step by a gloo barrier.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from mounting import mounted, status
+from mounting import mounted
 
-from tools.mkdataset import Spec, make_dataset
+from tools.jobs import (  # the shared job runner; re-exported here for the tests
+    Job,
+    daemon_pid,
+    free_port,
+    make_source,
+    rss,
+    run_readers,
+    seerfs_config,
+    status,
+    wait_plan,
+    write_seed,
+)
 
-READER = Path(__file__).resolve().parent / "ddp_reader.py"
-
-
-@dataclass
-class Job:
-    world_size: int = 2
-    epochs: int = 3
-    start_epoch: int = 0
-    batch_size: int = 16
-    num_workers: int = 2
-    seed: int = 7
-    val: bool = True
-    compute_s: float = 0.0
-
-
-def make_source(root: Path, files: int, val_files: int, mean_size: int = 16_000) -> tuple[dict[str, str], int]:
-    """A train/val ImageFolder tree; returns per-file sha1 (computed now, before any mount) and total bytes."""
-    spec = Spec(classes=6, files=files, val_files=val_files, mean_size=mean_size, seed=3)
-    written = make_dataset(root if val_files else root / "train", spec)  # always a train/ (and val/) tree
-    digests = {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest() for p in written}
-    return digests, sum(p.stat().st_size for p in written)
-
-
-def seerfs_config(path: Path, job: Job, *, cache_dir: Path, tiers: list[dict[str, Any]],
-                  lookahead: str = "4MiB", ranks_per_node: int | None = None, **extra: Any) -> Path:  # fmt: skip
-    cfg: dict[str, Any] = {
-        "cache_dir": str(cache_dir),
-        "datasets": [{"root": "train"}, {"root": "val", "follows": "train", "sampler": {"shuffle": False}}]
-        if job.val else [{"root": "train"}],
-        "job": {"world_size": job.world_size, "ranks_per_node": ranks_per_node or job.world_size,
-                "epochs": job.epochs, "batch_size": job.batch_size, "num_workers": job.num_workers},
-        "tiers": tiers,
-        "prefetch": {"lookahead_bytes": lookahead, "threads": 8},
-        **extra,
-    }  # fmt: skip
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_readers(root: Path, job: Job, digests: dict[str, str], out: Path, ranks: list[int] | None = None,
-                cgroup: MemoryCgroup | None = None, timeout: float = 300) -> list[dict[str, Any]]:  # fmt: skip
-    """Run the job's ranks (all of them, or ``ranks`` with the rest elsewhere) and return their results."""
-    spec = {**asdict(job), "root": str(root), "digests": digests, "port": free_port(), "out": str(out)}
-    spec_file = out.with_suffix(".spec.json")
-    spec_file.write_text(json.dumps(spec))
-    procs = [
-        subprocess.Popen([sys.executable, str(READER), str(spec_file), str(r)], stderr=subprocess.PIPE, text=True)
-        for r in (ranks if ranks is not None else range(job.world_size))
-    ]
-    if cgroup is not None:
-        for p in procs:
-            cgroup.add(p.pid)
-    try:
-        errors = [p.communicate(timeout=timeout)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    results = []
-    for p, err, r in zip(procs, errors, ranks if ranks is not None else range(job.world_size), strict=True):
-        assert p.returncode == 0, f"rank {r} failed ({p.returncode}):\n{err[-3000:]}"
-        results.append(json.loads(out.with_suffix(f".rank{r}.json").read_text()))
-    return results
+__all__ = [
+    "Job", "MemoryCgroup", "RssSampler", "daemon_pid", "du", "expected_opens", "free_port", "make_source",
+    "rss", "run_readers", "seerfs_config", "seerfs_over", "status", "wait_plan", "write_seed",
+]  # fmt: skip
 
 
 def expected_opens(job: Job, train_files: int, val_files: int) -> int:
@@ -121,28 +62,6 @@ def expected_opens(job: Job, train_files: int, val_files: int) -> int:
                 v: Any = DistributedSampler(Sized(val_files), num_replicas=job.world_size, rank=r, shuffle=False)
                 total += len(list(v))
     return total
-
-
-def daemon_pid(mnt: Path) -> int:
-    return int(status(mnt)["pid"])
-
-
-def write_seed(mnt: Path, seed: int) -> None:
-    (mnt / ".control" / "seed").write_text(f"{seed}\n")
-
-
-def wait_plan(mnt: Path, seed: int, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        doc = status(mnt)
-        plan = doc["plan"]
-        if plan["state"] == "ready" and plan["seed"] == seed:
-            return doc
-        if plan["state"] == "failed":
-            raise AssertionError(f"planning failed: {plan['message']}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no plan for seed {seed} after {timeout}s: {plan}")
-        time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -222,13 +141,6 @@ def du(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
     return total
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 class RssSampler:

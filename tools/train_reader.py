@@ -1,11 +1,13 @@
-"""One rank of a real data-parallel reading job, run as its own process by the end-to-end tests.
+"""One rank of real data-parallel training minus the model: what the tests and benchmarks run.
 
 Unchanged torchvision ImageFolder + DataLoader (worker processes) + DistributedSampler with
 set_epoch, ranks kept in step by a gloo barrier per batch (what the allreduce of real training
-does).  Every sample's bytes are checked against digests computed beforehand from the backing
-store, so the check itself reads nothing that could be cached.  Writes a JSON result.
+does), and a compute step that sleeps (it stands for GPU time, so it uses no CPU).  With
+``digests`` every sample's bytes are checked against digests computed beforehand from the backing
+store, so the check itself reads nothing that could be cached.  Writes a JSON result next to
+``out``: per epoch its seconds and the time spent waiting for batches.
 
-usage: python ddp_reader.py SPEC.json RANK
+usage: python -m tools.train_reader SPEC.json RANK   (SPEC: see tools.jobs.Job)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def main() -> int:
     tv = torchvision_cpu.load()
     world = spec["world_size"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
-    digests: dict[str, str] = spec["digests"]
+    digests: dict[str, str] | None = spec.get("digests")
     root = spec["root"]
     train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=raw)
     sampler: Any = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
@@ -53,7 +55,7 @@ def main() -> int:
         val_sampler: Any = DistributedSampler(val, num_replicas=world, rank=rank, shuffle=False)
         val_loader = DataLoader(val, batch_size=spec["batch_size"], sampler=val_sampler,
                                 num_workers=spec["num_workers"], collate_fn=collate)  # fmt: skip
-    result: dict[str, Any] = {"rank": rank, "samples": 0, "bad": [], "epochs": [], "wait_s": 0.0}
+    result: dict[str, Any] = {"rank": rank, "samples": 0, "bytes": 0, "bad": [], "epochs": [], "wait_s": 0.0}
 
     def consume(dataset: Any, batches: Any, indices: list[int]) -> float:
         waited = 0.0
@@ -67,14 +69,15 @@ def main() -> int:
                 break
             waited += time.monotonic() - t0
             for data, _label in batch:
-                path = dataset.samples[indices[pos]][0]
-                rel = os.path.relpath(path, root)
-                if hashlib.sha1(data).hexdigest() != digests[rel]:
-                    result["bad"].append(rel)
+                if digests is not None:
+                    rel = os.path.relpath(dataset.samples[indices[pos]][0], root)
+                    if hashlib.sha1(data).hexdigest() != digests[rel]:
+                        result["bad"].append(rel)
                 pos += 1
                 result["samples"] += 1
+                result["bytes"] += len(data)
             if spec.get("compute_s"):
-                time.sleep(spec["compute_s"])
+                time.sleep(spec["compute_s"] * len(batch))  # per sample, like GPU time per image
             dist.barrier()
         return waited
 
