@@ -1,0 +1,208 @@
+"""Peer data-plane benchmark: files/s, MB/s and latency of the seerfs peer protocol on loopback.
+
+A server process (``bench_peers serve``) holds N files of each size in memory and answers with the
+real :class:`fusefs.peers.PeerServer`; this process fetches them with a :class:`PeerClient`
+allowing c concurrent requests (c tasks, each fetching the next index in turn), for a fixed time
+per point.  Every byte is verified against its block digests, as in the daemon.  Server and client
+are separate processes, as two daemons would be, but share this machine's cores: loopback numbers
+are an upper bound on protocol overhead, not a network measurement.  The largest size's best
+MB/s is the protocol's ceiling for ``model.network_mbps`` (b_c) on this machine; a real cluster's
+b_c is the lower of that and the NIC.
+
+Numbers vary with the machine's load: rerun when ``uptime`` is high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from fusefs.config import format_bytes, parse_bytes
+from fusefs.peers import PeerClient, PeerServer, Provider, Provision
+
+MB = 1e6
+TOKEN_ENV = "SEERFS_PEER_TOKEN"
+PLAN_DIGEST = b"bench-plan-digest"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def file_bytes(index: int, size: int) -> bytes:
+    """The content of file ``index`` (the server and the checks agree on it without I/O)."""
+    return random.Random(index * 1_000_003 + size).randbytes(size)
+
+
+def snapshot_provider(files: list[bytes]) -> Provider:
+    """A provider that answers as a daemon would: dataset 0 only, indices of its snapshot only."""
+
+    async def provide(dataset: int, index: int, digest: bytes) -> Provision:
+        if digest != PLAN_DIGEST:
+            return Provision("bad_request", reason="plan digest differs")
+        if dataset != 0 or not 0 <= index < len(files):
+            return Provision("bad_request", reason=f"no file {index} in dataset {dataset}")
+        return Provision("ok", files[index])
+
+    return provide
+
+
+# ---------------------------------------------------------------- server process
+
+
+def serve(host: str, port: int, files: int, size: int, block_size: int) -> None:
+    token = bytes.fromhex(os.environ[TOKEN_ENV])
+    data = [file_bytes(i, size) for i in range(files)]
+    server = PeerServer(token, snapshot_provider(data), block_size=block_size)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            actual = await nursery.start(server.serve, host, port)
+            print(f"port {actual}", flush=True)
+
+    with suppress(KeyboardInterrupt):
+        trio.run(run)
+
+
+@contextmanager
+def server_process(
+    token: bytes, files: int, size: int, *, block_size: int = 1 << 20, host: str = "127.0.0.1", port: int = 0
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A ``bench_peers serve`` process and its port; killed (and reaped) on exit."""
+    cmd = [sys.executable, "-m", "tools.bench_peers", "serve", "--host", host, "--port", str(port)]
+    cmd += ["--files", str(files), "--size", str(size), "--block-size", str(block_size)]
+    env = dict(os.environ, **{TOKEN_ENV: token.hex()})
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the server prints its port once listening, or exits
+        if not line.startswith("port "):
+            raise RuntimeError(f"peer server did not start (exit {proc.wait(10)})")
+        yield proc, int(line.split()[1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+# ---------------------------------------------------------------- client side
+
+
+@dataclass(frozen=True)
+class Point:
+    size: int
+    concurrency: int
+    files: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def files_per_s(self) -> float:
+        return self.files / self.seconds
+
+    @property
+    def mbps(self) -> float:
+        return self.files * self.size / MB / self.seconds
+
+    def latency_ms(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(port: int, token: bytes, files: int, size: int, concurrency: int, seconds: float) -> Point:
+    client = PeerClient(0, "127.0.0.1", port, token, timeout=30.0, max_requests=concurrency, down_after=3)
+    expected = {i: file_bytes(i, size) for i in range(min(files, 4))}
+    latencies: list[float] = []
+    next_index = 0
+
+    async def worker(stop_at: float, record: bool) -> None:
+        nonlocal next_index
+        while time.perf_counter() < stop_at:
+            index = next_index % files
+            next_index += 1
+            t0 = time.perf_counter()
+            data = await client.fetch(0, index, PLAN_DIGEST, size)
+            if data is None:
+                raise RuntimeError(f"fetch of {index} failed: {client.last_error}")
+            if record:
+                latencies.append(time.perf_counter() - t0)
+            if index in expected and data != expected[index]:
+                raise RuntimeError(f"file {index}: wrong bytes")
+
+    try:
+        async with trio.open_nursery() as nursery:  # warm-up: open the connections
+            for _ in range(concurrency):
+                nursery.start_soon(worker, time.perf_counter() + min(0.3, seconds / 4), False)
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(worker, t0 + seconds, True)
+        elapsed = time.perf_counter() - t0
+    finally:
+        await client.aclose()
+    return Point(size, concurrency, len(latencies), elapsed, latencies)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_peers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = p.add_subparsers(dest="command")
+    s = sub.add_parser("serve", help="run a peer server over generated files (token in $SEERFS_PEER_TOKEN)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0)
+    s.add_argument("--files", type=int, default=64)
+    s.add_argument("--size", type=parse_bytes, default=110_000)
+    s.add_argument("--block-size", type=parse_bytes, default=1 << 20)
+    p.add_argument("--sizes", default="110KB,4MiB", help="file sizes (default: %(default)s)")
+    p.add_argument("--concurrency", default="1,4,8", help="concurrent requests c (default: %(default)s)")
+    p.add_argument("--files", type=int, default=64, help="distinct files per size (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=3.0, help="measuring time per point (default: %(default)s)")
+    p.add_argument("--block-size", type=parse_bytes, default=1 << 20, help="server block size (default: 1MiB)")
+    args = p.parse_args(argv)
+    if args.command == "serve":
+        serve(args.host, args.port, args.files, args.size, args.block_size)
+        return 0
+    try:
+        sizes = [parse_bytes(x) for x in args.sizes.split(",")]
+        levels = [int(x) for x in args.concurrency.split(",")]
+    except ValueError as exc:
+        print(f"bench_peers: {exc}", file=sys.stderr)
+        return 2
+    token = secrets.token_bytes(32)
+    points: list[Point] = []
+    for size in sizes:
+        with server_process(token, args.files, size, block_size=args.block_size) as (_, port):
+            for c in levels:
+                points.append(trio.run(measure, port, token, args.files, size, c, args.seconds))
+    print(f"loopback, server and client in separate processes, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    print(f"block size {format_bytes(args.block_size)}, {args.seconds:g} s per point, every block xxh3-verified")
+    print(f"{'size':>10} {'c':>3} {'files/s':>9} {'MB/s':>8} {'x c=1':>6} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    for pt in points:
+        base = next(b for b in points if b.size == pt.size)
+        mean_ms = 1000 * statistics.fmean(pt.latencies)
+        print(
+            f"{format_bytes(pt.size):>10} {pt.concurrency:>3} {pt.files_per_s:>9.0f} {pt.mbps:>8.0f} "
+            f"{pt.files_per_s / base.files_per_s:>6.2f} {mean_ms:>8.2f} {pt.latency_ms(0.5):>7.2f} "
+            f"{pt.latency_ms(0.99):>7.2f}"
+        )
+    best = max(points, key=lambda q: (q.size, q.mbps))
+    print(
+        f"protocol ceiling for model.network_mbps (b_c) here: {best.mbps:.0f} MB/s "
+        f"({format_bytes(best.size)} files, c={best.concurrency})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
