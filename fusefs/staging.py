@@ -3,23 +3,30 @@
 Staged files are either pushed into the page cache (``notify_store``: later reads never reach the
 daemon) or held in daemon RAM, as ``prefetch.staging`` says.  Both are charged to the memory budget
 they share with the memory tier, and so is every file a reader pulled through the mount (with
-``keep_cache`` its pages stay cached after close); an open that does not fit is served with
-``direct_io`` so the kernel caches none of it.  Once a file has been consumed its pages are
-invalidated and its charge released (NoPFS rules 2-4: a consumed sample is not needed again this
-epoch), so the mount never holds more page cache than its budget.
+``keep_cache`` its pages stay cached after close).  An open that does not fit is served with
+``direct_io`` so the kernel caches none of it.
+
+A consumed file's pages are *kept* while the budget has room: with a budget that holds the dataset,
+later epochs never reach the daemon for data at all.  When anything else needs the room (the
+staging window, a tier, a reader), the budget reclaims kept pages oldest first: they are dropped
+from the page cache (``invalidate_inode``) and their charge released.  So the mount never holds
+more page cache than its budget, and holds as much as the budget allows.
 
 Concurrency rules:
 * ``notify_store`` and ``invalidate_inode`` run in worker threads, never on the trio thread: the
   kernel locks the target pages, and a READ of the same pages waiting for the trio thread would
   deadlock the mount (DESIGN 5).
-* Bookkeeping (``files``, charges) changes only on the trio thread.  An entry is recorded before the
-  await that pushes it, so a concurrent drop sees it and undoes the charge after the push returns.
+* Bookkeeping (``files``, ``kept``, charges) changes only on the trio thread.  An entry is recorded
+  before the await that pushes it, so a concurrent drop sees it and undoes the push afterwards.
+* A reclaimed charge is released at once and its invalidation queued; the pages disappear a few
+  milliseconds later, so the page cache can briefly exceed the budget by one batch.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,6 +42,7 @@ log = logging.getLogger(__name__)
 class BudgetLike(Protocol):
     limit: int
     used: int
+    reclaim: Callable[[int], int] | None
 
     def try_reserve(self, n: int) -> bool: ...
     def release(self, n: int) -> None: ...
@@ -44,8 +52,8 @@ class BudgetLike(Protocol):
 class StagedFile:
     nbytes: int
     data: bytes | None = None  # held in RAM (memory staging, or a push the kernel refused)
-    pushed: bool = False  # its pages were stored in the kernel page cache
-    staged: bool = True  # False: only pages a reader pulled through the mount (keep_cache)
+    pushed: bool = False  # its pages are in the kernel page cache (pushed, or kept from earlier reads)
+    staged: bool = True  # False: pages a reader pulls through the mount (keep_cache), not the window's
     taken: bool = False  # an open used it
 
 
@@ -69,16 +77,20 @@ class Staging:
         self.mode = mode  # "page_cache" or "memory"
         self._push = push
         self._invalidate = invalidate
-        self.files: dict[int, StagedFile] = {}
+        self.files: dict[int, StagedFile] = {}  # staged (the window) or open by readers
+        self.kept: OrderedDict[int, int] = OrderedDict()  # consumed, pages still cached -> charge; oldest first
         self.staged_bytes = 0
-        self.cached_bytes = 0  # pages pulled by readers, not yet invalidated
+        self.cached_bytes = 0  # pages of files readers have open, pulled through the mount
+        self.kept_bytes = 0
         self.push_failures = 0
         self.uncached_opens = 0  # opens served with direct_io because the budget was full
         self.unused = 0  # staged files dropped before any open used them (wasted fetches)
         self.pushes = 0
         self.invalidations = 0
+        self.reused = 0  # opens served by pages kept from an earlier read
         self.limiter = trio.CapacityLimiter(2)
-        self._retire_send, self._retire_recv = trio.open_memory_channel[int](100_000)
+        self._drop_send, self._drop_recv = trio.open_memory_channel[int](1_000_000)
+        budget.reclaim = self.reclaim
 
     # ------------------------------------------------------------------ staging
 
@@ -92,11 +104,11 @@ class Staging:
 
     def reserve(self, entry: int, nbytes: int) -> bool:
         """Claim room for ``entry`` before fetching it, so a fetch is never wasted for lack of room."""
-        if entry in self.files:
+        if entry in self.files or entry in self.kept:
             return False
         if self.staged_bytes + nbytes > self.limit or not self.budget.try_reserve(nbytes):
             return False
-        self.files[entry] = StagedFile(nbytes, taken=False)
+        self.files[entry] = StagedFile(nbytes)
         self.staged_bytes += nbytes
         return True
 
@@ -126,15 +138,25 @@ class Staging:
             f.data = data
             if exc.errno != errno.ENOENT:
                 log.warning("notify_store of entry %d failed: %s", entry, exc)
-        if self.files.get(entry) is not f:  # retired while we pushed: drop the pages we just stored
-            await self._invalidate_inodes([inode_of(entry)])
+        if self.files.get(entry) is not f:  # dropped while we pushed: drop the pages we just stored
+            self._drop_pages(entry)
 
     def take(self, entry: int) -> StagedFile | None:
-        """What staging holds for an open of ``entry`` (stays until retired)."""
+        """What an open of ``entry`` can use: staged data, or pages kept from an earlier read."""
         f = self.files.get(entry)
-        if f is None or not f.staged or (not f.pushed and f.data is None):
-            return None  # not staged, or still being fetched (the open awaits the fetch instead)
-        f.taken = True
+        if f is not None:
+            if not f.staged or (not f.pushed and f.data is None):
+                return None  # opened elsewhere now, or still being fetched (the open awaits the fetch)
+            f.taken = True
+            return f
+        charge = self.kept.pop(entry, None)
+        if charge is None:
+            return None
+        self.kept_bytes -= charge
+        self.cached_bytes += charge
+        self.reused += 1
+        f = StagedFile(charge, pushed=True, staged=False, taken=True)
+        self.files[entry] = f
         return f
 
     def note_read(self, entry: int, nbytes: int) -> bool:
@@ -155,44 +177,50 @@ class Staging:
     # ------------------------------------------------------------------ retiring
 
     def retire(self, entry: int) -> None:
-        """``entry`` was consumed: drop its pages and its charge (batched in the background)."""
-        if entry in self.files:
-            try:
-                self._retire_send.send_nowait(entry)
-            except trio.WouldBlock:
-                log.warning("retire queue full; dropping entry %d synchronously later", entry)
+        """``entry`` was consumed: keep its pages while the budget allows, free its RAM copy."""
+        f = self.files.pop(entry, None)
+        if f is None:
+            return
+        if f.staged:
+            self.staged_bytes -= f.nbytes
+            self.unused += not f.taken
+        else:
+            self.cached_bytes -= f.nbytes
+        f.data = None
+        if f.pushed or f.taken or not f.staged:  # its pages are in the page cache
+            self.kept[entry] = f.nbytes
+            self.kept_bytes += f.nbytes
+        else:  # staged in RAM and never opened: nothing cached, nothing to keep
+            self.budget.release(f.nbytes)
+
+    def reclaim(self, need: int) -> int:
+        """Budget callback: drop the oldest kept pages until ``need`` bytes are free."""
+        freed = 0
+        while freed < need and self.kept:
+            entry, charge = self.kept.popitem(last=False)
+            self.kept_bytes -= charge
+            self.budget.release(charge)
+            freed += charge
+            self._drop_pages(entry)
+        return freed
+
+    def _drop_pages(self, entry: int) -> None:
+        try:
+            self._drop_send.send_nowait(inode_of(entry))
+        except trio.WouldBlock:
+            log.warning("invalidation queue full; pages of entry %d stay until evicted", entry)
 
     async def run(self) -> None:
-        """Drain the retire queue in batches: one thread hop per batch, not per file."""
-        async with self._retire_recv:
-            async for entry in self._retire_recv:
-                batch = [entry]
+        """Drain the invalidation queue in batches: one thread hop per batch, not per file."""
+        async with self._drop_recv:
+            async for inode in self._drop_recv:
+                batch = [inode]
                 while len(batch) < 256:
                     try:
-                        batch.append(self._retire_recv.receive_nowait())
+                        batch.append(self._drop_recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-                await self._invalidate_now(batch)
-
-    async def _invalidate_now(self, entries: list[int]) -> None:
-        inodes = []
-        for entry in entries:
-            f = self.files.pop(entry, None)
-            if f is None:
-                continue
-            self.budget.release(f.nbytes)
-            if f.staged:
-                self.staged_bytes -= f.nbytes
-                self.unused += not f.taken
-            else:
-                self.cached_bytes -= f.nbytes
-            if f.pushed or not f.staged:
-                inodes.append(inode_of(entry))
-        await self._invalidate_inodes(inodes)
-
-    async def _invalidate_inodes(self, inodes: list[int]) -> None:
-        if inodes:
-            self.invalidations += await trio.to_thread.run_sync(self._invalidate_all, inodes, limiter=self.limiter)
+                self.invalidations += await trio.to_thread.run_sync(self._invalidate_all, batch, limiter=self.limiter)
 
     def _invalidate_all(self, inodes: list[int]) -> int:
         done = 0
@@ -205,8 +233,14 @@ class Staging:
         return done
 
     async def clear(self) -> None:
-        """Drop everything staged (a new plan makes the old window meaningless)."""
-        await self._invalidate_now([e for e, f in self.files.items() if f.staged])
+        """Drop the staging window (a new or failed plan makes it meaningless); kept pages stay valid."""
+        for entry in [e for e, f in self.files.items() if f.staged and not f.taken]:
+            f = self.files.pop(entry)
+            self.staged_bytes -= f.nbytes
+            self.unused += 1
+            self.budget.release(f.nbytes)
+            if f.pushed:
+                self._drop_pages(entry)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -214,7 +248,12 @@ class Staging:
             "limit_bytes": self.limit,
             "staged_bytes": self.staged_bytes,
             "staged_files": sum(1 for f in self.files.values() if f.staged),
-            "page_cache_bytes": self.cached_bytes + sum(f.nbytes for f in self.files.values() if f.pushed),
+            "page_cache_bytes": self.cached_bytes
+            + self.kept_bytes
+            + sum(f.nbytes for f in self.files.values() if f.staged and f.pushed),
+            "kept_files": len(self.kept),
+            "kept_bytes": self.kept_bytes,
+            "reused": self.reused,
             "pushes": self.pushes,
             "push_failures": self.push_failures,
             "invalidations": self.invalidations,

@@ -27,8 +27,10 @@ def test_corrupted_tier_copy_is_detected_refetched_and_counted(tmp_path: Path) -
     rels = sorted(digests)
     originals = {rel: (src / rel).read_bytes() for rel in rels}
     cfg = tmp_path / "c.yaml"
+    # A RAM budget too small to keep pages: the second pass must come from the directory tier.
     cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\ndatasets: [{{root: train}}]\n"
-                   f"tiers: [{{kind: directory, path: {tmp_path / 'ssd'}, bytes: 64MiB}}]\n")  # fmt: skip
+                   f"tiers: [{{kind: directory, path: {tmp_path / 'ssd'}, bytes: 64MiB}}]\n"
+                   "prefetch: {lookahead_bytes: 32KiB}\n")  # fmt: skip
     with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
         wait_plan(mnt, 0)  # the assumed seed's plan: its guesses are staged while we read
         assert read_all(mnt, rels) == originals  # sorted order: no plan matches, so the reactive set keeps them

@@ -7,6 +7,7 @@ daemon plus pages it pushed into the kernel never exceed the configured bytes (D
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -25,6 +26,10 @@ class Budget:
         self.used = 0
         self.peak = 0
         self.refused = 0
+        self.reclaimed = 0
+        # Called (on the trio thread) with the bytes missing when a reservation does not fit; it
+        # gives back what it can (pages kept only because there was room) and returns how much.
+        self.reclaim: Callable[[int], int] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -34,9 +39,19 @@ class Budget:
     def try_reserve(self, n: int) -> bool:
         if n < 0:
             raise ValueError(f"budget {self.name}: negative reservation {n}")
+        if self._reserve(n):
+            return True
+        if self.reclaim is not None and n <= self.limit:
+            self.reclaimed += self.reclaim(self.used + n - self.limit)
+            if self._reserve(n):
+                return True
+        with self._lock:
+            self.refused += 1
+        return False
+
+    def _reserve(self, n: int) -> bool:
         with self._lock:
             if self.used + n > self.limit:
-                self.refused += 1
                 return False
             self.used += n
             self.peak = max(self.peak, self.used)
@@ -56,4 +71,5 @@ class Budget:
             "free": self.free,
             "peak": self.peak,
             "refused": self.refused,
+            "reclaimed": self.reclaimed,
         }
