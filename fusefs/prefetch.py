@@ -46,6 +46,9 @@ from .tiers import Tier
 
 log = logging.getLogger(__name__)
 
+VIEW_INTERVAL = 0.01  # seconds between window recomputations in the cursor thread, at most 100/s
+REFILL_INTERVAL = 0.005  # seconds between staging refills on the trio thread, at most 200/s
+
 
 @dataclass(frozen=True)
 class CursorView:
@@ -54,7 +57,8 @@ class CursorView:
     state: str = "detecting"
     node: int | None = None
     epoch: int = 0
-    window: tuple[int, ...] = ()  # entries due next, in order
+    window: frozenset[int] = frozenset()  # entries due within the predicted horizon
+    stage: tuple[int, ...] = ()  # what to stage next, in order (not in RAM already, fits the limit)
     status: dict[str, Any] = field(default_factory=dict)
     predicted: int = 0  # opens of this batch the plan predicted
 
@@ -94,6 +98,7 @@ class Prefetcher:
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
         self.window_files = max(self.settings.window, 64)
+        self.memory_tiers = [t for t in self.tiers if t.kind == "memory"]
 
     # ------------------------------------------------------------------ plan changes
 
@@ -167,6 +172,8 @@ class Prefetcher:
                 self._adopt_into_reactive()
                 self.fetcher.spawn(self.staging.clear)  # the window of a wrong plan is meaningless
             self._wake.set()
+            # Let opens gather: placing is cheap, recomputing the window per open is not.
+            await trio.sleep(VIEW_INTERVAL)
 
     def _advance(self, cursor: NodeCursor, gids: list[int]) -> CursorView:
         """Worker thread: place the opens, then precompute what the trio side will ask for."""
@@ -177,17 +184,20 @@ class Prefetcher:
             elif log.isEnabledFor(logging.DEBUG):
                 log.debug("unpredicted open: gid %d (%s, epoch %d, positions %s)", gid, cursor.state, cursor.epoch,
                           {r: (t.epoch, t.low, t.high) for r, t in cursor.tracks.items()})  # fmt: skip
-        window: tuple[int, ...] = ()
+        horizon: frozenset[int] = frozenset()
+        stage: tuple[int, ...] = ()
         plan = self.plan
         if plan is not None and cursor.state in ("tracking", "presumed"):
             upcoming = cursor.upcoming(self.window_files * 4)
             if upcoming:
                 gids_ahead = np.fromiter((g for _e, g in upcoming), dtype=np.int64, count=len(upcoming))
-                window = tuple(plan.entry_of(gids_ahead).tolist())
+                entries = plan.entry_of(gids_ahead).tolist()
+                horizon = frozenset(entries)
+                stage = self._stage_list(entries)
                 last_epoch = upcoming[-1][0]
                 if last_epoch + 1 < cursor.job.epochs:
                     cursor.job.epoch_map(last_epoch + 1)  # warm the next epoch while we are here
-        return CursorView(cursor.state, cursor.node, cursor.epoch, window, cursor.status(), predicted)
+        return CursorView(cursor.state, cursor.node, cursor.epoch, horizon, stage, cursor.status(), predicted)
 
     def consumed(self, entry: int) -> None:
         self.staging.retire(entry)
@@ -250,31 +260,39 @@ class Prefetcher:
                 await self._refill(self.generation)
             with trio.move_on_after(0.5):
                 await self._wake.wait()
+            await trio.sleep(REFILL_INTERVAL)  # coalesce wake-ups: one refill per burst of events
 
-    def _window(self) -> list[int]:
-        """Entries to stage next, in stream order, as many as fit the staging limit.
+    def _stage_list(self, entries: list[int]) -> tuple[int, ...]:
+        """Worker thread: entries to stage next, in stream order, as many as fit the staging limit.
 
         Files in a memory tier are left out: an open serves them from RAM already, and staging
-        them would spend the window's small budget on what needs no fetching.
+        them would spend the window's small budget on what needs no fetching.  (Tier membership
+        is read from this thread; a stale answer only costs one needless or missed stage.)
         """
-        sizes = self.snapshot.tree.size
-        memory_tiers = [t for t in self.tiers if t.kind == "memory"]
+        sizes = self.snapshot.tree.size[np.asarray(entries, dtype=np.int64)].tolist() if entries else []
+        in_memory = [t.contains for t in self.memory_tiers]
         out: list[int] = []
         seen: set[int] = set()
         budget = self.staging.limit
-        for entry in self.view.window:
-            # _unplaced: opened already, but the view was computed before the cursor saw it.
-            if entry in seen or entry in self._unplaced or any(t.contains(entry) for t in memory_tiers):
+        for entry, size in zip(entries, sizes, strict=True):
+            if entry in seen:
                 continue
             seen.add(entry)
-            budget -= int(sizes[entry])
+            held = False
+            for contains in in_memory:
+                if contains(entry):
+                    held = True
+                    break
+            if held:
+                continue
+            budget -= size
             if budget < 0:
                 break
             out.append(entry)
-        return out
+        return tuple(out)
 
     async def _refill(self, generation: int) -> None:
-        window = self._window()
+        window = [e for e in self.view.stage if e not in self._unplaced]  # opened already: not again
         if self.tier_of_gid is None and self.plan is not None and self.view.node is not None:
             self.tier_of_gid = self.plan.tier_of(self.view.node)
         # A staged file is dropped when consumed (release), or here once it left the whole predicted
@@ -282,7 +300,7 @@ class Prefetcher:
         # window shifted, which would throw away a file needed before the ones replacing it (rule 3).
         # A file an open already took is retired at its release, never here: its reader may still
         # be reading the pushed pages.
-        horizon = set(self.view.window)
+        horizon = self.view.window
         for entry in [e for e, f in self.staging.files.items() if f.staged and not f.taken and e not in horizon]:
             self.staging.retire(entry)
         for entry in window:
