@@ -205,7 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = [run_scenario(s, args.policies, args.contention) for s in setups]
     if args.png:
         try:
-            write_png(results, args.png)
+            title = (
+                f"{system.nodes} nodes, c = {system.compute_mbps:g} MB/s (speedup {args.speedup:g}), "
+                f"{args.epochs} epochs, PFS contention by {args.contention}, seed {args.seed}"
+            )
+            write_png(results, args.png, title)
         except OSError as exc:
             print(f"simulate: cannot write {args.png}: {exc.strerror}", file=sys.stderr)
             return 1

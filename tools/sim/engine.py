@@ -23,7 +23,9 @@ PFS contention (``t(gamma)``).  placement's model gives each PFS reader t(gamma)
   changing (a cycle between neighbouring values settles on the larger).  At the fixed point the
   PFS delivers at most t(gamma) in aggregate, and a lightly used PFS is not charged for
   contention it does not see.  From one reader it converges in two or three rounds: the mean
-  concurrency at gamma = 1 is already close to the demanded throughput over t(1).
+  concurrency at gamma = 1 is already close to the demanded throughput over t(1).  It is a mean:
+  bursts above it are not throttled, so a PFS-bound job may come out a few percent faster than
+  its bytes over t(max); reads prefetched before their epoch began count in their own epoch.
 * ``nodes``: the paper's reading and :mod:`placement.plan`'s summary: gamma is the number of
   nodes that read the PFS in the epoch, and each staging thread gets t(gamma)/gamma.
 

@@ -76,7 +76,7 @@ def trace_table(rates: Sequence[HitRate], files: int, epochs: int, nodes: int, f
     return "\n".join(lines)
 
 
-def write_png(results: Sequence[ScenarioResult], path: str | Path) -> None:
+def write_png(results: Sequence[ScenarioResult], path: str | Path, title: str = "") -> None:
     """One panel per scenario: a stacked bar per policy, height = time / Perfect, split by share."""
     import matplotlib
 
@@ -107,6 +107,8 @@ def write_png(results: Sequence[ScenarioResult], path: str | Path) -> None:
 
     handles = [Patch(color=COLORS[k]) for k in SHARES]
     fig.legend(handles, ["local", "remote", "PFS", "stall"], loc="upper right", ncol=4, fontsize=8)
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=120)
     plt.close(fig)
