@@ -52,11 +52,12 @@ from .protocol import (
     parse_block_header,
     parse_frame_header,
 )
-from .streams import Closed, receive_exactly
+from .streams import Closed, Receiver
 
 log = logging.getLogger(__name__)
 
 _U32 = 0xFFFFFFFF
+_RECEIVE_CHUNK = 256 << 10
 
 
 class PeerDown(Exception):
@@ -110,6 +111,7 @@ class PeerCounters:
 @dataclass
 class _Conn:
     stream: trio.SocketStream
+    rx: Receiver
     last_used: float
 
 
@@ -319,27 +321,27 @@ class PeerClient:
         conn, reused = await self._checkout()
         try:
             try:
-                answer = await self._ask(conn.stream, message)
+                answer = await self._ask(conn, message)
             except _Stale:
                 if not reused:
                     raise _Failed("connection closed by the peer") from None
                 self._discard_now(conn)
                 conn = await self._connect()
-                answer = await self._ask(conn.stream, message)
+                answer = await self._ask(conn, message)
             received = None
             if isinstance(answer, Reply) and answer.status is Status.OK:
-                received = await self._receive_body(conn.stream, answer, expect_size)
+                received = await self._receive_body(conn.rx, answer, expect_size)
             self._checkin(conn)
             return answer, received
         except BaseException:
             await self._discard(conn)
             raise
 
-    async def _ask(self, stream: trio.SocketStream, message: Get | Ping) -> Reply | Pong:
+    async def _ask(self, conn: _Conn, message: Get | Ping) -> Reply | Pong:
         """Send a request and read its answer's frame (a closed pooled connection raises _Stale)."""
         try:
-            await stream.send_all(message.encode())
-            header = await receive_exactly(stream, FRAME_HEADER.size)
+            await conn.stream.send_all(message.encode())
+            header = await conn.rx.exactly(FRAME_HEADER.size)
         except Closed as exc:
             if exc.clean:
                 raise _Stale() from None
@@ -354,7 +356,7 @@ class PeerClient:
             kind, length = parse_frame_header(header)
             if kind not in (Kind.REPLY, Kind.PONG):
                 raise ProtocolError(f"{kind.name} frame where an answer was expected")
-            answer = decode_message(kind, await self._receive(stream, length))
+            answer = decode_message(kind, await self._receive(conn.rx, length))
         except ProtocolError as exc:
             raise _Failed(f"protocol error: {exc}") from None
         assert isinstance(answer, Reply | Pong)
@@ -364,9 +366,9 @@ class PeerClient:
             raise _Failed(f"{type(answer).__name__} to a {type(message).__name__}")
         return answer
 
-    async def _receive(self, stream: trio.SocketStream, n: int) -> bytes:
+    async def _receive(self, rx: Receiver, n: int) -> bytes:
         try:
-            return await receive_exactly(stream, n)
+            return await rx.exactly(n)
         except Closed as exc:
             raise _Failed(str(exc)) from None
         except trio.ClosedResourceError:
@@ -374,29 +376,39 @@ class PeerClient:
         except (trio.BrokenResourceError, OSError) as exc:
             raise _Failed(f"connection error: {exc}") from None
 
-    async def _receive_body(self, stream: trio.SocketStream, reply: Reply, expect_size: int | None) -> Received:
+    async def _receive_body(self, rx: Receiver, reply: Reply, expect_size: int | None) -> Received:
         size, bs = reply.size, reply.block_size
         if size > self.max_file_size:
             raise _Failed(f"protocol error: file of {size} bytes (limit {self.max_file_size})")
         if expect_size is not None and size != expect_size:
             raise _Mismatch(f"peer has {size} bytes, the snapshot says {expect_size}")
-        blocks: list[bytes] = []
+        pieces: list[bytes] = []
         digests: list[int] = []
         left = size
         for i in range(block_count(size, bs)):
             n = min(bs, left)
             try:
-                want = parse_block_header(await self._receive(stream, BLOCK_HEADER_LEN), n)
+                want = parse_block_header(await self._receive(rx, BLOCK_HEADER_LEN), n)
+                block = await rx.pieces(n)
             except ProtocolError as exc:
                 raise _Failed(f"protocol error: {exc}") from None
-            block = await self._receive(stream, n)
-            got = xxhash.xxh3_64_intdigest(block)
+            except Closed as exc:
+                raise _Failed(str(exc)) from None
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise _Failed(f"connection error: {exc}") from None
+            if len(block) == 1:
+                got = xxhash.xxh3_64_intdigest(block[0])
+            else:
+                h = xxhash.xxh3_64()
+                for piece in block:
+                    h.update(piece)
+                got = h.intdigest()
             if got != want:
                 raise _Mismatch(f"block {i} of a {size}-byte file failed its xxh3 digest")
-            blocks.append(block)
+            pieces += block
             digests.append(got)
             left -= n
-        data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return Received(data, BlockDigests(size, tuple(digests)) if bs == BLOCK else None)
 
     # ------------------------------------------------------------------ connections
@@ -411,7 +423,12 @@ class PeerClient:
         return await self._connect(), False
 
     def _checkin(self, conn: _Conn) -> None:
-        if self._closed or self._down_since is not None or len(self._idle) >= self.max_requests:
+        if (
+            self._closed
+            or self._down_since is not None
+            or len(self._idle) >= self.max_requests
+            or conn.rx.buffered  # bytes past the answer: the stream is not where the next request expects it
+        ):
             self._discard_now(conn)
             return
         conn.last_used = time.monotonic()
@@ -433,19 +450,20 @@ class PeerClient:
         except OSError as exc:
             raise _Failed(f"cannot connect: {exc.strerror or exc}") from None
         self._open.add(stream)
-        conn = _Conn(stream, time.monotonic())
+        conn = _Conn(stream, Receiver(stream, _RECEIVE_CHUNK), time.monotonic())
         try:
-            await self._handshake(stream)
+            await self._handshake(conn)
         except BaseException:
             await self._discard(conn)
             raise
         return conn
 
-    async def _handshake(self, stream: trio.SocketStream) -> None:
+    async def _handshake(self, conn: _Conn) -> None:
+        stream = conn.stream
         nonce = auth.new_nonce()
         try:
             await stream.send_all(Hello(VERSION, nonce).encode())
-            challenge = Challenge.decode(await receive_exactly(stream, CHALLENGE_LEN))
+            challenge = Challenge.decode(await conn.rx.exactly(CHALLENGE_LEN))
             if challenge.greeting is Greeting.BUSY:
                 raise _Busy()
             if challenge.greeting is Greeting.BAD_VERSION:
@@ -453,7 +471,7 @@ class PeerClient:
             if not auth.proof_ok(auth.server_proof(self._token, nonce, challenge.nonce), challenge.proof):
                 raise _Failed("peer does not hold this job's token (another job's daemon?)")
             await stream.send_all(auth.client_proof(self._token, nonce, challenge.nonce))
-            verdict = decode_verdict(await receive_exactly(stream, VERDICT_LEN))
+            verdict = decode_verdict(await conn.rx.exactly(VERDICT_LEN))
         except Closed as exc:
             raise _Failed(f"handshake: {exc}") from None
         except ProtocolError as exc:

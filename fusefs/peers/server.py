@@ -43,7 +43,7 @@ from .protocol import (
     decode_message,
     parse_frame_header,
 )
-from .streams import Closed, receive_exactly
+from .streams import Closed, Receiver
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,9 @@ _STATUS = {
 
 _SMALL_BLOCK = 256 << 10
 """Blocks up to this size go out in one send with their headers (one segment, one syscall)."""
+
+_RECEIVE_CHUNK = 4096
+"""Requests are small; a connection's buffer never needs more."""
 
 _LOG_FIRST_REFUSALS = 10
 _LOG_REFUSAL_EVERY = 1000
@@ -141,24 +144,26 @@ class PeerServer:
         self.connections += 1
         self.connections_total += 1
         who = _address(stream)
+        clock = _Deadline()
         try:
             if self.connections > self.max_connections:
                 self._refuse(who, "busy", f"over {self.max_connections} connections")
                 with trio.move_on_after(1.0):
                     await stream.send_all(Challenge(VERSION, Greeting.BUSY).encode())
                 return
-            with trio.move_on_after(self.handshake_timeout) as scope:
-                accepted = await self._handshake(stream, who)
-            if scope.cancelled_caught:
-                self._refuse(who, "handshake_timeout", f"no handshake within {self.handshake_timeout:g}s")
-                return
-            if accepted:
-                self.authenticated_total += 1
-                await self._requests(stream, who)
+            rx = Receiver(stream, _RECEIVE_CHUNK)
+            with clock.scope:
+                clock.set("handshake", self.handshake_timeout)
+                if await self._handshake(stream, rx, who):
+                    self.authenticated_total += 1
+                    await self._requests(stream, rx, who, clock)
+            if clock.scope.cancelled_caught:
+                if clock.phase == "handshake":
+                    self._refuse(who, "handshake_timeout", f"no handshake within {self.handshake_timeout:g}s")
+                else:
+                    log.debug("peer connection from %s closed: %s timed out", who, clock.phase)
         except (Closed, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("peer connection from %s ended: %s", who, exc)
-        except trio.TooSlowError:
-            log.debug("peer connection from %s too slow; closed", who)
         except Exception:  # a bug here must cost one connection, never the server
             log.exception("peer connection from %s failed", who)
         finally:
@@ -171,9 +176,9 @@ class PeerServer:
         if n <= _LOG_FIRST_REFUSALS or n % _LOG_REFUSAL_EVERY == 0:
             log.warning("peer connection from %s refused: %s (%d refused so far)", who, detail, n)
 
-    async def _handshake(self, stream: trio.SocketStream, who: str) -> bool:
+    async def _handshake(self, stream: trio.SocketStream, rx: Receiver, who: str) -> bool:
         try:
-            hello = Hello.decode(await receive_exactly(stream, HELLO_LEN))
+            hello = Hello.decode(await rx.exactly(HELLO_LEN))
         except Closed as exc:
             self._refuse(who, "malformed", f"closed during handshake ({exc})")
             return False
@@ -188,7 +193,7 @@ class PeerServer:
         proof = auth.server_proof(self._token, hello.nonce, nonce)
         await stream.send_all(Challenge(VERSION, Greeting.GO, nonce, proof).encode())
         try:
-            answer = await receive_exactly(stream, PROOF_LEN)
+            answer = await rx.exactly(PROOF_LEN)
         except Closed:
             self._refuse(who, "no_token", "closed before proving the job token")
             return False
@@ -199,40 +204,36 @@ class PeerServer:
         await stream.send_all(bytes([Verdict.ACCEPTED]))
         return True
 
-    async def _requests(self, stream: trio.SocketStream, who: str) -> None:
+    async def _requests(self, stream: trio.SocketStream, rx: Receiver, who: str, clock: _Deadline) -> None:
         while True:
-            with trio.move_on_after(self.idle_timeout) as idle:
-                try:
-                    header = await receive_exactly(stream, FRAME_HEADER.size)
-                except Closed as exc:
-                    if not exc.clean:
-                        raise
-                    return
-            if idle.cancelled_caught:
-                log.debug("peer connection from %s idle for %gs; closed", who, self.idle_timeout)
+            clock.set("idle", self.idle_timeout)
+            try:
+                header = await rx.exactly(FRAME_HEADER.size)
+            except Closed as exc:
+                if not exc.clean:
+                    raise
                 return
+            clock.set("request", self.frame_timeout)
             try:
                 kind, length = parse_frame_header(header)
-                with trio.fail_after(self.frame_timeout):
-                    payload = await receive_exactly(stream, length)
-                message = decode_message(kind, payload)
+                message = decode_message(kind, await rx.exactly(length))
                 if not isinstance(message, Get | Ping):
                     raise ProtocolError(f"{kind.name} frame sent to a server")
             except ProtocolError as exc:
                 self.protocol_errors += 1
                 self.requests["malformed"] += 1
                 log.warning("peer connection from %s: %s; closed", who, exc)
-                with trio.move_on_after(1.0):
-                    await stream.send_all(Reply(0, Status.BAD_REQUEST, reason=str(exc)).encode())
+                clock.set("error reply", 1.0)
+                await stream.send_all(Reply(0, Status.BAD_REQUEST, reason=str(exc)).encode())
                 return
             if isinstance(message, Ping):
-                with trio.fail_after(self.send_timeout):
-                    await stream.send_all(Pong(message.request_id).encode())
                 self.requests["ping"] += 1
+                clock.set("send", self.send_timeout)
+                await stream.send_all(Pong(message.request_id).encode())
                 continue
-            await self._answer(stream, message)
+            await self._answer(stream, message, clock)
 
-    async def _answer(self, stream: trio.SocketStream, get: Get) -> None:
+    async def _answer(self, stream: trio.SocketStream, get: Get, clock: _Deadline) -> None:
         data: bytes | None = None
         try:
             provision = await self._provider(get.dataset, get.index, get.digest)
@@ -245,12 +246,12 @@ class PeerServer:
             status, data, reason = Status.ERROR, None, f"server error: {exc}"
         self.requests[status.name.lower()] += 1
         if data is None or status is not Status.OK:
-            with trio.fail_after(self.send_timeout):
-                await stream.send_all(Reply(get.request_id, status, reason=reason).encode())
+            clock.set("send", self.send_timeout)
+            await stream.send_all(Reply(get.request_id, status, reason=reason).encode())
             return
-        await self._send_file(stream, get.request_id, data)
+        await self._send_file(stream, get.request_id, data, clock)
 
-    async def _send_file(self, stream: trio.SocketStream, request_id: int, data: bytes) -> None:
+    async def _send_file(self, stream: trio.SocketStream, request_id: int, data: bytes, clock: _Deadline) -> None:
         view = memoryview(data).cast("B")
         size = len(view)
         bs = self.block_size
@@ -259,14 +260,29 @@ class PeerServer:
             block = view[first : first + bs]
             head = prefix + block_header(len(block), xxhash.xxh3_64_intdigest(block))
             prefix = b""
-            with trio.fail_after(self.send_timeout):
-                if len(block) <= _SMALL_BLOCK:
-                    await stream.send_all(head + block)
-                else:
-                    await stream.send_all(head)
-                    await stream.send_all(block)
+            clock.set("send", self.send_timeout)
+            if len(block) <= _SMALL_BLOCK:
+                await stream.send_all(head + block)
+            else:
+                await stream.send_all(head)
+                await stream.send_all(block)
             self.blocks_sent += 1
             self.bytes_sent += len(block)
+
+
+class _Deadline:
+    """One cancel scope per connection whose deadline moves with the phase it is in (cheaper than a
+    scope per step), and the phase, so a timeout can say what was too slow."""
+
+    __slots__ = ("phase", "scope")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.phase = ""
+
+    def set(self, phase: str, seconds: float) -> None:
+        self.phase = phase
+        self.scope.deadline = trio.current_time() + seconds
 
 
 def _address(stream: trio.SocketStream) -> str:
