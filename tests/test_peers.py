@@ -583,6 +583,28 @@ def test_a_down_peer_is_probed_by_one_fetch_after_the_retry_delay_and_comes_back
     run(main)
 
 
+def test_closing_the_client_ends_an_in_flight_fetch_with_none() -> None:
+    async def main() -> None:
+        with hung_listener() as port:
+            peer = client(port, timeout=5.0)
+            result: list[bytes | None] = []
+
+            async def fetch() -> None:
+                result.append(await peer.fetch(0, 1, DIGEST))
+
+            t0 = time.monotonic()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fetch)
+                with trio.fail_after(5):
+                    while not peer.status()["connections"]:
+                        await trio.sleep(0.01)
+                await peer.aclose()
+            assert result == [None] and time.monotonic() - t0 < 1.0
+            assert peer.state == "down"
+
+    run(main)
+
+
 def test_closed_client_raises_peer_down() -> None:
     async def main() -> None:
         async with serving(Files({1: b"x"})) as (_, port):

@@ -230,13 +230,14 @@ class PeerClient:
             log.warning("peer %d (%s) is up again", self.node, self.address)
             self._down_since = None
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, probe: bool) -> None:
         self.counters.failures += 1
         self.consecutive_failures += 1
         self.last_error = why
         if self._down_since is not None:
-            self._down_since = time.monotonic()  # a failed probe: wait retry_down_after again
-            log.info("peer %d (%s) still down: %s", self.node, self.address, why)
+            if probe:  # wait retry_down_after again (a fetch from before the verdict changes nothing)
+                self._down_since = time.monotonic()
+                log.info("peer %d (%s) still down: %s", self.node, self.address, why)
         elif self.consecutive_failures >= self.down_after:
             self._down_since = time.monotonic()
             self.counters.times_down += 1
@@ -275,14 +276,14 @@ class PeerClient:
                     self.counters.busy += 1
                     return None
                 self.counters.timeouts += 1
-                self._failed(f"no answer within {self.timeout:g}s")
+                self._failed(f"no answer within {self.timeout:g}s", probe)
                 return None
         except _Mismatch as exc:
             self.counters.mismatches += 1
-            self._failed(str(exc))
+            self._failed(str(exc), probe)
             return None
         except _Failed as exc:
-            self._failed(str(exc))
+            self._failed(str(exc), probe)
             return None
         except _Busy:
             self.counters.busy += 1
@@ -394,6 +395,8 @@ class PeerClient:
                 raise _Failed(f"protocol error: {exc}") from None
             except Closed as exc:
                 raise _Failed(str(exc)) from None
+            except trio.ClosedResourceError:
+                raise _Failed("connection closed by this daemon") from None
             except (trio.BrokenResourceError, OSError) as exc:
                 raise _Failed(f"connection error: {exc}") from None
             if len(block) == 1:
