@@ -13,7 +13,7 @@ epochs into per-node read counts without materialising any per-node stream.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +24,6 @@ import numpy.typing as npt
 from placement.randperm import IndexArray
 from placement.samplers import (
     LRU,
-    DistributedSamplerModel,
     EpochLayout,
     HasEpochLayout,
     SamplerModel,
@@ -139,10 +138,7 @@ class EpochInverse:
 
     def node_pos(self, idx: int) -> int:
         """Position of the earliest read of file ``idx`` in its node's stream, or -1."""
-        rank = int(self.rank_of[idx])
-        if rank < 0:
-            return -1
-        return _node_position(int(self.pos_of[idx]), self.shape.slot_of_rank(rank), self.length, self.shape)
+        return int(self.node_positions(np.array([idx]))[0])
 
     def nodes_of(self, idx: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """:meth:`node_of` for many files at once."""
@@ -156,7 +152,7 @@ class EpochInverse:
         sel = np.asarray(idx, dtype=np.int64)
         ranks = self.rank_of[sel]
         slots = self.shape.rank_slots()[np.maximum(ranks, 0)].astype(np.int64)
-        out = _node_positions(self.pos_of[sel], slots, self.length, self.shape)
+        out = node_positions(self.pos_of[sel], slots, self.length, self.shape)
         out[ranks < 0] = -1
         return out
 
@@ -179,30 +175,54 @@ class EpochInverse:
         return [(int(t % world), int(t // world)) for t in hits]
 
 
-def _node_position(pos: int, slot: int, length: int, shape: JobShape) -> int:
-    """Position in the node stream of entry ``pos`` of the rank whose turn is ``slot``.
+def node_positions(pos: npt.NDArray[Any], slot: npt.NDArray[Any], length: int, shape: JobShape) -> npt.NDArray[Any]:
+    """Position in the node stream of rank-stream entry ``pos`` of the rank taking turn ``slot``.
 
-    Full steps hold ranks_per_node batches of batch_size; a last partial step (no drop_last)
-    holds ranks_per_node batches of the remainder.
+    The ranks of a node take turns batch by batch: full steps hold ranks_per_node batches of
+    batch_size, a last partial step (no drop_last) ranks_per_node batches of the remainder.  In a
+    full step: pos + (m - 1) * (pos - within) + slot * b, with within = pos % b.  Computed in
+    ``pos``'s integer type (the caller picks one that holds the result); ``pos`` is not modified.
     """
     b, m = shape.batch_size, shape.ranks_per_node
     full = length // b
-    step, within = divmod(pos, b)
-    if step < full:
-        return step * m * b + slot * b + within
-    return full * m * b + slot * (length - full * b) + within
+    within = pos & (b - 1) if b & (b - 1) == 0 else pos % b
+    out = pos - within
+    out *= m - 1
+    out += pos
+    out += slot * b
+    tail = pos >= full * b
+    if tail.any():  # the last partial batches: each rank's remainder in turn
+        rem = length - full * b
+        out[tail] = full * m * b + slot[tail] * rem + within[tail]
+    result: npt.NDArray[Any] = out
+    return result
 
 
-def _node_positions(
-    pos: npt.NDArray[np.int64], slot: npt.NDArray[np.int64], length: int, shape: JobShape
-) -> npt.NDArray[np.int64]:
-    """:func:`_node_position` over arrays."""
-    b, m = shape.batch_size, shape.ranks_per_node
-    full = length // b
-    step, within = np.divmod(pos, b)
-    in_full = step * (m * b) + slot * b + within
-    in_tail = full * (m * b) + slot * (length - full * b) + within
-    return np.where(step < full, in_full, in_tail).astype(np.int64)
+def entry_nodes(t: npt.NDArray[Any], shape: JobShape) -> npt.NDArray[Any]:
+    """Node of strided entries ``t`` (entry t is read by rank t % world_size), as a new array of
+    ``t``'s type; bit operations where the sizes are powers of two."""
+    world, per_node = shape.world_size, shape.ranks_per_node
+    rank = t & (world - 1) if world & (world - 1) == 0 else t % world
+    if shape.rank_order == "contiguous":
+        if per_node & (per_node - 1) == 0:
+            rank >>= per_node.bit_length() - 1
+        else:
+            rank //= per_node
+        return rank
+    rank %= shape.nodes
+    return rank
+
+
+def entry_positions(t: npt.NDArray[Any], length: int, shape: JobShape) -> npt.NDArray[Any]:
+    """Node-stream position of strided entries ``t`` (rank t % W reads it as its entry t // W)."""
+    world = shape.world_size
+    if world & (world - 1) == 0:
+        rank = t & (world - 1)
+        pos = t >> (world.bit_length() - 1)
+    else:
+        pos, rank = np.divmod(t, world)
+    slots = shape.rank_slots().astype(t.dtype).take(rank)
+    return node_positions(pos, slots, length, shape)
 
 
 class Streams:
@@ -218,7 +238,6 @@ class Streams:
         self.length = shape.opened_per_rank(self.per_rank)  # entries each rank opens per epoch
         self._layouts: LRU[int, EpochLayout] = LRU(cache_epochs)
         self._inverses: LRU[int, EpochInverse] = LRU(cache_epochs)
-        self._pattern: npt.NDArray[np.unsignedinteger[Any]] | None = None  # see _node_pattern
 
     # ---- per epoch ---------------------------------------------------------------------------
 
@@ -296,26 +315,20 @@ class Streams:
         epoch_list = [int(e) for e in epochs]
         if node is not None and not 0 <= node < self.shape.nodes:
             raise ValueError(f"node: expected 0..{self.shape.nodes - 1}, got {node}")
-        nodes = self.shape.nodes
-        counts = np.zeros((nodes if node is None else 1, self.n), dtype=np.uint16)
-        shared = np.zeros(self.n, dtype=np.uint16)  # per-rank counts of shared-order epochs
-        shared_epochs = 0
+        if workers is None:
+            workers = min(4, os.cpu_count() or 1)
+        reads = NodeReads(self.shape, self.n, np.uint16, node=node)
         bound = 0
-        for lay in self._layouts_ahead(epoch_list, workers):
-            bound += self._count_bound(lay)
+        for lay in layouts_ahead([self], [(0, e) for e in epoch_list], workers):
+            bound += self.read_bound(lay)
             if bound > COUNT_MAX:
                 raise ValueError(f"node_counts: a file could be read more than {COUNT_MAX} times; ask fewer epochs")
-            if lay.shared:
-                _add_reads(shared, lay.order[: self.length], lay.distinct)
-                shared_epochs += 1
-            else:
-                self._count_strided(counts, lay, node)
-        if shared_epochs:
-            counts += shared * np.uint16(self.shape.ranks_per_node)
+            reads.add(self, lay)
+        counts: npt.NDArray[np.uint16] = reads.counts
         return counts if node is None else counts[0]
 
-    def _count_bound(self, lay: EpochLayout) -> int:
-        """Most reads of one file by one node in this epoch (for the uint16 guard)."""
+    def read_bound(self, lay: EpochLayout) -> int:
+        """Most reads of one file by one node in this epoch (to size or guard counters)."""
         flat = lay.order[: self.length] if lay.shared else lay.order[: self.length * self.shape.world_size]
         if not flat.size:
             return 0
@@ -327,69 +340,243 @@ class Streams:
             repeats = int(np.bincount(flat).max())
         return repeats * self.shape.ranks_per_node if lay.shared else repeats
 
-    def _count_strided(self, counts: npt.NDArray[np.uint16], lay: EpochLayout, node: int | None) -> None:
-        world = self.shape.world_size
-        flat = lay.order[: self.length * world]
+
+def layouts_ahead(streams: Sequence[Streams], reads: Sequence[tuple[int, int]], workers: int) -> Iterator[EpochLayout]:
+    """The layouts of ``reads`` ((dataset, sampler epoch) pairs) in order, with up to ``workers``
+    of the coming permutations computed in threads meanwhile (numpy and torch release the GIL).
+
+    Only samplers that shuffle and offer a pure per-epoch ``fresh_layout`` run ahead; the others
+    are stateful or trivial and run in order here (and do not use up the look-ahead).
+    """
+
+    def heavy(d: int) -> bool:
+        sampler = streams[d].sampler
+        return hasattr(sampler, "fresh_layout") and bool(getattr(sampler, "shuffle", False))
+
+    if workers <= 1:
+        for d, e in reads:
+            yield streams[d].layout(e)
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-epochs")
+    futures: dict[int, Future[EpochLayout]] = {}
+    upcoming = iter([i for i, (d, _) in enumerate(reads) if heavy(d)])
+    try:
+        for i, (d, e) in enumerate(reads):
+            while len(futures) < workers:
+                j = next(upcoming, None)
+                if j is None:
+                    break
+                sampler: Any = streams[reads[j][0]].sampler
+                futures[j] = pool.submit(sampler.fresh_layout, reads[j][1])
+            fut = futures.pop(i, None)
+            yield fut.result() if fut is not None else streams[d].layout(e)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class NodeReads:
+    """Per-node read counts over epochs and, optionally, where each node first reads each file.
+
+    The one implementation of "how often does node k read file f" behind
+    :meth:`Streams.node_counts` and :func:`placement.frequency.access_stats`.  Arrays are
+    (rows, files), a row per node (or a single row for ``node``); several datasets share them at
+    offsets (global ids).  ``first`` holds job positions: an epoch's node-stream position plus the
+    ``start`` given for it; :attr:`never` where a node never reads a file.
+
+    A strided epoch costs one inverse of its order (the only random writes), a node id per file,
+    then byte compares per node row in cache-sized slices; first uses are computed only for
+    (node, file) pairs not read before, tracked by a bit per node and file where nodes <= 64.
+    """
+
+    def __init__(
+        self,
+        shape: JobShape,
+        files: int,
+        count_type: type[np.unsignedinteger[Any]] = np.uint16,
+        first_type: type[np.signedinteger[Any]] | None = None,
+        *,
+        node: int | None = None,
+    ) -> None:
+        if node is not None and first_type is not None:
+            raise ValueError("NodeReads: first uses are kept for all nodes, not for one")
+        self.shape = shape
+        self.files = files
+        self.node = node
+        rows = shape.nodes if node is None else 1
+        self.counts: npt.NDArray[np.unsignedinteger[Any]] = np.zeros((rows, files), count_type)
+        self.first: npt.NDArray[np.signedinteger[Any]] | None = None
+        self._seen: npt.NDArray[np.unsignedinteger[Any]] | None = None
+        if first_type is not None:
+            self.first = np.full((rows, files), np.iinfo(first_type).max, first_type)
+            for t in (np.uint8, np.uint16, np.uint32, np.uint64):
+                if shape.nodes <= np.iinfo(t).bits:
+                    self._seen = np.zeros(files, t)  # bit k: node k has read the file
+                    break
+
+    @property
+    def never(self) -> int:
+        """The first-use value of a file a node never reads."""
+        if self.first is None:
+            raise ValueError("NodeReads: no first uses kept")
+        return int(np.iinfo(self.first.dtype).max)
+
+    def add(self, streams: Streams, lay: EpochLayout, *, offset: int = 0, start: int = 0) -> None:
+        """Fold one epoch of ``streams`` (its layout ``lay``), its files at ``offset``, its node
+        streams starting at job position ``start``."""
+        if streams.shape != self.shape:
+            raise ValueError("NodeReads: the streams belong to another job shape")
+        if lay.shared:
+            self._add_shared(streams, lay, offset, start)
+        else:
+            self._add_strided(streams, lay, offset, start)
+
+    # ---- strided: rank r reads order[r::W] -----------------------------------------------------
+
+    def _add_strided(self, st: Streams, lay: EpochLayout, off: int, start: int) -> None:
+        shape, n = self.shape, st.n
+        flat = lay.order[: st.length * shape.world_size]
         u = min(lay.distinct, flat.size)
-        rank_nodes = self.shape.rank_nodes()
-        if node is not None:
-            ranks = np.array(self.shape.ranks_of_node(node), dtype=np.int64)
-            t = (np.arange(self.length, dtype=np.int64)[:, None] * world + ranks).reshape(-1)
-            counts[0, flat[t[t < u]]] += np.uint16(1)  # distinct files: plain fancy add is exact
-            np.add.at(counts[0], flat[t[t >= u]], 1)
+        inv = _first_positions(flat, u, n)  # entry t of each file read in flat[:u], -1 unread
+        node = entry_nodes(inv, shape)
+        unread = None if u >= n else inv < 0
+        if unread is not None:
+            node[unread] = shape.nodes  # beyond every node: matches no row
+        self._count(node, off, n)
+        if self.first is not None:
+            self._first_uses(node, inv, unread, st.length, off, start)
+        if u < flat.size:  # padding (or an order of unknown shape): repeats, with ufunc.at
+            self._add_repeats(flat[u:], np.arange(u, flat.size, dtype=np.int64), st.length, off, start)
+
+    def _count(self, node: npt.NDArray[Any], off: int, n: int) -> None:
+        """counts[k, off + f] += 1 where node[f] == k (node[f] == nodes: not read)."""
+        rows = self.counts[:, off : off + n]
+        if self.node is not None:
+            rows[0] += node == self.node
             return
         nodes = self.shape.nodes
-        pattern = self._node_pattern(u)  # node of read t, for t < u
-        node_of_file = np.full(self.n, np.iinfo(pattern.dtype).max, dtype=pattern.dtype)  # max: unread
-        node_of_file[flat[:u]] = pattern  # a scatter into a small array (a byte per file)
         if nodes <= _BROADCAST_NODES:
             # a byte compare per (node, file), in cache-sized slices: no random writes at all
-            ids = np.arange(nodes, dtype=pattern.dtype)[:, None]
-            for lo in range(0, self.n, _COUNT_CHUNK):
-                block = node_of_file[lo : lo + _COUNT_CHUNK]
-                counts[:, lo : lo + _COUNT_CHUNK] += block[None, :] == ids
-        else:
-            # one fancy add over distinct (node, file) cells, in file order: the writes stream
-            # through the nodes' rows instead of jumping around all of them at random
-            files = np.flatnonzero(node_of_file != np.iinfo(pattern.dtype).max)
-            cells = node_of_file[files].astype(np.int64) * self.n + files
-            counts.reshape(-1)[cells] += np.uint16(1)
-        if u < flat.size:  # padding: the same files again, possibly on other nodes
-            t = np.arange(u, flat.size, dtype=np.int64)
-            np.add.at(counts, (rank_nodes[t % world], flat[u:]), 1)
-
-    def _node_pattern(self, u: int) -> npt.NDArray[np.unsignedinteger[Any]]:
-        """``node_of_rank(t % world)`` for reads t < u, as small ints (the same every epoch)."""
-        cached = self._pattern
-        if cached is None or cached.size != u:
-            id_type = np.uint8 if self.shape.nodes < 255 else np.uint32
-            cached = np.resize(self.shape.rank_nodes().astype(id_type), u)
-            cached.setflags(write=False)
-            self._pattern = cached
-        return cached
-
-    def _layouts_ahead(self, epochs: list[int], workers: int | None) -> Iterator[EpochLayout]:
-        """Layouts of ``epochs`` in order; independent epochs are computed ahead in threads."""
-        sampler = self.sampler
-        if workers is None:
-            workers = min(4, os.cpu_count() or 1)
-        if workers <= 1 or len(epochs) < 2 or not isinstance(sampler, DistributedSamplerModel):
-            for e in epochs:
-                yield self.layout(e)
+            small = node.astype(np.uint8)
+            ids = np.arange(nodes, dtype=np.uint8)[:, None]
+            for lo in range(0, n, _COUNT_CHUNK):
+                rows[:, lo : lo + _COUNT_CHUNK] += small[None, lo : lo + _COUNT_CHUNK] == ids
             return
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-epochs") as pool:
-            pending: list[Future[EpochLayout]] = []
-            ahead = iter(epochs)
-            for e in ahead:
-                pending.append(pool.submit(sampler.fresh_layout, e))
-                if len(pending) >= workers:
-                    break
-            while pending:
-                lay = pending.pop(0).result()
-                nxt = next(ahead, None)
-                if nxt is not None:
-                    pending.append(pool.submit(sampler.fresh_layout, nxt))
-                yield lay
+        # one add over distinct (node, file) cells, in file order within each node's row
+        files = np.flatnonzero(node < nodes)
+        cells = node.take(files).astype(np.int64)
+        cells *= self.files
+        cells += files
+        cells += off
+        self.counts.reshape(-1)[cells] += 1
+
+    def _first_uses(
+        self,
+        node: npt.NDArray[Any],
+        inv: npt.NDArray[Any],
+        unread: npt.NDArray[np.bool_] | None,
+        length: int,
+        off: int,
+        start: int,
+    ) -> None:
+        """Record the node-stream position of every (node, file) pair read for the first time."""
+        assert self.first is not None
+        n = inv.shape[0]
+        if self._seen is not None:
+            seen = self._seen[off : off + n]
+            bits = np.left_shift(seen.dtype.type(1), node, dtype=seen.dtype, casting="unsafe")
+            if unread is not None:
+                bits[unread] = 0
+            new = np.flatnonzero((seen & bits) != bits)
+            seen |= bits
+            cells = node.take(new).astype(np.int64)
+            cells *= self.files
+            cells += new
+            cells += off
+        else:  # too many nodes for a bit each: a pair is new while its first use is unset
+            new = np.arange(n, dtype=np.int64) if unread is None else np.flatnonzero(~unread)
+            cells = node.take(new).astype(np.int64)
+            cells *= self.files
+            cells += new
+            cells += off
+            fresh = np.flatnonzero(self.first.reshape(-1).take(cells) == self.never)
+            new, cells = new.take(fresh), cells.take(fresh)
+        pos = entry_positions(inv.take(new).astype(self.first.dtype), length, self.shape)
+        pos += self.first.dtype.type(start)
+        self.first.reshape(-1)[cells] = pos
+
+    def _add_repeats(self, files: IndexArray, t: IndexArray, length: int, off: int, start: int) -> None:
+        """Strided entries ``t`` reading ``files``, any of them possibly again: unbuffered adds."""
+        node = entry_nodes(t, self.shape)
+        gid = files + off
+        if self.node is not None:
+            np.add.at(self.counts[0], gid[node == self.node], 1)
+            return
+        np.add.at(self.counts, (node, gid), 1)
+        if self.first is not None:
+            pos = entry_positions(t, length, self.shape) + start
+            np.minimum.at(self.first, (node, gid), pos.astype(self.first.dtype))
+            if self._seen is not None:
+                bits = np.left_shift(self._seen.dtype.type(1), node, dtype=self._seen.dtype, casting="unsafe")
+                np.bitwise_or.at(self._seen, gid, bits)
+
+    # ---- shared: every rank reads order[:length] -----------------------------------------------
+
+    def _add_shared(self, st: Streams, lay: EpochLayout, off: int, start: int) -> None:
+        """Each node reads each entry once per rank it hosts; its first rank (slot 0) reads it first."""
+        per_node = self.shape.ranks_per_node
+        n, length = st.n, st.length
+        flat = lay.order[:length]
+        u = min(lay.distinct, flat.size)
+        inv = _first_positions(flat, u, n)
+        files = None if u >= n else np.flatnonzero(inv >= 0)
+        rows = self.counts[:, off : off + n]
+        if files is None:
+            rows += rows.dtype.type(per_node)
+        else:
+            rows[:, files] += rows.dtype.type(per_node)
+        if self.first is not None:
+            t = inv if files is None else inv.take(files)
+            pos = node_positions(t.astype(self.first.dtype), np.zeros(t.shape[0], self.first.dtype), length, self.shape)
+            pos += self.first.dtype.type(start)
+            first = self.first[:, off : off + n]
+            if files is None:
+                np.minimum(first, pos[None, :], out=first)
+            else:
+                first[:, files] = np.minimum(first[:, files], pos[None, :])
+        if u < flat.size:
+            once = np.zeros(n, np.int64)
+            np.add.at(once, flat[u:], per_node)
+            rows += once.astype(rows.dtype)[None, :]
+            if self.first is not None:
+                tt = np.arange(u, flat.size, dtype=np.int64)
+                p = node_positions(tt, np.zeros_like(tt), length, self.shape) + start
+                low = np.full(n, self.never, np.int64)
+                np.minimum.at(low, flat[u:], p)
+                first = self.first[:, off : off + n]
+                np.minimum(first, low.astype(first.dtype)[None, :], out=first)
+        if self._seen is not None:  # every node has read these files now
+            everyone = self._seen.dtype.type((1 << self.shape.nodes) - 1)
+            seen = self._seen[off : off + n]
+            if files is None:
+                seen |= everyone
+            else:
+                seen[files] |= everyone
+            seen[flat[u:]] |= everyone
+
+
+def _first_positions(flat: IndexArray, distinct: int, n: int) -> npt.NDArray[np.signedinteger[Any]]:
+    """For each of ``n`` files, the index t of its read in ``flat[:distinct]`` (duplicate-free), or -1.
+
+    int32 where it fits: this one random scatter is the main cost of an inverse.
+    """
+    u = min(distinct, flat.size)
+    t_type: type[np.signedinteger[Any]] = np.int32 if flat.size <= np.iinfo(np.int32).max else np.int64
+    if u >= n:
+        first_t: npt.NDArray[np.signedinteger[Any]] = np.empty(n, dtype=t_type)
+    else:
+        first_t = np.full(n, -1, dtype=t_type)
+    first_t[flat[:u]] = np.arange(u, dtype=t_type)
+    return first_t
 
 
 def _first_reads(
@@ -400,12 +587,9 @@ def _first_reads(
     ``flat[:distinct]`` is known duplicate-free: a direct scatter does it.  The rest (padding, or
     orders of unknown shape) goes through ``np.unique``, whose first-index answer is defined.
     """
-    # int32 where it fits: this random scatter is the cost of the whole inverse
-    t_type: type[np.signedinteger[Any]] = np.int32 if flat.size <= np.iinfo(np.int32).max else np.int64
-    first_t: npt.NDArray[np.signedinteger[Any]] = np.full(n, -1, dtype=t_type)
+    first_t = _first_positions(flat, distinct, n)
     duplicated = np.zeros(n, dtype=np.bool_)
     u = min(distinct, flat.size)
-    first_t[flat[:u]] = np.arange(u, dtype=t_type)
     rest = flat[u:]
     if rest.size:
         seen = first_t[rest] >= 0
@@ -415,11 +599,3 @@ def _first_reads(
         first_t[files] = u + fresh[where]
         duplicated[files[times > 1]] = True
     return first_t, duplicated
-
-
-def _add_reads(counts: npt.NDArray[np.uint16], order: IndexArray, distinct: int) -> None:
-    """counts[f] += number of times f occurs in ``order``."""
-    u = min(distinct, order.size)
-    counts[order[:u]] += np.uint16(1)
-    if u < order.size:
-        np.add.at(counts, order[u:], 1)

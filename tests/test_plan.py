@@ -104,6 +104,9 @@ CASES = {
         [40],
     ),
     "power of two": (dict(world_size="8", ranks_per_node="2", batch_size="4", epochs="5"), [64]),
+    # a 64-bit "read before" mask per file, then too many nodes for one (and for byte compares)
+    "64 nodes": (dict(world_size="128", ranks_per_node="2", batch_size="2", epochs="3"), [300]),
+    "100 nodes": (dict(world_size="100", ranks_per_node="1", batch_size="3", epochs="3"), [250]),
 }
 
 
