@@ -3,7 +3,8 @@
 A server process (``bench_peers serve``) holds N files of each size in memory and answers with the
 real :class:`fusefs.peers.PeerServer`; this process fetches them with a :class:`PeerClient`
 allowing c concurrent requests (c tasks, each fetching the next index in turn), for a fixed time
-per point.  Every byte is verified against its block digests, as in the daemon.  Server and client
+per point.  Every byte is verified against its block digests, as in the daemon.  CPU time per
+file is shown for each side (the server's from /proc): what serving peers costs a daemon's loop.  Server and client
 are separate processes, as two daemons would be, but share this machine's cores: loopback numbers
 are an upper bound on protocol overhead, not a network measurement.  The largest size's best
 MB/s is the protocol's ceiling for ``model.network_mbps`` (b_c) on this machine; a real cluster's
@@ -106,6 +107,8 @@ class Point:
     files: int
     seconds: float
     latencies: list[float]
+    client_cpu: float = 0.0
+    server_cpu: float = 0.0
 
     @property
     def files_per_s(self) -> float:
@@ -120,7 +123,18 @@ class Point:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(port: int, token: bytes, files: int, size: int, concurrency: int, seconds: float) -> Point:
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (0 where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    port: int, server_pid: int, token: bytes, files: int, size: int, concurrency: int, seconds: float
+) -> Point:
     client = PeerClient(0, "127.0.0.1", port, token, timeout=30.0, max_requests=concurrency, down_after=3)
     expected = {i: file_bytes(i, size) for i in range(min(files, 4))}
     latencies: list[float] = []
@@ -144,14 +158,15 @@ async def measure(port: int, token: bytes, files: int, size: int, concurrency: i
         async with trio.open_nursery() as nursery:  # warm-up: open the connections
             for _ in range(concurrency):
                 nursery.start_soon(worker, time.perf_counter() + min(0.3, seconds / 4), False)
-        t0 = time.perf_counter()
+        t0, cpu0, server0 = time.perf_counter(), time.process_time(), process_cpu(server_pid)
         async with trio.open_nursery() as nursery:
             for _ in range(concurrency):
                 nursery.start_soon(worker, t0 + seconds, True)
         elapsed = time.perf_counter() - t0
+        cpu, server_cpu = time.process_time() - cpu0, process_cpu(server_pid) - server0
     finally:
         await client.aclose()
-    return Point(size, concurrency, len(latencies), elapsed, latencies)
+    return Point(size, concurrency, len(latencies), elapsed, latencies, cpu, server_cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,19 +197,23 @@ def main(argv: list[str] | None = None) -> int:
     token = secrets.token_bytes(32)
     points: list[Point] = []
     for size in sizes:
-        with server_process(token, args.files, size, block_size=args.block_size) as (_, port):
+        with server_process(token, args.files, size, block_size=args.block_size) as (proc, port):
             for c in levels:
-                points.append(trio.run(measure, port, token, args.files, size, c, args.seconds))
+                points.append(trio.run(measure, port, proc.pid, token, args.files, size, c, args.seconds))
     print(f"loopback, server and client in separate processes, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     print(f"block size {format_bytes(args.block_size)}, {args.seconds:g} s per point, every block xxh3-verified")
-    print(f"{'size':>10} {'c':>3} {'files/s':>9} {'MB/s':>8} {'x c=1':>6} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    print(
+        f"{'size':>10} {'c':>3} {'files/s':>9} {'MB/s':>8} {'x c=1':>6} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7}"
+        f" {'client us/f':>11} {'server us/f':>11}"
+    )
     for pt in points:
         base = next(b for b in points if b.size == pt.size)
         mean_ms = 1000 * statistics.fmean(pt.latencies)
         print(
             f"{format_bytes(pt.size):>10} {pt.concurrency:>3} {pt.files_per_s:>9.0f} {pt.mbps:>8.0f} "
             f"{pt.files_per_s / base.files_per_s:>6.2f} {mean_ms:>8.2f} {pt.latency_ms(0.5):>7.2f} "
-            f"{pt.latency_ms(0.99):>7.2f}"
+            f"{pt.latency_ms(0.99):>7.2f} {1e6 * pt.client_cpu / pt.files:>11.0f} "
+            f"{1e6 * pt.server_cpu / pt.files:>11.0f}"
         )
     best = max(points, key=lambda q: (q.size, q.mbps))
     print(
