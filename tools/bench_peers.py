@@ -19,6 +19,7 @@ import argparse
 import os
 import random
 import secrets
+import select
 import statistics
 import subprocess
 import sys
@@ -85,9 +86,10 @@ def server_process(
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()  # the server prints its port once listening, or exits
+        ready, _, _ = select.select([proc.stdout], [], [], 60)  # it prints its port once listening, or exits
+        line = proc.stdout.readline() if ready else ""
         if not line.startswith("port "):
-            raise RuntimeError(f"peer server did not start (exit {proc.wait(10)})")
+            raise RuntimeError(f"peer server did not start (exit status {proc.poll()})")
         yield proc, int(line.split()[1])
     finally:
         if proc.poll() is None:
