@@ -5,8 +5,10 @@ Concurrency rules:
   thread, between awaits.
 * Nothing a connection sends can end the server: every connection task catches its own errors,
   logs at most one line, and closes only its own stream.  Bounds: ``max_connections`` open at
-  once (more are told BUSY and closed), a deadline on the handshake and on each frame's payload,
-  an idle timeout between requests, a send timeout per block, frame sizes capped by the protocol.
+  once (more are told BUSY and closed), deadlines on the handshake, on the rest of a request
+  once its header arrived (the provider's answer included), on the idle wait between requests and
+  on each block's send (one cancel scope per connection whose deadline moves), frame sizes capped
+  by the protocol.
 * The server never reads a path from the wire: the provider maps (dataset, index, plan digest) to
   a snapshot entry and answers from local tiers only.
 """
@@ -76,7 +78,9 @@ class Provision:
 
 
 Provider = Callable[[int, int, bytes], Awaitable[Provision]]
-"""(dataset, index, plan digest) -> Provision, from local tiers only (never the PFS)."""
+"""(dataset, index, plan digest) -> Provision, from local tiers only (never the PFS).  It runs under
+the server's ``frame_timeout`` (cancelled past it, and the connection closed); an exception becomes
+an ERROR reply and a logged traceback, never a dead server."""
 
 
 class PeerServer:
