@@ -96,14 +96,14 @@ def make_big_tree(root: Path, classes: int, per_class: int) -> None:
     marker.write_text("")
 
 
-def part2(a: argparse.Namespace, work: Path) -> dict[str, Any]:
-    root = Path(a.big_tree or "/var/tmp/seerfs-bench-1281167")
+def planning_latency(root: Path, cache: Path, work: Path) -> dict[str, Any]:
+    """Open latency through the mount while the daemon plans ImageNet-1k scale (the tree at ``root``)."""
     t0 = time.monotonic()
     make_big_tree(root, 1000, 1281)
     print(f"bench_prefetch: 1,281,000-file tree ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     files = sorted(str(p.relative_to(root)) for p in (root / "train").glob("n0000000*/i000000*.JPEG"))
     job = Job(world_size=64, epochs=90, batch_size=256, num_workers=8, seed=1, val=False)
-    cfg = seerfs_config(work / "big.yaml", job, cache_dir=Path(a.big_cache), ranks_per_node=4,
+    cfg = seerfs_config(work / "big.yaml", job, cache_dir=cache, ranks_per_node=4,
                         tiers=[{"kind": "memory", "bytes": "256MiB", "threads": 4}], lookahead="64MiB")  # fmt: skip
     mnt = work / "bigmnt"
     mnt.mkdir()
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.skip_epochs:
             out["epochs"] = [{"config": c, "epoch_s": t, "pfs_bytes": b} for c, t, b in part1(a, work)]
         if a.planning_latency:
-            out["planning_latency"] = part2(a, work)
+            tree = Path(a.big_tree or "/var/tmp/seerfs-bench-1281167")
+            out["planning_latency"] = planning_latency(tree, Path(a.big_cache), work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
