@@ -216,8 +216,10 @@ class RandomSamplerModel:
 
     Every rank builds the same loader with the same seed, so every rank reads the same order.
     Epoch e's draws follow all of the earlier epochs' draws on the one generator, so the model
-    keeps a checkpoint of the stream at the start of every epoch it has passed (a few KiB each)
-    and reaches any epoch from the nearest one by skipping, never by recomputing permutations.
+    keeps checkpoints of the stream at epoch starts (a few KiB each) and reaches any epoch from
+    the nearest earlier one by skipping, never by recomputing permutations.  At most
+    ``max_checkpoints`` are kept: past that, only epochs at multiples of a stride that doubles
+    each time (and the newest, so that reading epochs in order never skips).
     """
 
     def __init__(
@@ -230,10 +232,13 @@ class RandomSamplerModel:
         *,
         backend: Backend = "auto",
         cache_epochs: int = 2,
+        max_checkpoints: int = 64,
     ) -> None:
         self.n = _check_n(n)
         self.world_size = _check_world(world_size)
         self.seed = check_seed(seed)
+        if max_checkpoints < 2:
+            raise ValueError(f"max_checkpoints: expected >= 2, got {max_checkpoints}")
         if num_workers < 0:
             raise ValueError(f"num_workers: expected >= 0, got {num_workers}")
         if persistent_workers and num_workers == 0:
@@ -243,6 +248,8 @@ class RandomSamplerModel:
         self.num_workers = int(num_workers)
         self.backend = resolve_backend(backend)
         self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {0: open_stream(self.seed, self.backend)}
+        self._max_checkpoints = max_checkpoints
+        self._stride = 1  # epochs between kept checkpoints (the newest one aside)
         self._cache: LRU[int, IndexArray] = LRU(cache_epochs)
 
     def num_samples(self) -> int:
@@ -268,8 +275,16 @@ class RandomSamplerModel:
         stream = self._checkpoints[start].copy()
         for e in range(start, epoch):
             stream.skip(self.epoch_draws(e))
-            self._checkpoints[e + 1] = stream.copy()
+            if (e + 1) % self._stride == 0:
+                self._remember(e + 1, stream.copy())
         return stream
+
+    def _remember(self, epoch: int, stream: Mt19937Stream | TorchGeneratorStream) -> None:
+        """Keep a checkpoint; past the limit, thin them out to a doubled stride (epoch 0 stays)."""
+        self._checkpoints[epoch] = stream
+        while len(self._checkpoints) > self._max_checkpoints:
+            self._stride *= 2
+            self._checkpoints = {e: s for e, s in self._checkpoints.items() if e % self._stride == 0 or e == epoch}
 
     def epoch_order(self, epoch: int) -> IndexArray:
         """The permutation every rank reads in ``epoch``."""
@@ -281,7 +296,7 @@ class RandomSamplerModel:
             perm = _frozen(stream.randperm(self.n))
             if epoch + 1 not in self._checkpoints:  # the next epoch starts after the discarded one
                 stream.skip(randperm_draws(self.n))
-                self._checkpoints[epoch + 1] = stream
+                self._remember(epoch + 1, stream)
             return perm
 
         return self._cache.get(epoch, compute)

@@ -185,6 +185,21 @@ def test_random_sampler_later_epoch_first() -> None:
     np.testing.assert_array_equal(late, b.rank_indices(7, 0))
 
 
+def test_random_sampler_checkpoints_stay_bounded_and_exact() -> None:
+    """A long job keeps at most max_checkpoints generator states, and any epoch is still exact."""
+    bounded = RandomSamplerModel(50, 4, backend="numpy", max_checkpoints=4)
+    reference = RandomSamplerModel(50, 4, backend="numpy")
+    for e in range(40):
+        np.testing.assert_array_equal(bounded.rank_indices(e, 0), reference.rank_indices(e, 0))
+        assert len(bounded._checkpoints) <= 4
+    assert len(reference._checkpoints) == 41  # unthinned below the default limit of 64
+    for e in (3, 39, 0, 17, 38, 60):  # back and forth, and past what was seen
+        np.testing.assert_array_equal(bounded.rank_indices(e, 0), reference.rank_indices(e, 0))
+        assert len(bounded._checkpoints) <= 4
+    with pytest.raises(ValueError, match="max_checkpoints"):
+        RandomSamplerModel(5, 0, max_checkpoints=1)
+
+
 def test_unseeded_random_sampler_is_refused_with_a_reason() -> None:
     with pytest.raises(ValueError) as err:
         make_sampler("random", 10, seed=0, world_size=1, generator_seeded=False)
