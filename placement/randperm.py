@@ -36,6 +36,7 @@ _SMALL_WORK = 1 << 25  # below this many files, int64 work arrays (fastest); abo
 
 Backend = Literal["auto", "torch", "numpy"]
 IndexArray = npt.NDArray[np.int64]
+Int32Array = npt.NDArray[np.int32]
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,6 +127,7 @@ class Mt19937Stream:
         legacy = np.random.RandomState(seed32).get_state(legacy=False)
         self._bits = np.random.MT19937()
         self._bits.state = {"bit_generator": "MT19937", "state": legacy["state"]}
+        self._gen = np.random.Generator(self._bits)
         self._consumed = 0
 
     @property
@@ -142,17 +144,21 @@ class Mt19937Stream:
             self._consumed += k
 
     def draws(self, k: int) -> npt.NDArray[np.uint32]:
-        """The next ``k`` draws as uint32."""
+        """The next ``k`` draws as uint32.
+
+        A Generator's full-range uint32 ``integers`` on these bits returns each raw 32-bit output
+        unchanged (numpy skips the bounding for that range), without ``random_raw``'s uint64
+        buffer; tests compare the values with torch's generator.
+        """
         if k < 0:
             raise ValueError(f"draws: expected k >= 0, got {k}")
-        out = np.empty(k, dtype=np.uint32)
-        self.fill(out)
+        out: npt.NDArray[np.uint32] = self._gen.integers(0, 1 << 32, size=k, dtype=np.uint32)
+        self._consumed += k
         return out
 
     def fill(self, out: npt.NDArray[np.uint32]) -> None:
-        """Write the next ``out.size`` draws into ``out`` (no intermediate copy)."""
-        np.copyto(out, self._bits.random_raw(out.size), casting="unsafe")
-        self._consumed += out.size
+        """Write the next ``out.size`` draws into ``out``."""
+        out[...] = self.draws(out.size)
 
     def randperm(self, n: int) -> IndexArray:
         return randperm_from_stream(n, self)
@@ -162,6 +168,7 @@ class Mt19937Stream:
         other = Mt19937Stream.__new__(Mt19937Stream)
         other._bits = np.random.MT19937()
         other._bits.state = self._bits.state
+        other._gen = np.random.Generator(other._bits)
         other._consumed = self._consumed
         return other
 
@@ -245,15 +252,44 @@ def _check_n(n: int) -> None:
         raise ValueError(f"n: expected a non-negative integer, got {n!r}")
 
 
+# Read-only arrays that depend on n alone, kept for the next epoch of the same dataset (a
+# training set and a validation set, so a few): computing them again costs a pass each time.
+
+
+def _readonly(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    a.setflags(write=False)
+    return a
+
+
+@functools.lru_cache(maxsize=4)
+def _divisors(n: int) -> npt.NDArray[np.uint32]:
+    """n, n - 1, ..., 2: what step i's draw is reduced modulo."""
+    return _readonly(np.arange(n, 1, -1, dtype=np.uint32))
+
+
+@functools.lru_cache(maxsize=4)
+def _arange32(n: int) -> Int32Array:
+    return _readonly(np.arange(n, dtype=np.int32))
+
+
+@functools.lru_cache(maxsize=4)
+def _step_keys(m: int, shift: int, mult: int) -> IndexArray:
+    """``i * mult`` for the m steps: the step part of the packed (target, step) sort keys."""
+    return _readonly(np.arange(0, m * mult, mult, dtype=np.int64))
+
+
 def _offsets_32(n: int, stream: Mt19937Stream) -> npt.NDArray[np.uint32]:
     """``z[i] = next32() % (n - i)`` for the n - 1 steps of the 32-bit loop."""
     if n <= 1:
         return np.zeros(0, dtype=np.uint32)
-    z = np.empty(n - 1, dtype=np.uint32)
-    for lo in range(0, n - 1, _DRAW_CHUNK):
-        hi = min(n - 1, lo + _DRAW_CHUNK)
-        stream.fill(z[lo:hi])
-    np.remainder(z, np.arange(n, 1, -1, dtype=np.uint32), out=z)
+    if n - 1 <= _DRAW_CHUNK:
+        z = stream.draws(n - 1)
+    else:
+        z = np.empty(n - 1, dtype=np.uint32)
+        for lo in range(0, n - 1, _DRAW_CHUNK):
+            hi = min(n - 1, lo + _DRAW_CHUNK)
+            stream.fill(z[lo:hi])
+    np.remainder(z, _divisors(n), out=z)
     return z
 
 
@@ -288,9 +324,9 @@ def _group_by_target(
     """Steps 0..m-1 sorted by (target, step); returns (targets, steps) as ``dtype`` arrays.
 
     The target of step i is ``offsets[i]`` or ``i + offsets[i]``.  Both go in one int64 key,
-    ``target << shift | step``, built as ``(offset << shift) + i * mult`` so the packing costs two
-    passes, and one numpy sort (vectorised) does the grouping.  Past 2**31 steps the key does not
-    fit and a stable argsort does the same job, slower.
+    ``target << shift | step``, built as ``(offset << shift) + i * mult`` (the second term
+    cached per size), and one numpy sort (vectorised) does the grouping.  Past 2**31 steps the
+    key does not fit and a stable argsort does the same job, slower.
     """
     m = int(offsets.shape[0])
     shift = max(1, (m - 1).bit_length())
@@ -301,8 +337,8 @@ def _group_by_target(
         order = np.argsort(target, kind="stable").astype(np.int64)
         return target[order], order
     mult = (1 << shift) + 1 if target_is_step_plus_offset else 1
-    key = np.arange(0, m * mult, mult, dtype=np.int64)
-    key += np.left_shift(offsets, shift, dtype=np.int64)
+    key = np.left_shift(offsets, shift, dtype=np.int64)
+    key += _step_keys(m, shift, mult)
     key.sort()
     targets = np.empty(m, dtype=dtype)
     np.right_shift(key, shift, out=targets, casting="unsafe")
@@ -315,16 +351,23 @@ def _group_by_target(
 
 
 def _resolve_chains(
-    start: npt.NDArray[Any], parent: npt.NDArray[Any], is_root: npt.NDArray[np.bool_]
+    start: npt.NDArray[Any], parent: npt.NDArray[Any], is_root: npt.NDArray[np.bool_], *, blind: int = 0
 ) -> npt.NDArray[Any]:
     """The root reached from each ``start`` by following ``parent`` until ``is_root``.
 
     Chains here are short (about half of them stop at each hop), so walking all of them one hop
-    per round beats pointer doubling over the whole array.  ``is_root`` is a byte array, cheap to
-    probe at random; ``parent`` should be int32 to halve the random reads.
+    per round beats pointer doubling over the whole array.  Where roots are their own parents,
+    ``blind`` first hops for every start cost less than finding which starts still move.
+    ``is_root`` is a byte array, cheap to probe at random; ``parent`` should be int32 to halve
+    the random reads.
     """
-    out = np.asarray(start).astype(parent.dtype)
-    active = np.flatnonzero(~is_root.take(start))
+    if blind:
+        out = parent.take(start)
+        for _ in range(blind - 1):
+            out = parent.take(out)
+    else:
+        out = np.asarray(start).astype(parent.dtype)
+    active = np.flatnonzero(~is_root.take(out))
     while active.size:
         nxt = parent.take(out.take(active))
         out[active] = nxt
@@ -351,7 +394,8 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
     same = tgt[1:] == tgt[:-1]  # entry s + 1 continues the group of entry s
     ends = np.flatnonzero(~same)  # last entries of every group but the final one
     # parent[p]: the last step before p that targeted p (p itself when none: a root)
-    parent = np.arange(n, dtype=idt)
+    ar = _arange32(n) if idt is np.int32 else np.arange(n, dtype=idt)
+    parent = ar.copy()
     parent[tgt.take(ends)] = step.take(ends)
     del ends
     parent[tgt[m - 1]] = step[m - 1]
@@ -362,22 +406,26 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
         prev = np.maximum(at - 1, 0)
         has_prev = (at > 0) & (tgt.take(prev) == selfish)
         parent[selfish] = np.where(has_prev, step.take(prev), selfish)
-    is_root = parent == np.arange(n, dtype=idt)
+    is_root = parent == ar
     del tgt
     later = np.flatnonzero(same)
     del same
-    found = _resolve_chains(step.take(later), parent, is_root)  # W(previous step of the group)
+    # W(previous step of the group) for every later entry, then W(m): what position m ends with
+    starts = np.empty(later.shape[0] + 1, dtype=step.dtype)
+    step.take(later, out=starts[:-1])
+    starts[-1] = m
+    found = _resolve_chains(starts, parent, is_root, blind=2)  # roots are their own parents here
+    del parent, is_root, starts
     later += 1
     receivers = step.take(later)
     del step, later
     out = np.empty(n, dtype=idt)
     if idt is np.int32:  # z < n < 2**31: same bits as int32, and an int32 add (not int64)
-        np.add(z.view(np.int32), np.arange(m, dtype=np.int32), out=out[:m])
+        np.add(z.view(np.int32), ar[:m], out=out[:m])
     else:
-        np.add(z, np.arange(m, dtype=idt), out=out[:m], casting="unsafe")
-    out[receivers] = found
-    del receivers, found
-    out[m] = _resolve_chains(np.array([m], dtype=np.int64), parent, is_root)[0]
+        np.add(z, ar[:m], out=out[:m], casting="unsafe")
+    out[receivers] = found[:-1]
+    out[m] = found[-1]
     return out.astype(np.int64, copy=False)
 
 
