@@ -114,7 +114,29 @@ class DrawStream(Protocol):
     def copy(self) -> DrawStream: ...
 
 
-class Mt19937Stream:
+class _CountedDraws:
+    """What both streams share: how many draws were taken, and skipping with that count kept."""
+
+    _consumed: int
+
+    @property
+    def consumed(self) -> int:
+        """Draws taken so far (skipped or returned)."""
+        return self._consumed
+
+    def skip(self, k: int) -> None:
+        """Discard ``k`` draws."""
+        if k < 0:
+            raise ValueError(f"skip: expected k >= 0, got {k}")
+        if k:
+            self._discard(k)
+            self._consumed += k
+
+    def _discard(self, k: int) -> None:
+        raise NotImplementedError
+
+
+class Mt19937Stream(_CountedDraws):
     """32-bit draws of a torch-seeded CPU generator, consumable in order, numpy only.
 
     torch seeds mt19937 with ``init_genrand(seed & 0xFFFFFFFF)``; numpy's ``RandomState`` uses the
@@ -130,18 +152,8 @@ class Mt19937Stream:
         self._gen = np.random.Generator(self._bits)
         self._consumed = 0
 
-    @property
-    def consumed(self) -> int:
-        """Draws taken so far (skipped or returned)."""
-        return self._consumed
-
-    def skip(self, k: int) -> None:
-        """Discard ``k`` draws (no buffer is allocated)."""
-        if k < 0:
-            raise ValueError(f"skip: expected k >= 0, got {k}")
-        if k:
-            self._bits.random_raw(k, output=False)
-            self._consumed += k
+    def _discard(self, k: int) -> None:
+        self._bits.random_raw(k, output=False)  # no buffer is allocated
 
     def draws(self, k: int) -> npt.NDArray[np.uint32]:
         """The next ``k`` draws as uint32.
@@ -173,7 +185,7 @@ class Mt19937Stream:
         return other
 
 
-class TorchGeneratorStream:
+class TorchGeneratorStream(_CountedDraws):
     """The same stream driven by a real ``torch.Generator`` (exact by construction, faster)."""
 
     def __init__(self, seed: int) -> None:
@@ -182,21 +194,14 @@ class TorchGeneratorStream:
         self._gen.manual_seed(check_seed(seed) & 0xFFFFFFFF)
         self._consumed = 0
 
-    @property
-    def consumed(self) -> int:
-        return self._consumed
-
-    def skip(self, k: int) -> None:
-        """Discard ``k`` draws: int32 ``random_()`` takes exactly one ``random()`` per element."""
-        if k < 0:
-            raise ValueError(f"skip: expected k >= 0, got {k}")
+    def _discard(self, k: int) -> None:
+        """int32 ``random_()`` takes exactly one ``random()`` per element."""
         torch = _torch()
         left = k
         while left:
             step = min(left, _DRAW_CHUNK)
             torch.empty(step, dtype=torch.int32).random_(generator=self._gen)
             left -= step
-        self._consumed += k
 
     def randperm(self, n: int) -> IndexArray:
         torch = _torch()

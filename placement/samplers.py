@@ -309,27 +309,6 @@ class RandomSamplerModel:
         return self.epoch_order(epoch)
 
 
-class SequentialSamplerModel:
-    """``SequentialSampler`` (validation loaders): every rank reads ``0..n-1`` in order."""
-
-    def __init__(self, n: int, world_size: int = 1) -> None:
-        self.n = _check_n(n)
-        self.world_size = _check_world(world_size)
-        self._order = _frozen(np.arange(self.n, dtype=np.int64))
-
-    def num_samples(self) -> int:
-        return self.n
-
-    def epoch_layout(self, epoch: int) -> EpochLayout:
-        _check_epoch(epoch)
-        return EpochLayout(order=self._order, shared=True, distinct=self.n)
-
-    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
-        _check_epoch(epoch)
-        _check_rank(rank, self.world_size)
-        return self._order
-
-
 class ExplicitOrderModel:
     """A read order given as a list of dataset indices, the same for every rank and epoch."""
 
@@ -359,6 +338,13 @@ class ExplicitOrderModel:
         _check_epoch(epoch)
         _check_rank(rank, self.world_size)
         return self._order
+
+
+class SequentialSamplerModel(ExplicitOrderModel):
+    """``SequentialSampler`` (validation loaders): every rank reads ``0..n-1`` in order."""
+
+    def __init__(self, n: int, world_size: int = 1) -> None:
+        super().__init__(np.arange(_check_n(n), dtype=np.int64), n, world_size)
 
 
 def make_sampler(
