@@ -39,13 +39,16 @@ fetches it by the time anybody first needs it, so that the PFS is read once per 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+T = TypeVar("T")
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 UInts = npt.NDArray[np.unsignedinteger]
@@ -180,6 +183,18 @@ def priority_order(count: UInts, first: Ints, candidates: I64) -> I64:
 # --------------------------------------------------------------------------- assignment
 
 
+def per_node(fn: Callable[[int], T], nodes: int, workers: int | None = None) -> list[T]:
+    """``[fn(0), ..., fn(nodes - 1)]``, computed in ``workers`` threads (default: up to 2, as the
+    machine allows).  The nodes' rows are independent and the work in them is numpy passes over
+    whole rows, which release the GIL, so a second core shortens it without changing a result."""
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    if workers <= 1 or nodes <= 1:
+        return [fn(k) for k in range(nodes)]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-nodes") as pool:
+        return list(pool.map(fn, range(nodes)))
+
+
 def fragmentation_reserve(largest: int, tiers: int, capacity: int) -> int:
     """Bytes per node kept out of ownership so tier placement can always place what it owns
     (``largest``: the largest cacheable file)."""
@@ -207,12 +222,14 @@ def assign(
     budgets: npt.ArrayLike,
     *,
     spread: bool,
+    workers: int | None = None,
 ) -> Assignment:
     """Tiers and owners for every node (see the module docstring).
 
     ``counts``/``first``: (nodes, objects) reads over the job and first read position (a value
     above every position for objects the node never reads).  ``budgets``: bytes per tier,
-    (tiers,) for every node alike or (nodes, tiers).
+    (tiers,) for every node alike or (nodes, tiers).  ``workers``: threads for the per-node
+    steps (see :func:`per_node`; the result does not depend on it).
     """
     nodes, m = counts.shape
     if first.shape != counts.shape or sizes.shape != (m,) or cacheable.shape != (m,):
@@ -232,7 +249,8 @@ def assign(
     room = np.array([c - fragmentation_reserve(largest, tiers, c) for c in caps], np.int64)
     if spread and tiers:
         designated = _ownership_rounds(counts, first, sizes, read, room)
-    for k in range(nodes):
+
+    def place(k: int) -> None:  # writes node k's rows only
         wanted = counts[k] > 0
         if spread:
             mine = designated == k
@@ -252,9 +270,11 @@ def assign(
             on_j = placed == j
             tier_files[k, j] = int(on_j.sum())
             tier_bytes[k, j] = int(sz[on_j].sum())
+
+    per_node(place, nodes, workers)
     earliest, reader = earliest_reader(first)
     owner = primary_owners(tier_of, first)
-    fill_obj, fill_due, fill_off = _fill_orders(tier_of, owner, first, earliest)
+    fill_obj, fill_due, fill_off = _fill_orders(tier_of, owner, first, earliest, workers)
     return Assignment(tier_of, owner, fill_obj, fill_due, fill_off, tier_bytes, tier_files, earliest, reader)
 
 
@@ -333,16 +353,14 @@ def earliest_reader(first: Ints) -> tuple[Ints, npt.NDArray[np.int32]]:
 
 
 def _fill_orders(
-    tier_of: npt.NDArray[np.int8], owner: npt.NDArray[np.int32], first: Ints, earliest: Ints
+    tier_of: npt.NDArray[np.int8], owner: npt.NDArray[np.int32], first: Ints, earliest: Ints, workers: int | None
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], I64]:
     """Per node: held objects by the job position they are due (NoPFS rule 1: order of first use)."""
     nodes, m = tier_of.shape
-    objs: list[npt.NDArray[np.int32]] = []
-    dues: list[npt.NDArray[np.int64]] = []
-    off = np.zeros(nodes + 1, np.int64)
     never = np.iinfo(first.dtype).max
     bits = max(1, (m - 1).bit_length())
-    for k in range(nodes):
+
+    def due_order(k: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
         held = np.flatnonzero(tier_of[k] >= 0)
         due = first[k].take(held).astype(np.int64)
         use_earliest = owner.take(held) == k
@@ -357,9 +375,13 @@ def _fill_orders(
         else:  # pragma: no cover - job positions past 2**40
             order = np.lexsort((held, due))
             held, due = held[order], due[order]
-        objs.append(held.astype(np.int32))
-        dues.append(due)
-        off[k + 1] = off[k] + held.size
+        return held.astype(np.int32), due
+
+    parts = per_node(due_order, nodes, workers)
+    objs = [o for o, _ in parts]
+    dues = [d for _, d in parts]
+    off = np.zeros(nodes + 1, np.int64)
+    np.cumsum([o.size for o in objs], out=off[1:])
     return (
         np.concatenate(objs) if objs else np.zeros(0, np.int32),
         np.concatenate(dues) if dues else np.zeros(0, np.int64),

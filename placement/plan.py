@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from placement.assign import Assignment, assign, earliest_reader, spread_covers
+from placement.assign import Assignment, assign, earliest_reader, per_node, spread_covers
 from placement.catalog import Catalog, build_catalogs
 from placement.frequency import (
     AccessStats,
@@ -576,7 +576,8 @@ def _summarize(
     table, pfs_above = model.source_table(nodes)
     size_matters = bool((np.isfinite(pfs_above) & (pfs_above >= 0)).any())
     first_is_epoch0 = earliest_first < epoch1  # the job's first read of each object is in epoch 0
-    for k in range(nodes):
+
+    def classify(k: int) -> None:  # writes node k's rows only
         combo = tier_of[k].astype(np.intp)
         combo += 1
         combo *= tiers + 1
@@ -605,8 +606,10 @@ def _summarize(
             bytes_by[k, phase] -= moved_b
             reads_by[k, phase, pfs_cat] += int(sel.size)
             bytes_by[k, phase, pfs_cat] += int(moved_b.sum())
+
+    per_node(classify, nodes)
     pfs_readers = [int((reads_by[:, phase, 2 * tiers] > 0).sum()) for phase in (0, 1)]
-    per_node: list[dict[str, Any]] = []
+    node_reports: list[dict[str, Any]] = []
     owned_files = np.bincount(assignment.owner + 1, minlength=nodes + 1)[1:]
     owned_bytes = np.rint(np.bincount(assignment.owner + 1, weights=fsizes, minlength=nodes + 1)[1:])
     for k in range(nodes):
@@ -633,7 +636,7 @@ def _summarize(
                 "pfs_bytes_per_epoch": int(b[2 * tiers]) // div,
                 "predicted_io_seconds_per_epoch": round(seconds / div, 3),
             }
-        per_node.append(node)
+        node_reports.append(node)
     datasets = []
     for d, cat in enumerate(catalogs):
         datasets.append({
@@ -665,7 +668,7 @@ def _summarize(
         "pfs_bytes_job": pfs_bytes,
         "pfs_bytes_without_cache": int((total_reads * sizes).sum()),
         "frequency": _frequency(inputs, catalogs, stats, nodes, follows),
-        "per_node": per_node,
+        "per_node": node_reports,
     }
 
 

@@ -60,6 +60,17 @@ def make(seed: int, nodes: int, m: int, epochs: int, tiers: int, fraction: float
     return counts, first, sizes, cacheable, budgets.astype(np.int64)
 
 
+@settings(max_examples=30, deadline=None)
+@given(jobs)
+def test_threads_per_node_give_the_same_assignment(job: Job) -> None:
+    seed, nodes, m, epochs, tiers, fraction, spread = job
+    arrays = make(seed, nodes, m, epochs, tiers, fraction)
+    one = assign(*arrays, spread=spread, workers=1)
+    three = assign(*arrays, spread=spread, workers=3)
+    for name in ("tier_of", "owner", "fill_obj", "fill_due", "fill_off", "tier_bytes", "tier_files"):
+        np.testing.assert_array_equal(getattr(three, name), getattr(one, name), err_msg=name)
+
+
 @settings(max_examples=150, deadline=None)
 @given(jobs)
 def test_budgets_are_never_exceeded_and_only_read_cacheable_objects_are_held(job: Job) -> None:
