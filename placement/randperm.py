@@ -230,13 +230,23 @@ def open_stream(seed: int, backend: Backend = "auto") -> Mt19937Stream | TorchGe
 # --------------------------------------------------------------------------------------------
 
 
-def randperm(n: int, seed: int, *, backend: Backend = "auto") -> IndexArray:
-    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` as int64."""
+def randperm(n: int, seed: int, *, backend: Backend = "auto", out: IndexArray | None = None) -> IndexArray:
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` as int64.
+
+    ``out``: an int64 array of n entries to write it into and return (a caller that pads the
+    permutation spares a copy of it).
+    """
     _check_n(n)
     seed = check_seed(seed)
+    if out is not None and (out.shape != (n,) or out.dtype != np.int64):
+        raise ValueError(f"out: expected an int64 array of shape ({n},), got {out.dtype} {out.shape}")
     if resolve_backend(backend) == "torch":
-        return TorchGeneratorStream(seed).randperm(n)
-    return randperm_from_stream(n, Mt19937Stream(seed))
+        perm = TorchGeneratorStream(seed).randperm(n)
+        if out is None:
+            return perm
+        np.copyto(out, perm)
+        return out
+    return _numpy_randperm(n, Mt19937Stream(seed), sixty_four_bit=n >= THRESHOLD_64BIT, out=out)
 
 
 def randperm_from_stream(n: int, stream: Mt19937Stream) -> IndexArray:
@@ -245,11 +255,17 @@ def randperm_from_stream(n: int, stream: Mt19937Stream) -> IndexArray:
     return _numpy_randperm(n, stream, sixty_four_bit=n >= THRESHOLD_64BIT)
 
 
-def _numpy_randperm(n: int, stream: Mt19937Stream, *, sixty_four_bit: bool) -> IndexArray:
+def _numpy_randperm(
+    n: int, stream: Mt19937Stream, *, sixty_four_bit: bool, out: IndexArray | None = None
+) -> IndexArray:
     """Either of torch's two loops at any n (tests force the 64-bit one at small n)."""
     if sixty_four_bit:
-        return _inside_out(_offsets_64(n, stream), n)
-    return _forward_fisher_yates(_offsets_32(n, stream), n)
+        perm = _inside_out(_offsets_64(n, stream), n)
+        if out is None:
+            return perm
+        np.copyto(out, perm)
+        return out
+    return _forward_fisher_yates(_offsets_32(n, stream), n, out=out)
 
 
 def _check_n(n: int) -> None:
@@ -380,7 +396,7 @@ def _resolve_chains(
     return out
 
 
-def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
+def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int, out: IndexArray | None = None) -> IndexArray:
     """Apply ``swap(a[i], a[i + z[i]])`` for i = 0..n-2 to ``a = arange(n)`` without a loop.
 
     Step i fixes a[i] for good, to the value that target j = i + z[i] holds just before step i.
@@ -393,7 +409,10 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
     """
     m = n - 1
     if m <= 0:
-        return np.zeros(n, dtype=np.int64)
+        if out is None:
+            return np.zeros(n, dtype=np.int64)
+        out[:] = 0
+        return out
     idt = _index_dtype(n)
     tgt, step = _group_by_target(z, target_is_step_plus_offset=True, dtype=_work_dtype(n))
     same = tgt[1:] == tgt[:-1]  # entry s + 1 continues the group of entry s
@@ -424,14 +443,17 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int) -> IndexArray:
     later += 1
     receivers = step.take(later)
     del step, later
-    out = np.empty(n, dtype=idt)
+    a = np.empty(n, dtype=idt)
     if idt is np.int32:  # z < n < 2**31: same bits as int32, and an int32 add (not int64)
-        np.add(z.view(np.int32), ar[:m], out=out[:m])
+        np.add(z.view(np.int32), ar[:m], out=a[:m])
     else:
-        np.add(z, ar[:m], out=out[:m], casting="unsafe")
-    out[receivers] = found[:-1]
-    out[m] = found[-1]
-    return out.astype(np.int64, copy=False)
+        np.add(z, ar[:m], out=a[:m], casting="unsafe")
+    a[receivers] = found[:-1]
+    a[m] = found[-1]
+    if out is None:
+        return a.astype(np.int64, copy=False)
+    np.copyto(out, a)
+    return out
 
 
 def _inside_out(z: npt.NDArray[Any], n: int) -> IndexArray:

@@ -183,15 +183,16 @@ class DistributedSamplerModel:
         return self._cache.get(epoch, lambda: _frozen(self._compute_order(epoch)))
 
     def _compute_order(self, epoch: int) -> IndexArray:
+        # the permutation goes straight into the padded array when there is padding
+        out = np.empty(max(self.total_size, self.n), dtype=np.int64)
+        base = out[: self.n]
         if self.shuffle:
-            base = randperm(self.n, self.epoch_seed(epoch), backend=self.backend)
+            randperm(self.n, self.epoch_seed(epoch), backend=self.backend, out=base)
         else:
-            base = np.arange(self.n, dtype=np.int64)
+            base[:] = np.arange(self.n, dtype=np.int64)
         if self.total_size <= self.n:
-            return base[: self.total_size].copy() if self.total_size < self.n else base
+            return out[: self.total_size].copy() if self.total_size < self.n else out
         # padding repeats the list from its start, cyclically when the pad exceeds n
-        out = np.empty(self.total_size, dtype=np.int64)
-        out[: self.n] = base
         for start in range(self.n, self.total_size, self.n):
             stop = min(start + self.n, self.total_size)
             out[start:stop] = base[: stop - start]

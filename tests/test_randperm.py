@@ -165,6 +165,24 @@ def test_64bit_loop_consumes_two_draws_per_element() -> None:
     assert rp.randperm_draws(rp.THRESHOLD_64BIT - 1) == rp.THRESHOLD_64BIT - 2
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_randperm_into_a_given_array(backend: rp.Backend) -> None:
+    """``out`` receives exactly what randperm returns (any n, both loops), and is what comes back."""
+    for n, seed in [(0, 0), (1, 3), (2, 5), (4097, 7)]:
+        buf = np.full(n + 3, -1, dtype=np.int64)
+        view = buf[:n]
+        assert rp.randperm(n, seed, backend=backend, out=view) is view
+        np.testing.assert_array_equal(buf[:n], torch_perm(n, seed))
+        assert (buf[n:] == -1).all()
+    n = 300
+    buf = np.empty(n, dtype=np.int64)
+    got = rp._numpy_randperm(n, rp.Mt19937Stream(6), sixty_four_bit=True, out=buf)
+    assert got is buf and buf.tolist() == torch_loop_64(n, 6)
+    for bad in (np.empty(4, np.int64), np.empty(5, np.int32)):
+        with pytest.raises(ValueError, match="out"):
+            rp.randperm(5, 0, backend=backend, out=bad)
+
+
 @pytest.mark.parametrize(
     ("n", "seed", "backend"),
     [(-1, 0, "auto"), (1.5, 0, "auto"), (3, 2**64, "auto"), (3, -(2**63) - 1, "numpy"), (3, 0, "gpu")],
