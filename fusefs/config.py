@@ -171,6 +171,12 @@ class PeersConfig:
     join_timeout: float = doc("seconds to wait for the group to form", 120.0)
     timeout: float = doc("seconds before an unanswered peer request falls back to the PFS", 2.0)
     down_after: int = doc("consecutive failures before a peer is marked down", 2)
+    retry_down_after: float = doc("seconds before a down peer is probed again", 10.0)
+    token_file: str | None = doc(
+        "rendezvous/static discovery: file holding the job token (created if missing; default "
+        "RENDEZVOUS_DIR/token); MPI broadcasts a fresh one",
+        None,
+    )
     max_requests: int = doc("concurrent requests to one peer", 8)
     spread: bool = doc("assign every file an owner when aggregate storage allows", True)
 
@@ -351,6 +357,7 @@ def check(cfg: Config) -> Config:
         ("fuse.attr_timeout", cfg.fuse.attr_timeout),
         ("peers.timeout", cfg.peers.timeout),
         ("peers.join_timeout", cfg.peers.join_timeout),
+        ("peers.retry_down_after", cfg.peers.retry_down_after),
         ("model.network_mbps", cfg.model.network_mbps),
     ):
         _check_positive(key, value, allow_zero=key.startswith("fuse."))
@@ -378,6 +385,16 @@ def check(cfg: Config) -> Config:
         )
     if not 0 <= cfg.peers.port <= 65535:
         raise ConfigError(f"peers.port: expected 0..65535, got {cfg.peers.port}")
+    for i, item in enumerate(cfg.peers.static):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ConfigError(f"peers.static.{i}: expected host:port, got {item!r}")
+    if cfg.peers.discovery == "rendezvous" and not cfg.peers.rendezvous_dir:
+        raise ConfigError("peers.rendezvous_dir: expected a directory when peers.discovery is 'rendezvous'")
+    if cfg.peers.discovery == "static" and not cfg.peers.static:
+        raise ConfigError("peers.static: expected host:port entries when peers.discovery is 'static'")
+    if cfg.peers.expect < 0:
+        raise ConfigError(f"peers.expect: expected a non-negative count, got {cfg.peers.expect}")
     roots: set[str] = set()
     for i, ds in enumerate(cfg.datasets):
         key = f"datasets.{i}"

@@ -25,7 +25,7 @@ Concurrency rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ class CursorView:
     predicted: int = 0  # opens of this batch the plan predicted
 
 
+
 class Prefetcher:
     def __init__(self, snapshot: Snapshot, cfg: Config, fetcher: Fetcher, staging: Staging,
                  tiers: Sequence[Tier], counters: ReadCounters, tier_capacities: list[int]) -> None:  # fmt: skip
@@ -80,6 +81,8 @@ class Prefetcher:
         self.reactive_capacities = list(tier_capacities)
         self.reactive = StaticFrequencySet(tier_capacities)
         self.view = CursorView()
+        self.presumed_node: int | None = None  # the node to predict for before opens confirm it (group index)
+        self.seed_trusted: Callable[[], bool] = lambda: True  # False while the seed is only assumed
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._unplaced: dict[int, int] = {}  # entry -> opens the published view does not reflect yet
         self._opens_ready = trio.Event()
@@ -97,6 +100,7 @@ class Prefetcher:
         self._fill_slots = [trio.Semaphore(max(1, t.threads)) for t in cfg.tiers]
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
+        staging.protect = lambda: self.view.window if self.mode == "predicting" else frozenset()
         self.window_files = max(self.settings.window, 64)
         self.memory_tiers = [t for t in self.tiers if t.kind == "memory"]
 
@@ -120,8 +124,13 @@ class Prefetcher:
             gids = np.arange(plan.files, dtype=np.int64)
             entries = plan.entry_of(gids).astype(np.int64)
             self.entry_gid[entries[::-1]] = gids[::-1].astype(np.int32)  # the first id of a shared entry wins
-            if plan.nodes == 1:
-                self.cursor.presume(0, 0)
+            # Predict before any open only for a seed the job wrote: with the assumed default, wait
+            # for the first opens to confirm it rather than stage a window that may all be wasted.
+            if self.seed_trusted():
+                if plan.nodes == 1:
+                    self.cursor.presume(0, 0)
+                elif self.presumed_node is not None and self.presumed_node < plan.nodes:
+                    self.cursor.presume(self.presumed_node, 0)
         self._opens_ready.set()  # let the worker publish the new cursor's first window
         self._wake.set()
 
@@ -168,6 +177,8 @@ class Prefetcher:
                          else "")  # fmt: skip
             self.predicted_opens += view.predicted
             previous, self.view = self.view, view
+            if view.node is not None and (view.node != previous.node or self.tier_of_gid is None) and self.plan:
+                self.tier_of_gid = self.plan.tier_of(view.node)
             if view.state == "mismatch" and previous.state != "mismatch":
                 self._adopt_into_reactive()
                 self.fetcher.spawn(self.staging.clear)  # the window of a wrong plan is meaningless
@@ -238,6 +249,10 @@ class Prefetcher:
         self.reactive.admitted(entry, decision.tier, size)
         return self.tiers[decision.tier]
 
+    def planned_tier_for(self, entry: int) -> Tier | None:
+        """The tier the plan gives ``entry`` on this node (once the node is known), else None."""
+        return self._planned_tier(entry)
+
     def _planned_tier(self, entry: int) -> Tier | None:
         if self.tier_of_gid is None or entry >= self.entry_gid.shape[0]:
             return None
@@ -270,7 +285,8 @@ class Prefetcher:
         is read from this thread; a stale answer only costs one needless or missed stage.)
         """
         sizes = self.snapshot.tree.size[np.asarray(entries, dtype=np.int64)].tolist() if entries else []
-        in_memory = [t.contains for t in self.memory_tiers]
+        in_memory: list[Callable[[int], bool]] = [t.contains for t in self.memory_tiers]
+        in_memory.append(self.staging.kept.__contains__)  # pages still cached from an earlier read
         out: list[int] = []
         seen: set[int] = set()
         budget = self.staging.limit
@@ -293,8 +309,6 @@ class Prefetcher:
 
     async def _refill(self, generation: int) -> None:
         window = [e for e in self.view.stage if e not in self._unplaced]  # opened already: not again
-        if self.tier_of_gid is None and self.plan is not None and self.view.node is not None:
-            self.tier_of_gid = self.plan.tier_of(self.view.node)
         # A staged file is dropped when consumed (release), or here once it left the whole predicted
         # horizon (the plan changed, or the readers skipped it): never merely because the byte-limited
         # window shifted, which would throw away a file needed before the ones replacing it (rule 3).

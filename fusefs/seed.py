@@ -50,12 +50,15 @@ class SeedState:
     writer: int = -1  # node index that wrote it (-1: nobody yet)
     updated_at: float = 0.0
     last_error: str | None = None
+    me: int = -1  # this daemon's index in its group: the writer of seeds written here
     listeners: list[Callable[[SeedState], None]] = field(default_factory=list, repr=False)
 
     def set(self, value: int, origin: str, generation: int | None = None, writer: int = -1) -> bool:
         """Adopt a seed; returns False when a newer generation already holds (it is ignored)."""
         gen = self.generation + 1 if generation is None else generation
-        if generation is not None and (gen, writer) <= (self.generation, self.writer):
+        if generation is None:
+            writer = self.me
+        elif (gen, writer) <= (self.generation, self.writer):
             return False
         self.value, self.origin, self.generation, self.writer = value, origin, gen, writer
         self.updated_at = time.time()

@@ -6,6 +6,7 @@ Server in-process.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,8 @@ import pyfuse3
 import trio
 import xxhash
 
+from placement.plan import plan_inputs
+
 from . import mountinfo
 from .attrs import AttrFactory
 from .control import ControlFiles
@@ -25,7 +28,9 @@ from .daemon import MountRequest
 from .errors import FuseUnavailable, MountpointError
 from .fetcher import Fetcher
 from .files import CachedFiles
+from .group import Group, Rendezvous, alone, bind_address, detect_mode, form_mpi, form_static, listen_socket
 from .operations import SeerOperations
+from .peering import PeerGroup
 from .pfs import PfsReader
 from .planning import PlanManager, planning_config
 from .prefetch import Prefetcher
@@ -73,7 +78,9 @@ class Server:
         self.counters = ReadCounters()
         self.seed = SeedState()
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        self._form_group()
         self._build_cache()
+        self._join_group()
         self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
         self.control = ControlFiles(self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(),
                                     time.time_ns(), cfg.fuse.entry_timeout)  # fmt: skip
@@ -87,7 +94,41 @@ class Server:
         self.board.add("memory_budget", self.budget.status)
         self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
         self.board.add("reads", self.counters.status)
+        self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
         self._mount()
+
+    def _form_group(self) -> None:
+        """Find the peers before mounting (MPI formation is blocking and must precede serving)."""
+        cfg = self.cfg
+        mode = detect_mode(cfg)
+        host = bind_address(cfg.peers.bind)
+        # Only what decides the plan (plan_inputs leaves out paths, threads, addresses): nodes whose
+        # configs differ there still agree, nodes that would plan differently do not.
+        decides = plan_inputs(planning_config(cfg), seed=0)
+        inputs = xxhash.xxh3_128_hexdigest(
+            json.dumps(decides, sort_keys=True).encode() + self.snapshot.content_digest().encode()
+        )
+        self.sock = None if mode == "none" else listen_socket(host, cfg.peers.port)
+        port = self.sock.getsockname()[1] if self.sock is not None else 0
+        self.rendezvous: Rendezvous | None = None
+        self.group: Group
+        if mode == "mpi":
+            self.group = form_mpi(host, port, inputs)
+        elif mode == "static":
+            self.group = form_static(cfg, host, port, inputs)
+        elif mode == "rendezvous":
+            self.rendezvous = Rendezvous(cfg, host, port, inputs)
+            self.group = self.rendezvous.group
+        else:
+            self.group = alone(host, port, inputs)
+        log.info("group: %s, member %d of %d", self.group.mode, self.group.me, len(self.group.members))
+
+    def _join_group(self) -> None:
+        self.peering: PeerGroup | None = None
+        if self.sock is not None:
+            self.peering = PeerGroup(self.group, self.cfg, self.prefetcher, self.fetcher, self.staging, self.seed,
+                                     self.counters, self.rendezvous)  # fmt: skip
+            self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
 
     def _build_cache(self) -> None:
         """Tiers, staging, fetcher, prefetcher and planner for this mount (DESIGN 3)."""
@@ -114,6 +155,7 @@ class Server:
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
         self.plans.listeners.append(self.prefetcher.on_plan)
+        self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
 
     def _mount(self) -> None:
@@ -179,11 +221,15 @@ class Server:
             nursery.start_soon(self.staging.run)
             nursery.start_soon(self.prefetcher.run)
             nursery.start_soon(self.plans.run)
+            if self.peering is not None:
+                nursery.start_soon(self.peering.run, self.sock)
             self.plans.request(self.seed.value)  # the sampler default until a seed is written
             await pyfuse3.main(min_tasks=2, max_tasks=self.cfg.fuse.max_tasks)
             nursery.cancel_scope.cancel()
         for tier in self.tiers:
             await tier.close()
+        if self.peering is not None:
+            await self.peering.close()
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:

@@ -250,6 +250,18 @@ class Snapshot:
             out.append(paths[d])
         return out
 
+    def content_digest(self) -> str:
+        """What the tree holds (names, shape, sizes, mtimes), independent of the host it was read on.
+
+        The fingerprint includes st_dev and inode numbers, which differ between nodes mounting the
+        same PFS; nodes compare this instead to agree that they plan over the same dataset.
+        """
+        h = xxhash.xxh3_128()
+        t = self.tree
+        for col in (t.names, t.name_len, t.parent, t.kind, t.size, t.mtime_ns, t.link_target):
+            h.update(np.ascontiguousarray(col).astype(col.dtype.newbyteorder("<"), copy=False).tobytes())
+        return h.hexdigest()
+
     def compute_fingerprint(self, threads: int = 8) -> str:
         """Cheap change detector: the identity and times of every directory (not of every file).
 

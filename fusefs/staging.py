@@ -90,6 +90,7 @@ class Staging:
         self.reused = 0  # opens served by pages kept from an earlier read
         self.limiter = trio.CapacityLimiter(2)
         self._drop_send, self._drop_recv = trio.open_memory_channel[int](1_000_000)
+        self.protect: Callable[[], frozenset[int]] = frozenset  # entries due soon: reclaimed last
         budget.reclaim = self.reclaim
 
     # ------------------------------------------------------------------ staging
@@ -194,10 +195,25 @@ class Staging:
             self.budget.release(f.nbytes)
 
     def reclaim(self, need: int) -> int:
-        """Budget callback: drop the oldest kept pages until ``need`` bytes are free."""
+        """Budget callback: drop kept pages until ``need`` bytes are free.
+
+        Oldest first, but pages the plan says are due soon (``protect``: the predicted horizon) go
+        last (NoPFS rule 2: evict what is needed furthest ahead); without a plan it is plain FIFO.
+        """
+        protected = self.protect()
+        freed = self._reclaim(need, protected)
+        if freed < need and protected:
+            freed += self._reclaim(need - freed, frozenset())
+        return freed
+
+    def _reclaim(self, need: int, protected: frozenset[int]) -> int:
         freed = 0
-        while freed < need and self.kept:
-            entry, charge = self.kept.popitem(last=False)
+        for entry in list(self.kept):
+            if freed >= need:
+                break
+            if entry in protected:
+                continue
+            charge = self.kept.pop(entry)
             self.kept_bytes -= charge
             self.budget.release(charge)
             freed += charge

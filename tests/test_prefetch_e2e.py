@@ -63,11 +63,11 @@ def run_job(
     root, digests, _total = source
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = seerfs_config(tmp_path / "seerfs.yaml", job, cache_dir=tmp_path / "cache", tiers=tiers, lookahead=lookahead)
+    # The emulator counts from before the mount: whatever seerfs reads for the job is counted.
     with running_pfsemu(root) as emu, seerfs_over(emu.mountpoint, tmp_path / "mnt", cfg) as mnt:
         if seed is not None:
             write_seed(mnt, seed)
             wait_plan(mnt, seed)
-        emu.reset()
         results = run_readers(mnt, job, digests, tmp_path / "run")
         doc = status(mnt)
         return doc, results, emu.counters().bytes

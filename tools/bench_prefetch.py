@@ -65,11 +65,11 @@ def part1(a: argparse.Namespace, work: Path) -> list[tuple[str, list[float], int
             cfg.write_text(text)
             mnt = run / "mnt"
             mnt.mkdir()
+            emu.reset()  # counted from before the mount: everything seerfs reads for the job
             seerfs("mount", str(emu.mountpoint), str(mnt), "-c", str(cfg))
             try:
                 write_seed(mnt, a.seed)
                 wait_plan(mnt, a.seed)
-                emu.reset()
                 res = run_readers(mnt, job, None, run / "run")
                 doc = status(mnt)
                 hit = doc["cursor"]["hit_rate"] if doc.get("cursor") else 0.0

@@ -34,6 +34,8 @@ class Job:
     seed: int = 7
     val: bool = True
     compute_s: float = 0.0  # seconds of (sleeping) compute per sample
+    sync: bool = True  # ranks in step through a gloo barrier per batch (False: independent readers)
+    time_reads: bool = False  # record each file's open+read time (read_max_s, read_p99_s)
 
 
 def make_source(root: Path, files: int, val_files: int, mean_size: int = 16_000) -> tuple[dict[str, str], int]:
@@ -66,10 +68,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_readers(root: Path, job: Job, digests: dict[str, str] | None, out: Path, ranks: list[int] | None = None,
-                cgroup: Any = None, timeout: float = 600) -> list[dict[str, Any]]:  # fmt: skip
-    """Run the job's ranks (all of them, or ``ranks`` with the rest elsewhere) and return their results."""
-    spec = {**asdict(job), "root": str(root), "digests": digests, "port": free_port(), "out": str(out)}
+def run_readers(
+    root: Path | list[Path],
+    job: Job,
+    digests: dict[str, str] | None,
+    out: Path,
+    ranks: list[int] | None = None,
+    cgroup: Any = None,
+    timeout: float = 600,
+) -> list[dict[str, Any]]:
+    """Run the job's ranks (all, or only ``ranks``) and return their results.
+
+    ``root`` is the dataset for every rank, or a list with one per rank (each node's own mount).
+    """
+    roots = [str(r) for r in root] if isinstance(root, list) else [str(root)] * job.world_size
+    spec = {**asdict(job), "roots": roots, "digests": digests, "port": free_port(), "out": str(out)}
     spec_file = out.with_suffix(".spec.json")
     spec_file.write_text(json.dumps(spec))
     procs = [

@@ -28,6 +28,14 @@ def raw(path: str) -> bytes:
         return fh.read()
 
 
+def raw_timed(path: str) -> tuple[bytes, float]:
+    """The file's bytes and how long open+read took (in the DataLoader worker that read it)."""
+    t0 = time.monotonic()
+    with open(path, "rb") as fh:
+        data = fh.read()
+    return data, time.monotonic() - t0
+
+
 def collate(batch: list[Any]) -> list[Any]:
     return batch
 
@@ -42,20 +50,24 @@ def main() -> int:
 
     tv = torchvision_cpu.load()
     world = spec["world_size"]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
+    sync = spec.get("sync", True)
+    if sync:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
     digests: dict[str, str] | None = spec.get("digests")
-    root = spec["root"]
-    train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=raw)
+    root = spec["roots"][rank]
+    loader_fn = raw_timed if spec.get("time_reads") else raw
+    train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=loader_fn)
     sampler: Any = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
     loader = DataLoader(train, batch_size=spec["batch_size"], sampler=sampler, num_workers=spec["num_workers"],
                         collate_fn=collate, persistent_workers=False)  # fmt: skip
     val_loader = None
     if spec.get("val"):
-        val = tv.datasets.ImageFolder(os.path.join(root, "val"), loader=raw)
+        val = tv.datasets.ImageFolder(os.path.join(root, "val"), loader=loader_fn)
         val_sampler: Any = DistributedSampler(val, num_replicas=world, rank=rank, shuffle=False)
         val_loader = DataLoader(val, batch_size=spec["batch_size"], sampler=val_sampler,
                                 num_workers=spec["num_workers"], collate_fn=collate)  # fmt: skip
     result: dict[str, Any] = {"rank": rank, "samples": 0, "bytes": 0, "bad": [], "epochs": [], "wait_s": 0.0}
+    read_times: list[float] = []
 
     def consume(dataset: Any, batches: Any, indices: list[int]) -> float:
         waited = 0.0
@@ -68,7 +80,11 @@ def main() -> int:
             except StopIteration:
                 break
             waited += time.monotonic() - t0
-            for data, _label in batch:
+            for sample, _label in batch:
+                data = sample
+                if isinstance(sample, tuple):
+                    data, seconds = sample
+                    read_times.append(seconds)
                 if digests is not None:
                     rel = os.path.relpath(dataset.samples[indices[pos]][0], root)
                     if hashlib.sha1(data).hexdigest() != digests[rel]:
@@ -78,7 +94,8 @@ def main() -> int:
                 result["bytes"] += len(data)
             if spec.get("compute_s"):
                 time.sleep(spec["compute_s"] * len(batch))  # per sample, like GPU time per image
-            dist.barrier()
+            if sync:
+                dist.barrier()
         return waited
 
     for epoch in range(spec["start_epoch"], spec["epochs"]):
@@ -89,7 +106,12 @@ def main() -> int:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
         result["epochs"].append({"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited})
         result["wait_s"] += waited
-    dist.destroy_process_group()
+    if read_times:
+        read_times.sort()
+        result["read_max_s"] = read_times[-1]
+        result["read_p99_s"] = read_times[int(0.99 * (len(read_times) - 1))]
+    if sync:
+        dist.destroy_process_group()
     Path(spec["out"]).with_suffix(f".rank{rank}.json").write_text(json.dumps(result))
     return 0
 

@@ -40,6 +40,7 @@ from .protocol import (
     Greeting,
     Hello,
     Kind,
+    Note,
     Ping,
     Pong,
     ProtocolError,
@@ -180,6 +181,11 @@ class PeerClient:
             return outcome
         return None
 
+    async def note(self, body: bytes) -> bytes | None:
+        """Tell the peer a state note; its own note back, or None when the exchange failed."""
+        outcome = await self._exchange(lambda rid: Note(rid, body), None)
+        return outcome.body if isinstance(outcome, Note) else None
+
     async def ping(self) -> float | None:
         """Round-trip seconds of a PING, or None when it failed (counted like a fetch)."""
         t0 = time.monotonic()
@@ -256,7 +262,9 @@ class PeerClient:
 
     # ------------------------------------------------------------------ one exchange
 
-    async def _exchange(self, make: Callable[[int], Get | Ping], expect_size: int | None) -> Received | Pong | None:
+    async def _exchange(
+        self, make: Callable[[int], Get | Ping | Note], expect_size: int | None
+    ) -> Received | Pong | Note | None:
         probe = self._admit()
         t0 = time.monotonic()
         deadline = trio.current_time() + self.timeout
@@ -292,7 +300,7 @@ class PeerClient:
             if probe:
                 self._probing = False
         self._succeeded()
-        if isinstance(reply, Pong):
+        if isinstance(reply, Pong | Note):
             return reply
         return self._count_reply(reply, received, time.monotonic() - t0)
 
@@ -318,7 +326,9 @@ class PeerClient:
                 log.warning("peer %d (%s) could not serve a file: %s", self.node, self.address, reply.reason)
         return None
 
-    async def _request(self, message: Get | Ping, expect_size: int | None) -> tuple[Reply | Pong, Received | None]:
+    async def _request(
+        self, message: Get | Ping | Note, expect_size: int | None
+    ) -> tuple[Reply | Pong | Note, Received | None]:
         conn, reused = await self._checkout()
         try:
             try:
@@ -338,7 +348,7 @@ class PeerClient:
             await self._discard(conn)
             raise
 
-    async def _ask(self, conn: _Conn, message: Get | Ping) -> Reply | Pong:
+    async def _ask(self, conn: _Conn, message: Get | Ping | Note) -> Reply | Pong | Note:
         """Send a request and read its answer's frame (a closed pooled connection raises _Stale)."""
         try:
             await conn.stream.send_all(message.encode())
@@ -355,15 +365,16 @@ class PeerClient:
             raise _Failed(f"connection error: {exc}") from None
         try:
             kind, length = parse_frame_header(header)
-            if kind not in (Kind.REPLY, Kind.PONG):
+            if kind not in (Kind.REPLY, Kind.PONG, Kind.NOTED):
                 raise ProtocolError(f"{kind.name} frame where an answer was expected")
             answer = decode_message(kind, await self._receive(conn.rx, length))
         except ProtocolError as exc:
             raise _Failed(f"protocol error: {exc}") from None
-        assert isinstance(answer, Reply | Pong)
+        assert isinstance(answer, Reply | Pong | Note)
         if answer.request_id != message.request_id:
             raise _Failed(f"answer to request {answer.request_id}, expected {message.request_id}")
-        if isinstance(message, Ping) != isinstance(answer, Pong):
+        expected = {Ping: Pong, Note: Note, Get: Reply}[type(message)]
+        if not isinstance(answer, expected):
             raise _Failed(f"{type(answer).__name__} to a {type(message).__name__}")
         return answer
 

@@ -68,9 +68,11 @@ class ProtocolError(Exception):
 class Kind(IntEnum):
     GET = 0x10
     PING = 0x11
+    NOTE = 0x12  # a small state note (JSON): the server answers with its own (NOTED)
     REPLY = 0x20
     PONG = 0x21
     BLOCK = 0x22
+    NOTED = 0x23
 
 
 class Status(IntEnum):
@@ -251,7 +253,31 @@ class Reply:
         return cls(request_id, status, size, block_size, reason)
 
 
-Message = Get | Ping | Reply | Pong
+MAX_NOTE_BODY = MAX_CONTROL_PAYLOAD - _REQ_ID.size
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """State a daemon tells a peer (seed, plan digest, training node); NOTED is the answer in kind."""
+
+    request_id: int
+    body: bytes
+    reply: bool = False
+
+    def encode(self) -> bytes:
+        if len(self.body) > MAX_NOTE_BODY:
+            raise ProtocolError(f"note of {len(self.body)} bytes (limit {MAX_NOTE_BODY})")
+        kind = Kind.NOTED if self.reply else Kind.NOTE
+        return frame_header(kind, _REQ_ID.size + len(self.body)) + _REQ_ID.pack(self.request_id) + self.body
+
+    @classmethod
+    def decode(cls, payload: bytes, reply: bool = False) -> Note:
+        if not _REQ_ID.size <= len(payload) <= MAX_CONTROL_PAYLOAD:
+            raise ProtocolError(f"{'NOTED' if reply else 'NOTE'} of {len(payload)} bytes")
+        return cls(_REQ_ID.unpack_from(payload)[0], payload[_REQ_ID.size :], reply)
+
+
+Message = Get | Ping | Reply | Pong | Note
 
 _DECODERS: dict[Kind, type[Get] | type[Ping] | type[Reply] | type[Pong]] = {
     Kind.GET: Get,
@@ -263,6 +289,8 @@ _DECODERS: dict[Kind, type[Get] | type[Ping] | type[Reply] | type[Pong]] = {
 
 def decode_message(kind: Kind, payload: bytes) -> Message:
     """A control frame's message (BLOCK frames are read with :func:`parse_block_digest`)."""
+    if kind in (Kind.NOTE, Kind.NOTED):
+        return Note.decode(payload, reply=kind is Kind.NOTED)
     decoder = _DECODERS.get(kind)
     if decoder is None:
         raise ProtocolError(f"{kind.name} frame where a message was expected")

@@ -16,6 +16,7 @@ Concurrency rules:
 from __future__ import annotations
 
 import logging
+import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from .protocol import (
     Get,
     Greeting,
     Hello,
+    Note,
     Ping,
     Pong,
     ProtocolError,
@@ -95,12 +97,14 @@ class PeerServer:
         frame_timeout: float = 10.0,
         idle_timeout: float = 120.0,
         send_timeout: float = 30.0,
+        notes: Callable[[bytes], bytes] | None = None,
     ) -> None:
         auth.check_token(token)
         if not 0 < block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block size {block_size} (1..{MAX_BLOCK_SIZE})")
         self._token = token
         self._provider = provider
+        self.notes = notes  # answers a peer's state note with ours (runs on the trio thread)
         self.max_connections = max_connections
         self.block_size = block_size
         self.handshake_timeout = handshake_timeout
@@ -119,10 +123,19 @@ class PeerServer:
         self.blocks_sent = 0
 
     async def serve(
-        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+        self,
+        host: str,
+        port: int,
+        *,
+        sock: socket.socket | None = None,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on ``host:port`` (0: any free port) until cancelled; ``started`` gets the port."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        """Listen on ``host:port`` (0: any free port), or on ``sock`` already bound and listening
+        (group formation needs the port before the event loop runs); ``started`` gets the port."""
+        if sock is not None:
+            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
+        else:
+            listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = int(listeners[0].socket.getsockname()[1])
         log.info("peer data port listening on %s:%d", host, self.port)
         task_status.started(self.port)
@@ -221,7 +234,7 @@ class PeerServer:
             try:
                 kind, length = parse_frame_header(header)
                 message = decode_message(kind, await rx.exactly(length))
-                if not isinstance(message, Get | Ping):
+                if not isinstance(message, Get | Ping | Note) or (isinstance(message, Note) and message.reply):
                     raise ProtocolError(f"{kind.name} frame sent to a server")
             except ProtocolError as exc:
                 self.protocol_errors += 1
@@ -234,6 +247,18 @@ class PeerServer:
                 self.requests["ping"] += 1
                 clock.set("send", self.send_timeout)
                 await stream.send_all(Pong(message.request_id).encode())
+                continue
+            if isinstance(message, Note):
+                self.requests["note"] += 1
+                answer = b""
+                if self.notes is not None:
+                    try:
+                        answer = self.notes(message.body)
+                    except Exception:
+                        self.provider_errors += 1
+                        log.exception("peer note from %s could not be handled", who)
+                clock.set("send", self.send_timeout)
+                await stream.send_all(Note(message.request_id, answer, reply=True).encode())
                 continue
             await self._answer(stream, message, clock)
 
