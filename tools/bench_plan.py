@@ -120,6 +120,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     tree = synthetic_tree(1000, args.files, args.val_files, args.mean_size, args.sigma, args.seed)
     cfg = job_config(args)
+    load0 = os.getloadavg()[0]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cpu0 = _cpu()
     t0 = time.perf_counter()
@@ -156,6 +157,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "pfs_bytes_job": s["pfs_bytes_job"],
         "pfs_bytes_without_cache": s["pfs_bytes_without_cache"],
         "frequency": s["frequency"],
+        "load_start": load0,
         "load": os.getloadavg()[0],
     }
 
@@ -212,17 +214,18 @@ def main(argv: list[str] | None = None) -> int:
           f"spread={'off' if args.no_spread else 'on'}")  # fmt: skip
     head = (
         f"{'backend':<8}{'catalog':>9}{'pass':>8}{'assign':>8}{'summary':>9}{'total s':>9}{'/15s':>7}"
-        f"{'cpu s':>8}{'peak MB':>9}{'/1.5GB':>8}{'load':>6}"
+        f"{'cpu s':>8}{'peak MB':>9}{'/1.5GB':>8}{'load':>11}"
     )
     print(head)
-    print("(seconds are wall time; cpu s sums all threads; load: 1-minute load average at the end)")
+    print("(seconds are wall time; cpu s sums all threads; load: 1-minute load average at the start/end")
+    print(" of the plan: other work on the machine stretches wall time, compare cpu s and rerun when high)")
     print("-" * len(head))
     for r in rows:
         t = r["timings"]
         print(
             f"{r['mode']:<8}{r['catalog_s']:>9.2f}{t['access_s']:>8.2f}{t['assign_s']:>8.2f}{t['summary_s']:>9.2f}"
             f"{r['total_s']:>9.2f}{r['total_s'] / TARGET_SECONDS:>7.2f}{r['cpu_s']:>8.2f}{r['peak_rss_mb']:>9.0f}"
-            f"{r['peak_rss_mb'] / TARGET_RSS_MB:>8.2f}{r['load']:>6.1f}"
+            f"{r['peak_rss_mb'] / TARGET_RSS_MB:>8.2f}{r['load_start']:>6.1f}/{r['load']:<4.1f}"
         )
     r = rows[-1]
     print(f"saved plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")

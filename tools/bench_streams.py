@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -27,6 +28,12 @@ def _best(fn: Callable[[], object], repeat: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process, all threads (what a loaded machine inflates least)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _peak_rss_mb() -> float:
@@ -52,9 +59,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         out["inverse"] = _best(lambda: streams._build_inverse(1), args.repeat)
         out["node_stream"] = _best(lambda: streams.node_stream(1, 0), args.repeat)
     else:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         counts = streams.node_counts(range(args.epochs), workers=args.workers)
         out["counts_all"] = time.perf_counter() - t0
+        out["cpu_all"] = _cpu_s() - c0
         out["reads"] = int(counts.sum())
     out["rss"] = _peak_rss_mb()
     return out
@@ -106,14 +114,16 @@ def main(argv: list[str] | None = None) -> int:
         f"--repeat={args.repeat}",
     ]
     res: dict[str, dict[str, Any]] = {}
+    load_start = os.getloadavg()[0]
     for backend in ("torch", "numpy"):
         res[f"{backend}/micro"] = run_child(passthrough, backend, "micro", 1)
         res[f"{backend}/serial"] = run_child(passthrough, backend, "all", 1)
         res[f"{backend}/parallel"] = run_child(passthrough, backend, "all", args.workers)
     if res["torch/serial"]["reads"] != res["numpy/serial"]["reads"]:
         raise SystemExit("bench_streams: torch and numpy children counted different reads")
+    load_end = os.getloadavg()[0]
     if args.json:
-        json.dump(res, sys.stdout, indent=1)
+        json.dump({**res, "load": {"start": load_start, "end": load_end}}, sys.stdout, indent=1)
         print()
         return 0
 
@@ -126,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         ("node_counts, 1 new epoch", "micro", "counts_1", 1e3, "ms"),
         (f"node_counts, {args.epochs} epochs, 1 thread", "serial", "counts_all", 1.0, "s"),
         (f"node_counts, {args.epochs} epochs, {args.workers} threads", "parallel", "counts_all", 1.0, "s"),
+        (f"  CPU seconds, {args.epochs} epochs, 1 thread", "serial", "cpu_all", 1.0, "s"),
+        (f"  CPU seconds, {args.epochs} epochs, {args.workers} threads", "parallel", "cpu_all", 1.0, "s"),
         (f"peak RSS, {args.epochs} epochs, 1 thread", "serial", "rss", 1.0, "MB"),
         (f"peak RSS, {args.epochs} epochs, {args.workers} threads", "parallel", "rss", 1.0, "MB"),
     ]
@@ -136,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         n = res[f"numpy/{part}"][key] * scale
         fmt = "{:8.1f} " if unit != "s" else "{:8.2f} "
         print(f"{label:44} {fmt.format(t)}{unit:<2}{fmt.format(n)}{unit:<2}{n / t:11.2f}x")
-    print("(micro rows: best of --repeat; numpy child has torch unimportable; RSS: ru_maxrss)")
+    print("(micro rows: best of --repeat, wall; numpy child has torch unimportable; RSS: ru_maxrss)")
+    print(f"(1-minute load average {load_start:.2f} at the start, {load_end:.2f} at the end: other work on the machine")
+    print(" stretches wall times; compare CPU seconds, and rerun when the load is high)")
     return 0
 
 
