@@ -174,9 +174,13 @@ def _load_config(args: argparse.Namespace) -> Any:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import check_request, mount_background, run_daemon
+    from .group import detect_mode
 
     cfg = _load_config(args)
     req = check_request(args.source, args.mountpoint, cfg, args.rescan)
+    if not args.fg and detect_mode(cfg) == "mpi":
+        raise SeerfsError("launched by mpirun/srun: use 'seerfs mount --fg' (forking after MPI_Init is unsafe)",
+                          ExitCode.USAGE)  # fmt: skip
     if args.fg:
         return run_daemon(req, foreground=True)
     mount_background(req, args.timeout)
@@ -184,10 +188,24 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    """Until the mount answers and its daemon group has formed (every expected node joined)."""
     from .daemon import wait_answering
 
-    wait_answering(os.path.abspath(args.mountpoint), args.timeout)
-    return 0
+    mp = os.path.abspath(args.mountpoint)
+    deadline = time.monotonic() + args.timeout
+    wait_answering(mp, args.timeout)
+    delay = 0.01
+    while True:
+        group = read_status(mp, max(1.0, deadline - time.monotonic())).get("group", {})
+        if group.get("state", "ready") == "ready":
+            return 0
+        if time.monotonic() >= deadline:
+            raise TimeoutExpired(
+                f"{mp}: daemon group still forming after {args.timeout:g}s ({group.get('size')} of "
+                f"{group.get('expect')} nodes)"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
