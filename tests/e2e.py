@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mounting import mounted
+from mounting import mounted, status
 
 from tools.jobs import (  # the shared job runner; re-exported here for the tests
     Job,
@@ -26,7 +26,6 @@ from tools.jobs import (  # the shared job runner; re-exported here for the test
     rss,
     run_readers,
     seerfs_config,
-    status,
     wait_plan,
     write_seed,
 )

@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,16 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.jobs import Job, make_source, run_readers, seerfs_config, status, wait_plan, write_seed
+from tools.jobs import Job, make_source, run_readers, seerfs_config, wait_plan, write_seed
+from tools.mounts import seerfs as run_seerfs
+from tools.mounts import status
 from tools.pfsemu import running as running_pfsemu
-
-SEERFS = [sys.executable, "-m", "fusefs"]
 
 
 def seerfs(*args: str) -> None:
-    res = subprocess.run([*SEERFS, *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"bench_prefetch: seerfs {' '.join(args)}: {res.stderr.strip()}")
+    run_seerfs(*args, check=True, timeout=900)
 
 
 def epoch_times(results: list[dict[str, Any]]) -> list[float]:

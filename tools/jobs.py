@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tools.mkdataset import Spec, make_dataset
+from tools.mounts import status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,11 +108,6 @@ def run_readers(
         assert p.returncode == 0, f"rank {r} failed ({p.returncode}):\n{err[-3000:]}"
         results.append(json.loads(out.with_suffix(f".rank{r}.json").read_text()))
     return results
-
-
-def status(mnt: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((mnt / ".control" / "status").read_bytes())
-    return doc
 
 
 def daemon_pid(mnt: Path) -> int:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from mounting import force_unmount, is_mounted, seerfs, status, wait_for
 
 from tools.jobs import Job
+from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,tcp",
            "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}  # fmt: skip
@@ -62,12 +62,14 @@ def _teardown(mnts: list[Path]) -> None:
 
 
 @contextlib.contextmanager
-def rendezvous_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3,
-                     timeout: float = 1.0) -> Iterator[list[Path]]:  # fmt: skip
-    """``n`` daemonised mounts that find each other through a rendezvous directory."""
+def rendezvous_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, timeout: float = 1.0,
+                     alone: bool = False) -> Iterator[list[Path]]:  # fmt: skip
+    """``n`` daemonised mounts that find each other through a rendezvous directory (``alone``: that do not)."""
     mnts = mountpoints(work, n)
-    peers = {"discovery": "rendezvous", "rendezvous_dir": str(work / "rendezvous"), "expect": n,
-             "timeout": timeout, "retry_down_after": 60.0}  # fmt: skip
+    peers: dict[str, Any] = {"discovery": "rendezvous", "rendezvous_dir": str(work / "rendezvous"), "expect": n,
+                             "timeout": timeout, "retry_down_after": 60.0}  # fmt: skip
+    if alone:
+        peers = {"discovery": "none"}
     try:
         for k, mnt in enumerate(mnts):
             cfg = node_config(work, k, job, tier_bytes=tier_bytes, peers=peers)
