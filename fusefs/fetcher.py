@@ -32,6 +32,10 @@ PeerFetch = Callable[[int], Awaitable[bytes | None]]
 """Ask the owning peer for an entry; None when it has none (not-yet, not-owned, down, timeout)."""
 
 
+class NotFromPeer(Exception):
+    """A fetch that may only come from a peer (a replica's fill) found none ready: try again later."""
+
+
 @dataclass
 class Inflight:
     entry: int
@@ -92,7 +96,8 @@ class Fetcher:
 
     # ------------------------------------------------------------------ fetching
 
-    def start(self, entry: int, keep_in: Tier | None = None, use_peer: bool = True, why: str = "open") -> Inflight:
+    def start(self, entry: int, keep_in: Tier | None = None, use_peer: bool = True, why: str = "open",
+              pfs: bool = True) -> Inflight:  # fmt: skip
         """The in-flight fetch of ``entry`` (started now unless one is running)."""
         running = self.inflight.get(entry)
         if running is not None:
@@ -100,10 +105,10 @@ class Fetcher:
         assert self._nursery is not None, "Fetcher.attach() was not called"
         job = Inflight(entry)
         self.inflight[entry] = job
-        self._nursery.start_soon(self._run, job, keep_in, use_peer, why)
+        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs)
         return job
 
-    async def _run(self, job: Inflight, keep_in: Tier | None, use_peer: bool, why: str) -> None:
+    async def _run(self, job: Inflight, keep_in: Tier | None, use_peer: bool, why: str, pfs: bool) -> None:
         entry = job.entry
         t0 = time.monotonic()
         try:
@@ -112,6 +117,8 @@ class Fetcher:
                 data = await self.peer_fetch(entry)
                 if data is not None:
                     job.source = "peer"
+            if data is None and not pfs:
+                raise NotFromPeer(entry)
             if data is None:
                 log.debug("pfs fetch of entry %d (%s)", entry, why)
                 src = await self.pfs.open(entry, whole=True)
@@ -130,7 +137,7 @@ class Fetcher:
             raise
         except Exception as exc:  # stored for the waiters, who turn it into EIO or a stale-file error
             job.error = exc
-            if not isinstance(exc, OSError | StaleFile):
+            if not isinstance(exc, OSError | StaleFile | NotFromPeer):
                 log.exception("fetch of %s failed", os.fsdecode(self.snapshot.tree.path(entry)))
         finally:
             del self.inflight[entry]

@@ -151,7 +151,9 @@ class PeerGroup:
         seed = self.seed
         return json.dumps({
             "m": self.group.me,
-            "node": self.prefetcher.view.node if self.prefetcher.view.state == "tracking" else None,
+            # Also the presumed node: peers can ask before our first opens confirm it (a wrong guess
+            # only costs them a not-owned answer and a PFS read).
+            "node": self.prefetcher.view.node if self.prefetcher.view.state in ("tracking", "presumed") else None,
             "plan": plan.digest if plan is not None else None,
             "seed": [seed.value, seed.generation, seed.writer] if seed.origin != "assumed" else None,
         }).encode()  # fmt: skip

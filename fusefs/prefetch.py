@@ -39,7 +39,7 @@ from placement.reactive import StaticFrequencySet
 
 from .config import Config
 from .counters import ReadCounters
-from .fetcher import Fetcher
+from .fetcher import Fetcher, NotFromPeer
 from .snapshot import Snapshot
 from .staging import Staging
 from .tiers import Tier
@@ -61,7 +61,6 @@ class CursorView:
     stage: tuple[int, ...] = ()  # what to stage next, in order (not in RAM already, fits the limit)
     status: dict[str, Any] = field(default_factory=dict)
     predicted: int = 0  # opens of this batch the plan predicted
-
 
 
 class Prefetcher:
@@ -98,6 +97,7 @@ class Prefetcher:
         self._staging_idle.set()
         self._slots = trio.Semaphore(max(1, cfg.prefetch.threads))
         self._fill_slots = [trio.Semaphore(max(1, t.threads)) for t in cfg.tiers]
+        self._fill_later: list[int] = []  # replicas whose owner could not serve them yet
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
         staging.protect = lambda: self.view.window if self.mode == "predicting" else frozenset()
@@ -351,7 +351,11 @@ class Prefetcher:
             self._wake.set()
 
     async def _fill_loop(self) -> None:
-        """Fill long-term tiers with this node's assigned files in order of first use."""
+        """Fill long-term tiers with this node's assigned files in order of first use.
+
+        Files this node owns come from the PFS (it is their one PFS reader); replicas of files other
+        nodes own come only from their owner, and wait for a later pass while it cannot serve them.
+        """
         while True:
             plan, view, generation = self.plan, self.view, self.generation
             if plan is None or view.node is None or view.state not in ("tracking", "presumed"):
@@ -359,28 +363,40 @@ class Prefetcher:
                 continue
             node = view.node
             objs, _due = plan.fill_order(node)
-            tier_row = plan.assignment.tier_of[node]
-            entries = plan.objects.obj_entry
+            todo = objs.tolist()
             self.filled_node = node
-            for obj in objs.tolist():
-                if generation != self.generation:
-                    break
-                entry = int(entries[obj])
-                t = int(tier_row[obj])
-                if not 0 <= t < len(self.tiers) or self.tiers[t].contains(entry):
-                    continue
-                # Staging first: tier filling only uses bandwidth the readers do not need now.
-                await self._staging_idle.wait()
-                await self._fill_slots[t].acquire()
-                self.fetcher.spawn(self._fill_one, entry, t)
+            while todo and generation == self.generation:
+                self._fill_later = []
+                await self._fill_pass(plan, node, todo, generation)
+                todo = self._fill_later
+                if todo:
+                    await trio.sleep(1.0)  # owners not ready for these replicas yet
             while generation == self.generation:
                 await trio.sleep(0.5)
 
-    async def _fill_one(self, entry: int, t: int) -> None:
+    async def _fill_pass(self, plan: Plan, node: int, objs: list[int], generation: int) -> None:
+        tier_row = plan.assignment.tier_of[node]
+        owners = plan.assignment.owner
+        entries = plan.objects.obj_entry
+        for obj in objs:
+            if generation != self.generation:
+                return
+            entry = int(entries[obj])
+            t = int(tier_row[obj])
+            if not 0 <= t < len(self.tiers) or self.tiers[t].contains(entry):
+                continue
+            # Staging first: tier filling only uses bandwidth the readers do not need now.
+            await self._staging_idle.wait()
+            await self._fill_slots[t].acquire()
+            self.fetcher.spawn(self._fill_one, obj, entry, t, int(owners[obj]) == node)
+
+    async def _fill_one(self, obj: int, entry: int, t: int, owned: bool) -> None:
         try:
             if not self.tiers[t].contains(entry):
-                await self.fetcher.fetch(entry, keep_in=self.tiers[t], why="fill")
+                await self.fetcher.start(entry, keep_in=self.tiers[t], why="fill", pfs=owned).wait()
                 self.fill_fetches += 1
+        except NotFromPeer:
+            self._fill_later.append(obj)
         except Exception as exc:
             log.debug("filling entry %d into tier %d failed: %s", entry, t, exc)
         finally:
