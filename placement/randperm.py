@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -273,8 +274,24 @@ def _check_n(n: int) -> None:
         raise ValueError(f"n: expected a non-negative integer, got {n!r}")
 
 
-# Read-only arrays that depend on n alone, kept for the next epoch of the same dataset (a
-# training set and a validation set, so a few): computing them again costs a pass each time.
+# Arrays that depend on n alone are kept for the next epoch of the same dataset (a training
+# set and a validation set, so a few): computing them again costs a pass each time.  Only up
+# to _CACHED_N entries (16 bytes each in all), so that a huge dataset does not pin gigabytes.
+_CACHED_N = 1 << 23
+
+
+class _PerSize:
+    """``make(n, arg)``, read-only, cached for sizes up to _CACHED_N (computed afresh above)."""
+
+    def __init__(self, make: Callable[[int, int], npt.NDArray[Any]]) -> None:
+        self._make = make
+        self._cached = functools.lru_cache(maxsize=4)(self._fresh)
+
+    def _fresh(self, n: int, arg: int) -> npt.NDArray[Any]:
+        return _readonly(self._make(n, arg))
+
+    def __call__(self, n: int, arg: int = 0) -> npt.NDArray[Any]:
+        return self._cached(n, arg) if n <= _CACHED_N else self._make(n, arg)
 
 
 def _readonly(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -282,21 +299,11 @@ def _readonly(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return a
 
 
-@functools.lru_cache(maxsize=4)
-def _divisors(n: int) -> npt.NDArray[np.uint32]:
-    """n, n - 1, ..., 2: what step i's draw is reduced modulo."""
-    return _readonly(np.arange(n, 1, -1, dtype=np.uint32))
-
-
-@functools.lru_cache(maxsize=4)
-def _arange32(n: int) -> Int32Array:
-    return _readonly(np.arange(n, dtype=np.int32))
-
-
-@functools.lru_cache(maxsize=4)
-def _step_keys(m: int, shift: int, mult: int) -> IndexArray:
-    """``i * mult`` for the m steps: the step part of the packed (target, step) sort keys."""
-    return _readonly(np.arange(0, m * mult, mult, dtype=np.int64))
+# n, n - 1, ..., 2: what step i's draw is reduced modulo
+_divisors = _PerSize(lambda n, _: np.arange(n, 1, -1, dtype=np.uint32))
+_arange32 = _PerSize(lambda n, _: np.arange(n, dtype=np.int32))
+# i * mult for the m steps: the step part of the packed (target, step) sort keys
+_step_keys = _PerSize(lambda m, mult: np.arange(0, m * mult, mult, dtype=np.int64))
 
 
 def _offsets_32(n: int, stream: Mt19937Stream) -> npt.NDArray[np.uint32]:
@@ -359,7 +366,7 @@ def _group_by_target(
         return target[order], order
     mult = (1 << shift) + 1 if target_is_step_plus_offset else 1
     key = np.left_shift(offsets, shift, dtype=np.int64)
-    key += _step_keys(m, shift, mult)
+    key += _step_keys(m, mult)
     key.sort()
     targets = np.empty(m, dtype=dtype)
     np.right_shift(key, shift, out=targets, casting="unsafe")

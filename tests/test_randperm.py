@@ -165,6 +165,18 @@ def test_64bit_loop_consumes_two_draws_per_element() -> None:
     assert rp.randperm_draws(rp.THRESHOLD_64BIT - 1) == rp.THRESHOLD_64BIT - 2
 
 
+def test_per_size_arrays_are_cached_only_for_moderate_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Size-only constants are kept between epochs, but a huge dataset's would pin gigabytes."""
+    monkeypatch.setattr(rp, "_CACHED_N", 1000)
+    for table in (rp._divisors, rp._arange32, rp._step_keys):
+        table._cached.cache_clear()
+    np.testing.assert_array_equal(rp.randperm(5000, 8, backend="numpy"), torch_perm(5000, 8))
+    assert all(t._cached.cache_info().currsize == 0 for t in (rp._divisors, rp._arange32, rp._step_keys))
+    np.testing.assert_array_equal(rp.randperm(999, 8, backend="numpy"), torch_perm(999, 8))
+    assert all(t._cached.cache_info().currsize == 1 for t in (rp._divisors, rp._arange32, rp._step_keys))
+    assert not rp._divisors(999).flags.writeable
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_randperm_into_a_given_array(backend: rp.Backend) -> None:
     """``out`` receives exactly what randperm returns (any n, both loops), and is what comes back."""
