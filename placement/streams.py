@@ -215,14 +215,20 @@ def entry_nodes(t: npt.NDArray[Any], shape: JobShape) -> npt.NDArray[Any]:
 
 def entry_positions(t: npt.NDArray[Any], length: int, shape: JobShape) -> npt.NDArray[Any]:
     """Node-stream position of strided entries ``t`` (rank t % W reads it as its entry t // W)."""
-    world = shape.world_size
+    world, per_node = shape.world_size, shape.ranks_per_node
     if world & (world - 1) == 0:
         rank = t & (world - 1)
         pos = t >> (world.bit_length() - 1)
     else:
         pos, rank = np.divmod(t, world)
-    slots = shape.rank_slots().astype(t.dtype).take(rank)
-    return node_positions(pos, slots, length, shape)
+    # the rank's turn within its node (JobShape.slot_of_rank), in place
+    if shape.rank_order == "round_robin":
+        rank //= shape.nodes
+    elif per_node & (per_node - 1) == 0:
+        rank &= per_node - 1
+    else:
+        rank %= per_node
+    return node_positions(pos, rank, length, shape)
 
 
 class Streams:
@@ -441,6 +447,8 @@ class NodeReads:
         unread = None if u >= n else inv < 0
         if unread is not None:
             node[unread] = shape.nodes  # beyond every node: matches no row
+        if shape.nodes < 255:  # node ids as bytes: less to read in every pass below
+            node = node.astype(np.uint8)
         self._count(node, off, n)
         if self.first is not None:
             self._first_uses(node, inv, unread, st.length, off, start)
@@ -456,10 +464,9 @@ class NodeReads:
         nodes = self.shape.nodes
         if nodes <= _BROADCAST_NODES:
             # a byte compare per (node, file), in cache-sized slices: no random writes at all
-            small = node.astype(np.uint8)
             ids = np.arange(nodes, dtype=np.uint8)[:, None]
             for lo in range(0, n, _COUNT_CHUNK):
-                rows[:, lo : lo + _COUNT_CHUNK] += small[None, lo : lo + _COUNT_CHUNK] == ids
+                rows[:, lo : lo + _COUNT_CHUNK] += node[None, lo : lo + _COUNT_CHUNK] == ids
             return
         # one add over distinct (node, file) cells, in file order within each node's row
         files = np.flatnonzero(node < nodes)
@@ -500,7 +507,7 @@ class NodeReads:
             cells += off
             fresh = np.flatnonzero(self.first.reshape(-1).take(cells) == self.never)
             new, cells = new.take(fresh), cells.take(fresh)
-        pos = entry_positions(inv.take(new).astype(self.first.dtype), length, self.shape)
+        pos = entry_positions(inv.take(new).astype(self.first.dtype, copy=False), length, self.shape)
         pos += self.first.dtype.type(start)
         self.first.reshape(-1)[cells] = pos
 
