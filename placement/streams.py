@@ -412,6 +412,7 @@ class NodeReads:
         self.counts: npt.NDArray[np.unsignedinteger[Any]] = np.zeros((rows, files), count_type)
         self.first: npt.NDArray[np.signedinteger[Any]] | None = None
         self._seen: npt.NDArray[np.unsignedinteger[Any]] | None = None
+        self._entry_nodes: npt.NDArray[Any] | None = None  # see _pattern
         if first_type is not None:
             self.first = np.full((rows, files), np.iinfo(first_type).max, first_type)
             for t in (np.uint8, np.uint16, np.uint32, np.uint64):
@@ -442,18 +443,30 @@ class NodeReads:
         shape, n = self.shape, st.n
         flat = lay.order[: st.length * shape.world_size]
         u = min(lay.distinct, flat.size)
-        inv = _first_positions(flat, u, n)  # entry t of each file read in flat[:u], -1 unread
-        node = entry_nodes(inv, shape)
-        unread = None if u >= n else inv < 0
-        if unread is not None:
-            node[unread] = shape.nodes  # beyond every node: matches no row
-        if shape.nodes < 255:  # node ids as bytes: less to read in every pass below
-            node = node.astype(np.uint8)
-        self._count(node, off, n)
-        if self.first is not None:
+        if self.first is None:  # counts only: scatter each entry's node id, no inverse needed
+            node = np.full(n, shape.nodes, self._pattern(u).dtype)  # beyond every node: no row
+            node[flat[:u]] = self._pattern(u)
+            self._count(node, off, n)
+        else:
+            inv = _first_positions(flat, u, n)  # entry t of each file read in flat[:u], -1 unread
+            node = entry_nodes(inv, shape)
+            unread = None if u >= n else inv < 0
+            if unread is not None:
+                node[unread] = shape.nodes
+            if shape.nodes < 255:  # node ids as bytes: less to read in every pass below
+                node = node.astype(np.uint8)
+            self._count(node, off, n)
             self._first_uses(node, inv, unread, st.length, off, start)
         if u < flat.size:  # padding (or an order of unknown shape): repeats, with ufunc.at
             self._add_repeats(flat[u:], np.arange(u, flat.size, dtype=np.int64), st.length, off, start)
+
+    def _pattern(self, u: int) -> npt.NDArray[Any]:
+        """Node id of strided entries 0..u-1 (bytes where they fit): the same every epoch, kept."""
+        if self._entry_nodes is None or self._entry_nodes.shape[0] != u:
+            ids = entry_nodes(np.arange(u, dtype=np.int64), self.shape)
+            self._entry_nodes = ids.astype(np.uint8 if self.shape.nodes < 255 else np.int32)
+            self._entry_nodes.setflags(write=False)
+        return self._entry_nodes
 
     def _count(self, node: npt.NDArray[Any], off: int, n: int) -> None:
         """counts[k, off + f] += 1 where node[f] == k (node[f] == nodes: not read)."""
