@@ -33,6 +33,7 @@ RANK_ORDERS = ("contiguous", "round_robin")
 COUNT_MAX = int(np.iinfo(np.uint16).max)
 _COUNT_CHUNK = 1 << 15  # files per slice when turning node ids into per-node counts
 _BROADCAST_NODES = 96  # up to this many nodes, per-node byte compares beat one scatter
+_SPARSE_NEW = 8  # at most 1 in this many (node, file) pairs new last epoch: no inverse this one
 
 
 @dataclass(frozen=True)
@@ -389,9 +390,11 @@ class NodeReads:
     offsets (global ids).  ``first`` holds job positions: an epoch's node-stream position plus the
     ``start`` given for it; :attr:`never` where a node never reads a file.
 
-    A strided epoch costs one inverse of its order (the only random writes), a node id per file,
-    then byte compares per node row in cache-sized slices; first uses are computed only for
-    (node, file) pairs not read before, tracked by a bit per node and file where nodes <= 64.
+    A strided epoch costs a node id per file (a byte scattered by entry, or taken from the
+    order's inverse when first uses need positions), then byte compares per node row in
+    cache-sized slices; first uses are computed only for (node, file) pairs not read before,
+    tracked by a bit per node and file where nodes <= 64.  Once few pairs are new, an epoch
+    skips the inverse (see :meth:`_add_strided_sparse`).
     """
 
     def __init__(
@@ -413,6 +416,7 @@ class NodeReads:
         self.first: npt.NDArray[np.signedinteger[Any]] | None = None
         self._seen: npt.NDArray[np.unsignedinteger[Any]] | None = None
         self._entry_nodes: npt.NDArray[Any] | None = None  # see _pattern
+        self._new_last: dict[int, int] = {}  # per dataset offset: new pairs in its last epoch
         if first_type is not None:
             self.first = np.full((rows, files), np.iinfo(first_type).max, first_type)
             for t in (np.uint8, np.uint16, np.uint32, np.uint64):
@@ -447,6 +451,8 @@ class NodeReads:
             node = np.full(n, shape.nodes, self._pattern(u).dtype)  # beyond every node: no row
             node[flat[:u]] = self._pattern(u)
             self._count(node, off, n)
+        elif self._seen is not None and u >= n and self._new_last.get(off, n) * _SPARSE_NEW <= n:
+            self._add_strided_sparse(flat[:u], st.length, off, start)
         else:
             inv = _first_positions(flat, u, n)  # entry t of each file read in flat[:u], -1 unread
             node = entry_nodes(inv, shape)
@@ -459,6 +465,35 @@ class NodeReads:
             self._first_uses(node, inv, unread, st.length, off, start)
         if u < flat.size:  # padding (or an order of unknown shape): repeats, with ufunc.at
             self._add_repeats(flat[u:], np.arange(u, flat.size, dtype=np.int64), st.length, off, start)
+
+    def _add_strided_sparse(self, perm: IndexArray, length: int, off: int, start: int) -> None:
+        """A permutation epoch when few (node, file) pairs are still new (later epochs): no inverse.
+
+        Each entry's node id is scattered as a byte (into an array about the size of L2, where
+        the int32 inverse is four times that); the new pairs are then found in entry order, so
+        their positions come straight from their entry numbers and only their files are
+        gathered.  Their first-use writes land in random order, which is why early epochs,
+        where most pairs are new, take the inverse instead.
+        """
+        assert self.first is not None and self._seen is not None
+        n = perm.shape[0]
+        pattern = self._pattern(n)
+        node = np.empty(n, pattern.dtype)
+        node[perm] = pattern
+        self._count(node, off, n)
+        seen = self._seen[off : off + n]
+        bits = np.left_shift(seen.dtype.type(1), node, dtype=seen.dtype, casting="unsafe")
+        fresh = (seen & bits) != bits
+        seen |= bits
+        new_t = np.flatnonzero(fresh.take(perm))  # entries reading a (node, file) pair first
+        self._new_last[off] = int(new_t.shape[0])
+        pos = entry_positions(new_t.astype(self.first.dtype), length, self.shape)
+        pos += self.first.dtype.type(start)
+        cells = pattern.take(new_t).astype(np.int64)
+        cells *= self.files
+        cells += perm.take(new_t)
+        cells += off
+        self.first.reshape(-1)[cells] = pos
 
     def _pattern(self, u: int) -> npt.NDArray[Any]:
         """Node id of strided entries 0..u-1 (bytes where they fit): the same every epoch, kept."""
@@ -508,6 +543,7 @@ class NodeReads:
                 bits[unread] = 0
             new = np.flatnonzero((seen & bits) != bits)
             seen |= bits
+            self._new_last[off] = int(new.shape[0])
             cells = node.take(new).astype(np.int64)
             cells *= self.files
             cells += new

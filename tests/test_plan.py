@@ -17,6 +17,7 @@ import pytest
 from fusefs.config import load
 from fusefs.snapshot import Snapshot
 from placement import plan as P
+from placement import streams as streams_module
 from placement.frequency import (
     access_stats,
     binomial_tail,
@@ -124,6 +125,32 @@ def test_counts_and_first_uses_equal_a_brute_force_over_node_streams(case: str) 
     never = stats.never
     expect = np.where(first == np.iinfo(np.int64).max, never, first)
     assert np.array_equal(stats.first_use.astype(np.int64), expect)
+
+
+@pytest.mark.parametrize("sparse_new", [1, 10**9])
+def test_first_uses_are_exact_with_and_without_the_order_inverse(
+    monkeypatch: pytest.MonkeyPatch, sparse_new: int
+) -> None:
+    """NodeReads skips the inverse once few (node, file) pairs are new; force that from the
+    second epoch on (1), or never (10**9), and compare both with the brute force."""
+    monkeypatch.setattr(streams_module, "_SPARSE_NEW", sparse_new)
+    sparse_epochs = []
+    real = streams_module.NodeReads._add_strided_sparse
+
+    def counted(self: streams_module.NodeReads, *args: Any) -> None:
+        sparse_epochs.append(1)
+        real(self, *args)
+
+    monkeypatch.setattr(streams_module.NodeReads, "_add_strided_sparse", counted)
+    for case in ("padding, 3 nodes, odd batch", "round robin", "power of two", "64 nodes"):
+        job, sizes = CASES[case]
+        inputs = P.plan_inputs(config(**{f"job.{k}": v for k, v in job.items()}), seed=4)
+        counts, first, stats = brute_force(inputs, sizes, {})
+        assert np.array_equal(stats.counts, counts)
+        assert np.array_equal(
+            stats.first_use.astype(np.int64), np.where(first == np.iinfo(np.int64).max, stats.never, first)
+        )
+    assert bool(sparse_epochs) == (sparse_new == 1)
 
 
 def test_shared_orders_lists_and_validation_follow_the_same_streams() -> None:
