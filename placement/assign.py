@@ -53,6 +53,7 @@ I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 UInts = npt.NDArray[np.unsignedinteger]
 Ints = npt.NDArray[np.signedinteger]
+I32s = npt.NDArray[np.int32]
 
 
 @dataclass(eq=False)
@@ -195,6 +196,20 @@ def per_node(fn: Callable[[int], T], nodes: int, workers: int | None = None) -> 
         return list(pool.map(fn, range(nodes)))
 
 
+def by_columns(fn: Callable[[slice], T], m: int, workers: int | None = None) -> list[T]:
+    """``fn`` over ``workers`` contiguous ranges of 0..m-1, in threads, in order: for the steps
+    that loop over nodes but treat every object alone (a running minimum over the nodes' rows),
+    which :func:`per_node` cannot split."""
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    parts = max(1, min(workers, m))
+    ranges = [slice(m * i // parts, m * (i + 1) // parts) for i in range(parts)]
+    if parts == 1:
+        return [fn(ranges[0])]
+    with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="seerfs-columns") as pool:
+        return list(pool.map(fn, ranges))
+
+
 def fragmentation_reserve(largest: int, tiers: int, capacity: int) -> int:
     """Bytes per node kept out of ownership so tier placement can always place what it owns
     (``largest``: the largest cacheable file)."""
@@ -248,7 +263,7 @@ def assign(
     caps = [int(b[k].sum()) for k in range(nodes)]
     room = np.array([c - fragmentation_reserve(largest, tiers, c) for c in caps], np.int64)
     if spread and tiers:
-        designated = _ownership_rounds(counts, first, sizes, read, room)
+        designated = _ownership_rounds(counts, first, sizes, read, room, workers)
 
     def place(k: int) -> None:  # writes node k's rows only
         wanted = counts[k] > 0
@@ -272,13 +287,15 @@ def assign(
             tier_bytes[k, j] = int(sz[on_j].sum())
 
     per_node(place, nodes, workers)
-    earliest, reader = earliest_reader(first)
-    owner = primary_owners(tier_of, first)
+    earliest, reader = earliest_reader(first, workers)
+    owner = primary_owners(tier_of, first, workers)
     fill_obj, fill_due, fill_off = _fill_orders(tier_of, owner, first, earliest, workers)
     return Assignment(tier_of, owner, fill_obj, fill_due, fill_off, tier_bytes, tier_files, earliest, reader)
 
 
-def _ownership_rounds(counts: UInts, first: Ints, sizes: I64, read: Bools, room: I64) -> npt.NDArray[np.int32]:
+def _ownership_rounds(
+    counts: UInts, first: Ints, sizes: I64, read: Bools, room: I64, workers: int | None = None
+) -> npt.NDArray[np.int32]:
     """Designated holder per read object (-1: none had room); see step 1 of the module docstring."""
     nodes, m = counts.shape
     designated = np.full(m, -1, np.int32)
@@ -292,19 +309,28 @@ def _ownership_rounds(counts: UInts, first: Ints, sizes: I64, read: Bools, room:
             key_type = t
             break
     while pending.size and active.any():
-        # the node reading each object most; ties rotate with the object index
-        everything = pending.size == m
-        rot = (pending % nodes).astype(key_type)
-        best = np.zeros(pending.size, key_type)
-        choice = np.full(pending.size, -1, np.int32)
-        for k in np.flatnonzero(active).tolist():
-            key = (counts[k] if everything else counts[k].take(pending)).astype(key_type)
-            key *= key_type(nodes)
-            key += (rot + key_type(k)) % key_type(nodes)
-            key += key_type(1)  # 0 stays "no node yet"
-            better = key > best
-            choice[better] = k
-            np.maximum(best, key, out=best)
+        everything = pending.size == m  # then pending is 0..m-1: rows are read without a gather
+        candidates = np.flatnonzero(active).tolist()
+
+        def choose(
+            sl: slice, pending: I64 = pending, everything: bool = everything, candidates: list[int] = candidates
+        ) -> I32s:
+            """The node reading each object most; ties rotate with the object index."""
+            sub = pending[sl]
+            rot = (sub % nodes).astype(key_type)
+            best = np.zeros(sub.size, key_type)
+            choice = np.full(sub.size, -1, np.int32)
+            for k in candidates:
+                key = (counts[k, sl] if everything else counts[k].take(sub)).astype(key_type)
+                key *= key_type(nodes)
+                key += (rot + key_type(k)) % key_type(nodes)
+                key += key_type(1)  # 0 stays "no node yet"
+                better = key > best
+                choice[better] = k
+                np.maximum(best, key, out=best)
+            return choice
+
+        choice = np.concatenate(by_columns(choose, pending.size, workers))
         left: list[I64] = []
         for k in np.flatnonzero(active).tolist():
             mine = pending[choice == k]
@@ -324,8 +350,13 @@ def _ownership_rounds(counts: UInts, first: Ints, sizes: I64, read: Bools, room:
     return designated
 
 
-def primary_owners(tier_of: npt.NDArray[np.int8], first: Ints) -> npt.NDArray[np.int32]:
+def primary_owners(tier_of: npt.NDArray[np.int8], first: Ints, workers: int | None = None) -> I32s:
     """Per object, the holder that reads it first (ties: lowest node), -1 when none holds it."""
+    parts = by_columns(lambda sl: _primary_owners(tier_of[:, sl], first[:, sl]), tier_of.shape[1], workers)
+    return np.concatenate(parts)
+
+
+def _primary_owners(tier_of: npt.NDArray[np.int8], first: Ints) -> I32s:
     nodes, m = tier_of.shape
     never = first.dtype.type(np.iinfo(first.dtype).max)
     owner = np.full(m, -1, np.int32)
@@ -340,8 +371,13 @@ def primary_owners(tier_of: npt.NDArray[np.int8], first: Ints) -> npt.NDArray[np
     return owner
 
 
-def earliest_reader(first: Ints) -> tuple[Ints, npt.NDArray[np.int32]]:
+def earliest_reader(first: Ints, workers: int | None = None) -> tuple[Ints, I32s]:
     """Per object, the first read position over all nodes and the node doing it (-1: nobody)."""
+    parts = by_columns(lambda sl: _earliest_reader(first[:, sl]), first.shape[1], workers)
+    return np.concatenate([b for b, _ in parts]), np.concatenate([r for _, r in parts])
+
+
+def _earliest_reader(first: Ints) -> tuple[Ints, I32s]:
     never = np.iinfo(first.dtype).max
     best = first[0].copy()
     reader = np.where(best < never, 0, -1).astype(np.int32)
