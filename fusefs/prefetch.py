@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,7 @@ class CursorView:
     stage: tuple[int, ...] = ()  # what to stage next, in order (not in RAM already, fits the limit)
     status: dict[str, Any] = field(default_factory=dict)
     predicted: int = 0  # opens of this batch the plan predicted
+    fresh: bool = True  # False: the window was carried over from the last view (nobody moved a batch)
 
 
 class Prefetcher:
@@ -84,6 +85,7 @@ class Prefetcher:
         self.seed_trusted: Callable[[], bool] = lambda: True  # False while the seed is only assumed
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._unplaced: dict[int, int] = {}  # entry -> opens the published view does not reflect yet
+        self._opened_since_view: set[int] = set()  # opened since the window was last recomputed
         self._opens_ready = trio.Event()
         self._cursor_lock = trio.CapacityLimiter(1)
         self.predicted_opens = 0
@@ -102,6 +104,13 @@ class Prefetcher:
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
         staging.protect = lambda: self.view.window if self.mode == "predicting" else frozenset()
         self.window_files = max(self.settings.window, 64)
+        # The predicted horizon must cover the staging window's bytes (files of the mean size, with
+        # margin), or a large window never fills; and at least the cursor's own window several times.
+        files = max(1, int((snapshot.tree.kind == 1).sum()))
+        mean = max(1, int(snapshot.tree.size.sum()) // files)
+        self.horizon_files = max(self.window_files * 4, int(1.5 * staging.limit / mean))
+        self.cursor_step = max(1, job.batch_size)  # the view is recomputed when a rank moved this far
+        self._view_where: tuple[Any, ...] = ()
         self.memory_tiers = [t for t in self.tiers if t.kind == "memory"]
 
     # ------------------------------------------------------------------ plan changes
@@ -112,8 +121,10 @@ class Prefetcher:
         self.plan = plan
         self.cursor = None
         self.view = CursorView()
+        self._view_where = ()
         self._opens = []
         self._unplaced = {}
+        self._opened_since_view = set()
         self.tier_of_gid = None
         self.filled_node = None
         if plan is None:
@@ -152,6 +163,7 @@ class Prefetcher:
             return
         self._opens.append(gid)
         self._unplaced[entry] = self._unplaced.get(entry, 0) + 1
+        self._opened_since_view.add(entry)
         self._opens_ready.set()
 
     async def _cursor_loop(self) -> None:
@@ -177,6 +189,8 @@ class Prefetcher:
                          else "")  # fmt: skip
             self.predicted_opens += view.predicted
             previous, self.view = self.view, view
+            if view.fresh:  # a recomputed window knows every open it was given; later ones it does not
+                self._opened_since_view = set(self._unplaced)
             if view.node is not None and (view.node != previous.node or self.tier_of_gid is None) and self.plan:
                 self.tier_of_gid = self.plan.tier_of(view.node)
             if view.state == "mismatch" and previous.state != "mismatch":
@@ -198,8 +212,18 @@ class Prefetcher:
         horizon: frozenset[int] = frozenset()
         stage: tuple[int, ...] = ()
         plan = self.plan
+        where = (
+            cursor.state,
+            cursor.epoch,
+            tuple((t.epoch, t.low // self.cursor_step) for t in cursor.tracks.values()),
+        )
+        previous = self.view
+        if where == self._view_where and previous.state == cursor.state:
+            # Nobody moved by a batch: the window is the same; only the counts change.
+            return replace(previous, status=cursor.status(), predicted=predicted, fresh=False)
+        self._view_where = where
         if plan is not None and cursor.state in ("tracking", "presumed"):
-            upcoming = cursor.upcoming(self.window_files * 4)
+            upcoming = cursor.upcoming(self.horizon_files)
             if upcoming:
                 gids_ahead = np.fromiter((g for _e, g in upcoming), dtype=np.int64, count=len(upcoming))
                 entries = plan.entry_of(gids_ahead).tolist()
@@ -284,31 +308,20 @@ class Prefetcher:
         them would spend the window's small budget on what needs no fetching.  (Tier membership
         is read from this thread; a stale answer only costs one needless or missed stage.)
         """
-        sizes = self.snapshot.tree.size[np.asarray(entries, dtype=np.int64)].tolist() if entries else []
-        in_memory: list[Callable[[int], bool]] = [t.contains for t in self.memory_tiers]
-        in_memory.append(self.staging.kept.__contains__)  # pages still cached from an earlier read
-        out: list[int] = []
-        seen: set[int] = set()
-        budget = self.staging.limit
-        for entry, size in zip(entries, sizes, strict=True):
-            if entry in seen:
-                continue
-            seen.add(entry)
-            held = False
-            for contains in in_memory:
-                if contains(entry):
-                    held = True
-                    break
-            if held:
-                continue
-            budget -= size
-            if budget < 0:
-                break
-            out.append(entry)
-        return tuple(out)
+        held: list[Callable[[int], bool]] = [t.contains for t in self.memory_tiers]
+        held.append(self.staging.kept.__contains__)  # pages still cached from an earlier read
+        # One comprehension per check (later epochs hold nearly everything: this keeps the scan cheap).
+        todo = list(dict.fromkeys(entries))
+        for contains in held:
+            todo = [e for e in todo if not contains(e)]
+        if not todo:
+            return ()
+        sizes = np.cumsum(self.snapshot.tree.size[np.asarray(todo, dtype=np.int64)])
+        return tuple(todo[: int(np.searchsorted(sizes, self.staging.limit, side="right"))])
 
     async def _refill(self, generation: int) -> None:
-        window = [e for e in self.view.stage if e not in self._unplaced]  # opened already: not again
+        # Opened already (since the window was computed): never stage them again.
+        window = [e for e in self.view.stage if e not in self._opened_since_view]
         # A staged file is dropped when consumed (release), or here once it left the whole predicted
         # horizon (the plan changed, or the readers skipped it): never merely because the byte-limited
         # window shifted, which would throw away a file needed before the ones replacing it (rule 3).
@@ -412,5 +425,6 @@ class Prefetcher:
             "fill_fetches": self.fill_fetches,
             "fetches_inflight": len(self.fetcher.inflight),
             "window_files": self.window_files,
+            "horizon_files": self.horizon_files,
             "staging": self.staging.status(),
         }

@@ -37,18 +37,21 @@ class Job:
     compute_s: float = 0.0  # seconds of (sleeping) compute per sample
     sync: bool = True  # ranks in step through a gloo barrier per batch (False: independent readers)
     time_reads: bool = False  # record each file's open+read time (read_max_s, read_p99_s)
+    in_memory: bool = False  # the no-I/O lower bound: samples of the files' sizes made in RAM
+    write_seed: bool = False  # rank 0 writes the seed to ROOT/.control/seed first thing, as a job script does
 
 
-def make_source(root: Path, files: int, val_files: int, mean_size: int = 16_000) -> tuple[dict[str, str], int]:
+def make_source(root: Path, files: int, val_files: int, mean_size: int = 16_000, sigma: float = 0.5,
+                classes: int = 6) -> tuple[dict[str, str], int]:  # fmt: skip
     """A train/val ImageFolder tree; returns per-file sha1 (computed now, before any mount) and total bytes."""
-    spec = Spec(classes=6, files=files, val_files=val_files, mean_size=mean_size, seed=3)
+    spec = Spec(classes=classes, files=files, val_files=val_files, mean_size=mean_size, sigma=sigma, seed=3)
     written = make_dataset(root if val_files else root / "train", spec)  # always a train/ (and val/) tree
     digests = {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest() for p in written}
     return digests, sum(p.stat().st_size for p in written)
 
 
-def seerfs_config(path: Path, job: Job, *, cache_dir: Path, tiers: list[dict[str, Any]],
-                  lookahead: str = "4MiB", ranks_per_node: int | None = None, **extra: Any) -> Path:  # fmt: skip
+def seerfs_config(path: Path, job: Job, *, cache_dir: Path, tiers: list[dict[str, Any]], lookahead: str = "4MiB",
+                  ranks_per_node: int | None = None, prefetch_threads: int = 8, **extra: Any) -> Path:  # fmt: skip
     cfg: dict[str, Any] = {
         "cache_dir": str(cache_dir),
         "datasets": [{"root": "train"}, {"root": "val", "follows": "train", "sampler": {"shuffle": False}}]
@@ -56,7 +59,7 @@ def seerfs_config(path: Path, job: Job, *, cache_dir: Path, tiers: list[dict[str
         "job": {"world_size": job.world_size, "ranks_per_node": ranks_per_node or job.world_size,
                 "epochs": job.epochs, "batch_size": job.batch_size, "num_workers": job.num_workers},
         "tiers": tiers,
-        "prefetch": {"lookahead_bytes": lookahead, "threads": 8},
+        "prefetch": {"lookahead_bytes": lookahead, "threads": prefetch_threads},
         **extra,
     }  # fmt: skip
     path.write_text(yaml.safe_dump(cfg))

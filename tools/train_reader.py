@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -36,8 +37,25 @@ def raw_timed(path: str) -> tuple[bytes, float]:
     return data, time.monotonic() - t0
 
 
+SIZES: dict[str, int] = {}  # in_memory runs: each sample's size, taken before training
+
+
+def from_memory(path: str) -> bytes:
+    """A sample of the file's size made in RAM: no I/O at all (NoPFS's synthetic-data lower bound).
+
+    Sizes only, not contents, live in the parent: holding the whole dataset there would make every
+    DataLoader worker fork heavier and the "lower bound" slower than reading files.
+    """
+    return bytes(SIZES[path])
+
+
 def collate(batch: list[Any]) -> list[Any]:
     return batch
+
+
+def _cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main() -> int:
@@ -55,6 +73,9 @@ def main() -> int:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
     digests: dict[str, str] | None = spec.get("digests")
     root = spec["roots"][rank]
+    started = time.monotonic()
+    if spec.get("write_seed") and rank == 0:  # what a training script does before building its loaders
+        Path(root, ".control", "seed").write_text(f"{spec['seed']}\n")
     loader_fn = raw_timed if spec.get("time_reads") else raw
     train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=loader_fn)
     sampler: Any = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
@@ -66,8 +87,14 @@ def main() -> int:
         val_sampler: Any = DistributedSampler(val, num_replicas=world, rank=rank, shuffle=False)
         val_loader = DataLoader(val, batch_size=spec["batch_size"], sampler=val_sampler,
                                 num_workers=spec["num_workers"], collate_fn=collate)  # fmt: skip
+    if spec.get("in_memory"):  # the no-I/O lower bound: the same loop, samples made in RAM
+        for ds in (train, *([val_loader.dataset] if val_loader is not None else [])):
+            for path, _label in ds.samples:
+                SIZES[path] = os.path.getsize(path)
+            ds.loader = from_memory
     result: dict[str, Any] = {"rank": rank, "samples": 0, "bytes": 0, "bad": [], "epochs": [], "wait_s": 0.0}
     read_times: list[float] = []
+    cpu0 = _cpu_seconds()
 
     def consume(dataset: Any, batches: Any, indices: list[int]) -> float:
         waited = 0.0
@@ -98,6 +125,7 @@ def main() -> int:
                 dist.barrier()
         return waited
 
+    result["setup_s"] = time.monotonic() - started  # seed written (if asked) to the first epoch's start
     for epoch in range(spec["start_epoch"], spec["epochs"]):
         t0 = time.monotonic()
         sampler.set_epoch(epoch)
@@ -106,6 +134,7 @@ def main() -> int:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
         result["epochs"].append({"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited})
         result["wait_s"] += waited
+    result["cpu_s"] = _cpu_seconds() - cpu0  # this rank and its loader workers
     if read_times:
         read_times.sort()
         result["read_max_s"] = read_times[-1]

@@ -1,0 +1,346 @@
+"""Side-by-side training benchmark: the same job over every way of reading a dataset on a (emulated) PFS.
+
+The job is real training minus the model: torchvision ImageFolder + DataLoader worker processes +
+DistributedSampler with set_epoch, ranks in step through a gloo barrier per batch, and a compute
+step that *sleeps* per sample (it stands for GPU time, so it uses no CPU).  It runs, in one
+invocation, over:
+
+  lower bound   the same loop with samples of the files' sizes made in RAM (no I/O at all)
+  direct        reading the emulated PFS directly
+  staging       copy the dataset to local disk first (8 threads), then train; the copy is counted
+  rclone        rclone mount --vfs-cache-mode full over the emulated PFS
+  seerfs        seerfs over the emulated PFS, no seed written (it assumes 0 and checks)
+  seerfs+seed   seerfs with the job's sampler seed written to .control/seed
+
+and prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
+rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to the lower bound, PFS bytes from the
+emulator's own counters as a multiple of the dataset, CPU use of the emulator and the readers, and
+whether each target holds.  Every parameter is printed with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tools.jobs import Job, make_source, run_readers, seerfs_config
+from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.pfsemu import RunningEmulator
+from tools.pfsemu import running as running_pfsemu
+
+CONFIGS = ("lower bound", "direct", "staging", "rclone", "seerfs", "seerfs+seed")
+
+
+@dataclass
+class Result:
+    config: str
+    epoch_s: list[float]
+    extra_s: float = 0.0  # staging: the copy before training
+    setup_s: float = 0.0  # rank start (seed written, for seerfs+seed) to the first epoch: dataset scan, loaders
+    pfs_bytes: int = 0
+    emu_cpu: float = 0.0  # emulator CPU share of the run's wall time
+    reader_cpu: float = 0.0  # readers' CPU (ranks + loader workers) per rank, share of wall time
+    sources: dict[str, int] = field(default_factory=dict)  # seerfs: files served per source
+    wait_s: list[float] = field(default_factory=list)  # per epoch, the longest any rank waited for batches
+    hit_rate: float | None = None
+    note: str = ""
+
+    @property
+    def total_s(self) -> float:
+        return self.extra_s + self.setup_s + sum(self.epoch_s)
+
+
+def epoch_times(results: list[dict[str, Any]]) -> list[float]:
+    return [max(r["epochs"][e]["seconds"] for r in results) for e in range(len(results[0]["epochs"]))]
+
+
+def epoch_waits(results: list[dict[str, Any]]) -> list[float]:
+    return [max(r["epochs"][e]["wait_s"] for r in results) for e in range(len(results[0]["epochs"]))]
+
+
+def reader_cpu(results: list[dict[str, Any]], wall: float) -> float:
+    return float(max(r["cpu_s"] for r in results)) / max(wall, 1e-9)
+
+
+def timed_readers(config: str, root: Path, job: Job, run_dir: Path, **extra: Any) -> Result:
+    """Run the readers over ROOT; the Result carries epoch times, batch waits and reader CPU."""
+    t = time.monotonic()
+    res = run_readers(root, job, None, run_dir)
+    wall = time.monotonic() - t
+    setup = max(r["setup_s"] for r in res)
+    return Result(config, epoch_times(res), wait_s=epoch_waits(res), reader_cpu=reader_cpu(res, wall), setup_s=setup,
+                  **extra)  # fmt: skip
+
+
+def measured(emu: RunningEmulator, run: Callable[[], Result]) -> Result:
+    """Run one configuration with the emulator's counters and CPU taken around it."""
+    emu.reset()
+    cpu0 = emu.counters().cpu_s
+    t0 = time.monotonic()
+    result: Result = run()
+    wall = time.monotonic() - t0
+    stats = emu.counters()
+    result.pfs_bytes = stats.bytes
+    result.emu_cpu = (stats.cpu_s - cpu0) / max(wall, 1e-9)
+    return result
+
+
+def parallel_copy(src: Path, dst: Path, threads: int) -> None:
+    files = [p for p in src.rglob("*") if p.is_file()]
+    for d in {dst / p.parent.relative_to(src) for p in files}:
+        d.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda p: shutil.copyfile(p, dst / p.relative_to(src)), files))
+
+
+def rclone_mount(src: Path, mnt: Path, cache: Path) -> subprocess.Popen[bytes]:
+    exe = shutil.which("rclone")
+    if exe is None:
+        raise FileNotFoundError("rclone")
+    proc = subprocess.Popen(
+        [exe, "mount", str(src), str(mnt), "--vfs-cache-mode", "full", "--cache-dir", str(cache),
+         "--dir-cache-time", "1h", "--attr-timeout", "1h"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what="rclone mount")
+    if proc.poll() is not None:
+        raise RuntimeError(f"rclone mount exited {proc.returncode}")
+    return proc
+
+
+def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded: bool) -> Result:
+    name = "seerfs+seed" if seeded else "seerfs"
+    d = work / name.replace("+", "_")
+    d.mkdir()
+    # A node with RAM for the dataset: the memory tier holds it, and the budget also has room for the
+    # pages readers leave in the page cache (kept, so later epochs never copy data through FUSE) and
+    # for the staging window.  16 fetch threads keep the emulated PFS at its best aggregate rate.
+    lookahead = 320 << 20
+    cfg = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache", lookahead=str(lookahead),
+                        tiers=[{"kind": "memory", "bytes": int(total * 2.1) + lookahead, "threads": 8}],
+                        prefetch_threads=16)  # fmt: skip
+    mnt = d / "mnt"
+    mnt.mkdir()
+    seerfs("mount", str(emu.mountpoint), str(mnt), "-c", str(cfg), check=True)
+    try:
+        # Rank 0 writes the seed when it starts, as the training script would: planning and the first
+        # fetches run inside the measured time, not before it.
+        result = timed_readers(name, mnt, replace(job, write_seed=seeded), d / "run")
+        doc = status(mnt)
+    finally:
+        seerfs("umount", str(mnt), timeout=120)
+        force_unmount(mnt)
+    result.sources = {k: v["files"] for k, v in doc["reads"]["by_source"].items() if v["files"]}
+    result.hit_rate = (doc.get("cursor") or {}).get("hit_rate")
+    result.note = f"mode {doc['prefetch']['mode']}"
+    return result
+
+
+def run_lower(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+    return timed_readers("lower bound", src, replace(job, in_memory=True), work / "lower")
+
+
+def run_direct(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+    return timed_readers("direct", emu.mountpoint, job, work / "direct")
+
+
+def run_staging(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+    local = work / "staged"
+    t = time.monotonic()
+    parallel_copy(emu.mountpoint, local, 8)
+    copy_s = time.monotonic() - t
+    return timed_readers("staging", local, job, work / "staging", extra_s=copy_s, note=f"copy {copy_s:.1f}s")
+
+
+def run_rclone(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+    mnt, cache = work / "rclone-mnt", work / "rclone-cache"
+    mnt.mkdir()
+    proc = rclone_mount(emu.mountpoint, mnt, cache)
+    try:
+        return timed_readers("rclone", mnt, job, work / "rclone")
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        proc.terminate()
+        proc.wait(30)
+
+
+def run_all(a: argparse.Namespace, work: Path) -> tuple[list[Result], int, dict[str, Any]]:
+    src = work / "pfs-backing"
+    t0 = time.monotonic()
+    _digests, total = make_source(src, a.files, a.val_files, mean_size=a.mean_size, sigma=a.sigma, classes=a.classes)
+    print(f"bench_train: dataset of {a.files}+{a.val_files} files, {total / 1e6:.0f} MB made in "
+          f"{time.monotonic() - t0:.1f}s", file=sys.stderr)  # fmt: skip
+    job = Job(world_size=a.world_size, epochs=a.epochs, batch_size=a.batch, num_workers=a.workers, seed=a.seed,
+              val=a.val_files > 0, compute_s=a.compute_ms / 1000)  # fmt: skip
+    runners = {"lower bound": run_lower, "direct": run_direct, "staging": run_staging, "rclone": run_rclone}
+    results: list[Result] = []
+    only = set(a.configs.split(",")) if a.configs else set(CONFIGS)
+    with running_pfsemu(src, curve=a.curve, open_latency_ms=a.open_ms, read_latency_ms=a.read_ms) as emu:
+        emu_params = emu.counters().config
+        for config in CONFIGS:
+            if config not in only:
+                continue
+            if config == "rclone" and shutil.which("rclone") is None:
+                print("bench_train: rclone not installed: skipped", file=sys.stderr)
+                continue
+            print(f"bench_train: running {config}", file=sys.stderr)
+            runner = runners.get(config)
+            if runner is not None:
+                results.append(measured(emu, partial(runner, emu, work, job, src)))
+            else:
+                seeded = config == "seerfs+seed"
+                results.append(measured(emu, partial(seerfs_run, emu, work, job, total, seeded=seeded)))
+    return results, total, emu_params
+
+
+def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    by = {r.config: r for r in results}
+    if not {"lower bound", "direct", "seerfs+seed"} <= set(by):
+        return []
+    lower, direct, seed = by["lower bound"], by["direct"], by["seerfs+seed"]
+    best_mbps = max(float(x.split(":")[1]) for x in a.curve.split(","))
+    floor0 = max(lower.epoch_s[0], total / (best_mbps * 1e6))
+    later = [t / c for t, c in zip(seed.epoch_s[1:], lower.epoch_s[1:], strict=True)]
+    fastest = min(results, key=lambda r: r.total_s if r.config != "lower bound" else float("inf"))
+    return [
+        ("seerfs with the seed is the fastest configuration", fastest.config == "seerfs+seed", fastest.config),
+        ("epoch 0 <= 1.10x max(compute-only, dataset / best PFS throughput)", seed.epoch_s[0] <= 1.10 * floor0,
+         f"{seed.epoch_s[0] / floor0:.3f}x (floor {floor0:.2f}s)"),
+        ("every later epoch <= 1.05x compute-only", all(x <= 1.05 for x in later),
+         ", ".join(f"{x:.3f}x" for x in later)),
+        ("PFS bytes <= 1.05x the dataset", seed.pfs_bytes <= 1.05 * total, f"{seed.pfs_bytes / total:.3f}x"),
+        ("total >= 1.8x faster than direct", direct.total_s >= 1.8 * seed.total_s,
+         f"{direct.total_s / seed.total_s:.2f}x"),
+    ]  # fmt: skip
+
+
+def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_params: dict[str, Any]) -> None:
+    lower = next((r for r in results if r.config == "lower bound"), None)
+    print(f"parameters: {json.dumps(vars(a))}")
+    print(f"emulator: {json.dumps(emu_params)}")
+    print(f"dataset: {a.files} train + {a.val_files} val files, {total / 1e6:.1f} MB\n")
+    epochs = len(results[0].epoch_s)
+    head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
+    print(f"{'configuration':<13}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
+          f"{'rdr CPU':>7}  notes")  # fmt: skip
+    for r in results:
+        base = lower.epoch_s if lower else [1.0] * epochs
+        cells = "  ".join(f"{t:6.2f}s ({t / b:4.2f}x)" for t, b in zip(r.epoch_s, base, strict=True))
+        tot_ratio = r.total_s / lower.total_s if lower else 1.0
+        notes = r.note
+        if r.hit_rate is not None:
+            notes += f", hit rate {r.hit_rate:.2%}"
+        if r.sources:
+            notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
+        print(f"{r.config:<13}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
+              f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {notes.strip(', ')}")  # fmt: skip
+    checks = targets(results, total, a)
+    if checks:
+        print()
+        for name, ok, detail in checks:
+            print(f"  [{'ok' if ok else 'MISSED'}] {name}: {detail}")
+
+
+def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    epochs = len(results[0].epoch_s)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(results)
+    for i, r in enumerate(results):
+        xs = [e + i * width for e in range(epochs)]
+        ax.bar(xs, r.epoch_s, width, label=f"{r.config} (total {r.total_s:.1f}s, PFS {r.pfs_bytes / total:.2f}x)")
+    ax.set_xticks([e + 0.4 - width / 2 for e in range(epochs)], [f"epoch {e}" for e in range(epochs)])
+    ax.set_ylabel("seconds")
+    ax.set_title("Epoch times per configuration (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    epochs_png = out / "train_epochs.png"
+    fig.savefig(epochs_png, dpi=120)
+    plt.close(fig)
+    seer = [r for r in results if r.sources]
+    paths = [epochs_png]
+    if seer:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = sorted({k for r in seer for k in r.sources})
+        bottom = [0] * len(seer)
+        for name in names:
+            vals = [r.sources.get(name, 0) for r in seer]
+            ax.bar([r.config for r in seer], vals, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_ylabel("files opened")
+        ax.set_title("Where seerfs served each open from")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        sources_png = out / "train_sources.png"
+        fig.savefig(sources_png, dpi=120)
+        plt.close(fig)
+        paths.append(sources_png)
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench_train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--files", type=int, default=4000, help="training files (default 4000)")
+    p.add_argument("--val-files", type=int, default=400, help="validation files (default 400)")
+    p.add_argument("--classes", type=int, default=10, help="class directories (default 10)")
+    p.add_argument("--mean-size", type=int, default=110_000, help="mean file size in bytes, lognormal (default 110000)")
+    p.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma of file sizes (default 0.5)")
+    p.add_argument(
+        "--curve", default="1:20,2:35,4:50,8:60", help="emulated PFS t(gamma), MB/s (default 1:20,2:35,4:50,8:60)"
+    )
+    p.add_argument("--open-ms", type=float, default=3.0, help="emulated PFS latency per open (default 3 ms)")
+    p.add_argument("--read-ms", type=float, default=0.5, help="emulated PFS latency per read (default 0.5 ms)")
+    p.add_argument("--compute-ms", type=float, default=2.0, help="compute per sample per rank, slept (default 2 ms)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks, all on this node (default 2)")
+    p.add_argument("--batch", type=int, default=32, help="per-rank batch size (default 32)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (default 2)")
+    p.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
+    p.add_argument("--seed", type=int, default=7, help="the sampler's seed (default 7; seerfs alone assumes 0)")
+    p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")
+    p.add_argument("--png", metavar="DIR", help="write train_epochs.png and train_sources.png into DIR")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--workdir", help="scratch directory (default: a temp dir, removed)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-train-"))
+    try:
+        results, total, emu_params = run_all(a, work)
+    finally:
+        for mnt in work.rglob("mnt"):
+            force_unmount(mnt)
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    if a.json:
+        print(json.dumps({"parameters": vars(a), "emulator": emu_params, "dataset_bytes": total,
+                          "results": [{**vars(r), "total_s": r.total_s} for r in results],
+                          "targets": targets(results, total, a)}, indent=1))  # fmt: skip
+    else:
+        print_table(results, total, a, emu_params)
+    if a.png:
+        for path in write_pngs(results, total, Path(a.png)):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
