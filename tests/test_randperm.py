@@ -192,7 +192,7 @@ def test_randperm_into_a_given_array(backend: rp.Backend) -> None:
     assert got is buf and buf.tolist() == torch_loop_64(n, 6)
     for bad in (np.empty(4, np.int64), np.empty(5, np.int32)):
         with pytest.raises(ValueError, match="out"):
-            rp.randperm(5, 0, backend=backend, out=bad)
+            rp.randperm(5, 0, backend=backend, out=bad)  # type: ignore[arg-type]  # the wrong dtype on purpose
 
 
 @pytest.mark.parametrize(
