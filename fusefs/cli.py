@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "wait",
-        help="wait until MOUNTPOINT answers",
+        help="wait until MOUNTPOINT answers and its daemon group has formed",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
