@@ -90,7 +90,8 @@ def pfs_emulator(backing: Path, work: Path, meta_ms: float) -> Iterator[Path]:
 
 
 def bench_mounts(source: Path, work: Path, label: str, rows: list[tuple[str, str, str]]) -> None:
-    mnt, cache = work / f"mnt-{label}", work / f"cache-{label}"
+    slug = "".join(c if c.isalnum() else "-" for c in label)  # labels are prose; paths get a slug
+    mnt, cache = work / f"mnt-{slug}", work / f"cache-{slug}"
     mnt.mkdir()
     first = seerfs("mount", str(source), str(mnt), "-o", f"cache_dir={cache}")
     first_snap = snapshot_status(mnt)
