@@ -58,6 +58,7 @@ class Result:
     wait_s: list[float] = field(default_factory=list)  # per epoch, the longest any rank waited for batches
     hit_rate: float | None = None
     note: str = ""
+    status_text: str = ""  # seerfs: `seerfs status MOUNT` after the run, before unmounting
 
     @property
     def total_s(self) -> float:
@@ -142,6 +143,7 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
         # fetches run inside the measured time, not before it.
         result = timed_readers(name, mnt, replace(job, write_seed=seeded), d / "run")
         doc = status(mnt)
+        result.status_text = seerfs("status", str(mnt)).stdout
     finally:
         seerfs("umount", str(mnt), timeout=120)
         force_unmount(mnt)
@@ -324,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")
     p.add_argument("--png", metavar="DIR", help="write train_epochs.png and train_sources.png into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--show-status", action="store_true", help="print `seerfs status` of the seerfs+seed mount")
     p.add_argument("--workdir", help="scratch directory (default: a temp dir, removed)")
     return p
 
@@ -344,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                           "targets": targets(results, total, a)}, indent=1))  # fmt: skip
     else:
         print_table(results, total, a, emu_params)
+    if a.show_status:
+        for r in results:
+            if r.status_text and r.config == "seerfs+seed":
+                print(f"\n`seerfs status` of the {r.config} mount after the job:\n{r.status_text}")
     if a.png:
         for path in write_pngs(results, total, Path(a.png)):
             print(f"wrote {path}", file=sys.stderr)

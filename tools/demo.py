@@ -3,7 +3,8 @@
 It generates a small ImageFolder dataset, serves it through the emulated PFS, and runs the same
 training job (real ImageFolder + DataLoader workers + DistributedSampler, compute slept) over the
 lower bound, the PFS directly, copy-then-train staging, rclone, seerfs without a seed and seerfs with
-the seed, then prints the table of epoch times, ratios and PFS bytes.  Any ``bench_train`` option
+the seed, then prints the table of epoch times, ratios and PFS bytes, and the seeded mount's
+``seerfs status`` (tiers, cursor, reads per source) taken before it was unmounted.  Any ``bench_train`` option
 given here overrides the demo's sizes (``tools/demo --files 4000`` ...); ``tools/bench_train --help``
 lists them.
 """
@@ -15,7 +16,7 @@ import sys
 from tools import bench_train
 
 # Small enough for about a minute on 2 cores, large enough that the PFS, not start-up, dominates.
-DEMO_ARGS = ["--files", "800", "--val-files", "80", "--epochs", "3"]
+DEMO_ARGS = ["--files", "800", "--val-files", "80", "--epochs", "3", "--show-status"]
 
 
 def main(argv: list[str] | None = None) -> int:

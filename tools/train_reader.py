@@ -129,10 +129,12 @@ def main() -> int:
     for epoch in range(spec["start_epoch"], spec["epochs"]):
         t0 = time.monotonic()
         sampler.set_epoch(epoch)
+        before = len(read_times)
         waited = consume(train, loader, list(sampler))
         if val_loader is not None:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
-        result["epochs"].append({"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited})
+        result["epochs"].append({"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited,
+                                 "read_s": sum(read_times[before:])})  # fmt: skip
         result["wait_s"] += waited
     result["cpu_s"] = _cpu_seconds() - cpu0  # this rank and its loader workers
     if read_times:
