@@ -276,15 +276,8 @@ def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
         xs = [e + i * width for e in range(epochs)]
         ax.bar(xs, r.epoch_s, width, label=f"{r.config} (total {r.total_s:.1f}s, PFS {r.pfs_bytes / total:.2f}x)")
     ax.set_xticks([e + 0.4 - width / 2 for e in range(epochs)], [f"epoch {e}" for e in range(epochs)])
-    ax.set_ylabel("seconds")
-    ax.set_title("Epoch times per configuration (lower is better)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    epochs_png = out / "train_epochs.png"
-    fig.savefig(epochs_png, dpi=120)
-    plt.close(fig)
+    paths = [save(fig, ax, "seconds", "Epoch times per configuration (lower is better)", out / "train_epochs.png")]
     seer = [r for r in results if r.sources]
-    paths = [epochs_png]
     if seer:
         fig, ax = plt.subplots(figsize=(7, 4))
         names = sorted({k for r in seer for k in r.sources})
@@ -293,15 +286,20 @@ def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
             vals = [r.sources.get(name, 0) for r in seer]
             ax.bar([r.config for r in seer], vals, bottom=bottom, label=name)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-        ax.set_ylabel("files opened")
-        ax.set_title("Where seerfs served each open from")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        sources_png = out / "train_sources.png"
-        fig.savefig(sources_png, dpi=120)
-        plt.close(fig)
-        paths.append(sources_png)
+        paths.append(save(fig, ax, "files opened", "Where seerfs served each open from", out / "train_sources.png"))
     return paths
+
+
+def save(fig: Any, ax: Any, ylabel: str, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
