@@ -86,6 +86,9 @@ class Prefetcher:
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._unplaced: dict[int, int] = {}  # entry -> opens the published view does not reflect yet
         self._opened_since_view: set[int] = set()  # opened since the window was last recomputed
+        self._swept_for: frozenset[int] | None = None  # the horizon the last retirement sweep used
+        self._stage_of: tuple[int, ...] | None = None  # the stage list _refill is walking ...
+        self._stage_pos = 0  # ... and how far it got
         self._opens_ready = trio.Event()
         self._cursor_lock = trio.CapacityLimiter(1)
         self.predicted_opens = 0
@@ -323,26 +326,41 @@ class Prefetcher:
         return tuple(todo[: int(np.searchsorted(sizes, self.staging.limit, side="right"))])
 
     async def _refill(self, generation: int) -> None:
-        # Opened already (since the window was computed): never stage them again.
-        window = [e for e in self.view.stage if e not in self._opened_since_view]
+        """Stage the window's next files, resuming where the last refill stopped.
+
+        Refills run up to 1/REFILL_INTERVAL times a second on the trio thread, so nothing here
+        rescans the whole window: the retirement sweep runs once per new horizon, and the walk over
+        the stage list keeps its position until the cursor thread publishes a new list.  An entry
+        passed once (staged, in progress, or opened by a reader) is never revisited for that list.
+        """
+        view = self.view
         # A staged file is dropped when consumed (release), or here once it left the whole predicted
         # horizon (the plan changed, or the readers skipped it): never merely because the byte-limited
         # window shifted, which would throw away a file needed before the ones replacing it (rule 3).
         # A file an open already took is retired at its release, never here: its reader may still
         # be reading the pushed pages.
-        horizon = self.view.window
-        for entry in [e for e, f in self.staging.files.items() if f.staged and not f.taken and e not in horizon]:
-            self.staging.retire(entry)
-        for entry in window:
-            if self.staging.has(entry) or entry in self._staging_now:
+        if view.window is not self._swept_for:
+            self._swept_for = view.window
+            horizon = view.window
+            for entry in [e for e, f in self.staging.files.items() if f.staged and not f.taken and e not in horizon]:
+                self.staging.retire(entry)
+        if view.stage is not self._stage_of:
+            self._stage_of, self._stage_pos = view.stage, 0
+        stage = view.stage
+        while self._stage_pos < len(stage):
+            entry = stage[self._stage_pos]
+            # Opened already (since the window was computed): never stage it again.
+            if entry in self._opened_since_view or self.staging.has(entry) or entry in self._staging_now:
+                self._stage_pos += 1
                 continue
             await self._slots.acquire()
-            if generation != self.generation or self._wake.is_set():
-                self._slots.release()  # the cursor moved or the plan changed: recompute the window
+            if generation != self.generation or self._wake.is_set() or self.view.stage is not stage:
+                self._slots.release()  # the cursor moved or the plan changed: look at the new window
                 return
             if not self.staging.reserve(entry, int(self.snapshot.tree.size[entry])):
                 self._slots.release()
-                break  # no room: wait for consumption to free some (never evict what is due sooner)
+                return  # no room: wait for consumption to free some (never evict what is due sooner)
+            self._stage_pos += 1
             self._staging_now.add(entry)
             self._staging_idle = trio.Event()
             self.fetcher.spawn(self._stage_one, entry, generation)
