@@ -1,0 +1,54 @@
+"""tools/bench_ceiling end to end at a tiny size: real tmpfs, real seerfs mount, real reader threads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tools import bench_ceiling
+
+pytestmark = pytest.mark.mount
+
+
+def fuse_mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as fh:
+        return [line.split()[4] for line in fh if " - fuse" in line]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_small_run_reports_ratios_verified_bytes_and_leaves_no_mount(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """direct + seerfs over 200 files: JSON has both ratios per config, every pass read the dataset's bytes,
+    seerfs served every warm open from the page cache, and nothing stays mounted."""
+    before = fuse_mounts()
+    argv = ["--files", "200", "--mean-size", "20KB", "--passes", "1", "--seconds", "0",
+            "--configs", "direct,seerfs", "--json", "--workdir", str(tmp_path)]  # fmt: skip
+    assert bench_ceiling.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dataset"]["files"] == 200
+    total = doc["dataset"]["bytes"]
+    by = {r["config"]: r for r in doc["results"]}
+    assert set(by) == {"direct", "seerfs"}
+    for r in by.values():
+        assert r["bytes_verified"] is True
+        assert r["cold"]["bytes"] == total and r["cold"]["files"] == 200
+        assert [p["bytes"] for p in r["warm"]] == [total] * len(r["warm"]) and r["warm"]
+        assert r["cold_ratio"] > 0 and r["warm_ratio"] > 0
+    assert by["direct"]["warm_ratio"] == pytest.approx(1.0)
+    assert by["seerfs"]["warm_median"]["fs_cores"] is not None  # the daemon's CPU was read
+    assert by["direct"]["warm_median"]["fs_cores"] is None
+    assert any(n == "warm opens from page_cache:200 of 200" for n in by["seerfs"]["notes"]), by["seerfs"]["notes"]
+    assert doc["targets"][0][0].startswith("seerfs warm >= 0.5x")
+    assert fuse_mounts() == before
+    assert not any(str(tmp_path) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown configuration name is refused before anything is made or mounted."""
+    assert bench_ceiling.main(["--configs", "direct,nfs"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown nfs" in err
