@@ -46,6 +46,7 @@ class PeerView:
 
     node: int | None = None
     plan: str | None = None
+    plan_seed: int | None = None  # the seed that plan was made for
     seed: tuple[int, int, int] | None = None  # value, generation, writer
     heard: float = 0.0
 
@@ -155,6 +156,7 @@ class PeerGroup:
             # only costs them a not-owned answer and a PFS read).
             "node": self.prefetcher.view.node if self.prefetcher.view.state in ("tracking", "presumed") else None,
             "plan": plan.digest if plan is not None else None,
+            "plan_seed": plan.seed if plan is not None else None,
             "seed": [seed.value, seed.generation, seed.writer] if seed.origin != "assumed" else None,
         }).encode()  # fmt: skip
 
@@ -177,13 +179,16 @@ class PeerGroup:
         if isinstance(seed, list) and len(seed) == 3:
             view.seed = (int(seed[0]), int(seed[1]), int(seed[2]))
             self.seed.set(view.seed[0], "peer", generation=view.seed[1], writer=view.seed[2])
+        plan_seed = note.get("plan_seed")
+        view.plan_seed = plan_seed if isinstance(plan_seed, int) else None
         mine = self.prefetcher.plan
+        # Digests are comparable only between plans for the same seed: right after a new seed, a
+        # peer still serving its previous plan is behind, not configured differently.
         if (
             mine is not None
             and view.plan is not None
             and view.plan != mine.digest
-            and view.seed
-            and (view.seed[1:] == (self.seed.generation, self.seed.writer))
+            and view.plan_seed == mine.seed == self.seed.value
         ):
             if member not in self.digest_mismatch:
                 log.error("peer %d plans %s for the same seed, this node %s: config or dataset differ", member,
