@@ -22,8 +22,9 @@ CPU columns say who is CPU-bound, in cores (1.00 = one core busy all the time), 
 passes (the cold pass's are listed below the table): "rdr CPU" is this process (the readers; the
 kernel's FUSE work on their side is their system time), "fs CPU" the filesystem daemon (all its
 threads, /proc/PID/stat), "top thr" its busiest thread (near 1.00: the daemon is serialised on
-it), "busy" the whole machine (/proc/stat): well above rdr + fs means something else was using
-the cores, so rerun.  "RA KB" is the mount's read_ahead_kb (largest READ the kernel sends).
+it), "busy" the whole machine (/proc/stat): when it exceeds rdr + fs by more than 0.25 cores,
+something else was using the cores and a warning after the table says to rerun.  "RA KB" is the
+mount's read_ahead_kb (the largest READ the kernel sends).
 
 seerfs is mounted without a seed: the reader's order is a plain random permutation, not a sampler
 order a seed could predict, so seerfs assumes the default seed, sees the mismatch and serves by its
@@ -80,6 +81,7 @@ RCLONE_OPTIONS = "--vfs-cache-mode full --dir-cache-time 1h --attr-timeout 1h (c
 # The parameters the targets are set for; output options do not count.
 SIZING = ("files", "mean_size", "sigma", "classes", "threads", "read_size")
 TARGET, STRETCH = 0.5, 0.8
+OTHERS_WARN = 0.25  # cores used by other processes during warm passes that make a run suspect
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -114,13 +116,18 @@ class PassResult:
         return None if self.fs_cpu_s is None else self.fs_cpu_s / max(self.seconds, 1e-9)
 
     @property
+    def others_cores(self) -> float:
+        """Machine CPU used by neither the readers nor the daemon (someone else, or the kernel's own threads)."""
+        return self.busy_cores - self.reader_cores - (self.fs_cores or 0.0)
+
+    @property
     def fs_top_thread_cores(self) -> float | None:
         return None if self.fs_top_thread_s is None else self.fs_top_thread_s / max(self.seconds, 1e-9)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "files_per_s": self.files_per_s, "mb_per_s": self.mb_per_s,
                 "reader_cores": self.reader_cores, "fs_cores": self.fs_cores,
-                "fs_top_thread_cores": self.fs_top_thread_cores}  # fmt: skip
+                "fs_top_thread_cores": self.fs_top_thread_cores, "others_cores": self.others_cores}  # fmt: skip
 
 
 @dataclass
@@ -514,6 +521,13 @@ def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespac
               f"(top thread {cores(r.cold.fs_top_thread_cores).strip()}), "
               f"busy {r.cold.busy_cores:.2f}" + (f"; {'; '.join(r.notes)}" if r.notes else ""))  # fmt: skip
     print(f"bytes verified: every pass read exactly {data.total} bytes in {len(data.rel)} files")
+    busy = {LABELS[r.config]: r.warm_total.others_cores for r in results if r.warm_total.others_cores > OTHERS_WARN}
+    if busy:
+        print(
+            "WARNING: other processes used the cores during the warm passes of "
+            + ", ".join(f"{k} ({v:.2f} cores)" for k, v in busy.items())
+            + ": rerun on a quieter machine"
+        )
     checks = targets(results)
     if checks:
         sized = ")" if is_default(a) else "; set for the default sizes, which this run does not use)"
