@@ -22,24 +22,25 @@ def fuse_mounts() -> list[str]:
 def test_small_run_reports_ratios_verified_bytes_and_leaves_no_mount(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """direct + seerfs over 200 files: JSON has both ratios per config, every pass read the dataset's bytes,
-    seerfs served every warm open from the page cache, and nothing stays mounted."""
+    """direct, seerfs and the pyfuse3 floor over 200 files: JSON has both ratios per config, every pass read the
+    dataset's bytes, seerfs served every warm open from the page cache, and nothing stays mounted."""
     before = fuse_mounts()
     argv = ["--files", "200", "--mean-size", "20KB", "--passes", "1", "--seconds", "0",
-            "--configs", "direct,seerfs", "--json", "--workdir", str(tmp_path)]  # fmt: skip
+            "--configs", "direct,seerfs,pyfuse3", "--json", "--workdir", str(tmp_path)]  # fmt: skip
     assert bench_ceiling.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dataset"]["files"] == 200
     total = doc["dataset"]["bytes"]
     by = {r["config"]: r for r in doc["results"]}
-    assert set(by) == {"direct", "seerfs"}
+    assert set(by) == {"direct", "seerfs", "pyfuse3"}
     for r in by.values():
         assert r["bytes_verified"] is True
         assert r["cold"]["bytes"] == total and r["cold"]["files"] == 200
         assert [p["bytes"] for p in r["warm"]] == [total] * len(r["warm"]) and r["warm"]
         assert r["cold_ratio"] > 0 and r["warm_ratio"] > 0
     assert by["direct"]["warm_ratio"] == pytest.approx(1.0)
-    assert by["seerfs"]["warm_median"]["fs_cores"] is not None  # the daemon's CPU was read
+    assert by["seerfs"]["warm_median"]["fs_cores"] is not None  # the daemons' CPU was read
+    assert by["pyfuse3"]["warm_median"]["fs_cores"] is not None
     assert by["direct"]["warm_median"]["fs_cores"] is None
     assert any(n == "warm opens from page_cache:200 of 200" for n in by["seerfs"]["notes"]), by["seerfs"]["notes"]
     assert doc["targets"][0][0].startswith("seerfs warm >= 0.5x")

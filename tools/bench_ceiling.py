@@ -6,6 +6,9 @@ each configuration:
 
   direct     the tmpfs itself (the ceiling; every ratio is to its warm rate)
   seerfs     seerfs mounted over the tmpfs (no seed written; see below)
+  pyfuse3    the least a pyfuse3 filesystem can do (a passthrough in this module: open replies
+             keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
+             floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
   mergerfs   mergerfs over the tmpfs, a C passthrough with its page cache kept across opens
              (options printed with the results)
   rclone     rclone mount --vfs-cache-mode full over the tmpfs
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -63,14 +67,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyfuse3
+import trio
 
 from tools.bench_train import rclone_mount
 from tools.jobs import Job, seerfs_config
 from tools.mkdataset import Spec, make_dataset, parse_size
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 
-CONFIGS = ("direct", "seerfs", "mergerfs", "rclone")
-LABELS = {"direct": "direct tmpfs", "seerfs": "seerfs", "mergerfs": "mergerfs", "rclone": "rclone"}
+CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
+LABELS = {"direct": "direct tmpfs", "seerfs": "seerfs", "pyfuse3": "pyfuse3 floor", "mergerfs": "mergerfs",
+          "rclone": "rclone"}  # fmt: skip
+ROOT = Path(__file__).resolve().parent.parent
 # Page cache kept across opens while mtime and size are unchanged, and lookups cached as long as
 # seerfs and rclone cache them here: mergerfs at its fastest for read-only small files.
 MERGERFS_OPTIONS = (
@@ -330,6 +338,84 @@ def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator
         force_unmount(mnt)
 
 
+class FloorOperations(pyfuse3.Operations):
+    """Read-only passthrough doing the least per request: what any pyfuse3 daemon pays, seerfs included."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.paths: dict[int, bytes] = {pyfuse3.ROOT_INODE: os.fsencode(source)}
+        self.inodes: dict[bytes, int] = {}
+        self.opened: dict[int, int] = {}  # fh -> inode
+        self.numbers = itertools.count(pyfuse3.ROOT_INODE + 1)
+        self.fhs = itertools.count(1)
+
+    def attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+        st = os.lstat(self.paths[inode])
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = pyfuse3.InodeT(inode)
+        a.entry_timeout = a.attr_timeout = 86400.0  # as seerfs: the tree does not change
+        a.st_mode = pyfuse3.ModeT(st.st_mode)
+        a.st_nlink, a.st_uid, a.st_gid, a.st_size = st.st_nlink, st.st_uid, st.st_gid, st.st_size
+        a.st_blksize, a.st_blocks = 128 * 1024, (st.st_size + 511) // 512
+        a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+        return a
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        path = self.paths[parent_inode] + b"/" + name
+        inode = self.inodes.get(path)
+        if inode is None:
+            if not os.path.lexists(path):
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            inode = self.inodes[path] = next(self.numbers)
+            self.paths[inode] = path
+        return self.attrs(inode)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self.attrs(inode)
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        fh = next(self.fhs)
+        self.opened[fh] = inode
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        fd = os.open(self.paths[self.opened[fh]], os.O_RDONLY)  # cold pass only: later reads hit the page cache
+        try:
+            return os.pread(fd, size, off)
+        finally:
+            os.close(fd)
+
+    async def release(self, fh: int) -> None:
+        self.opened.pop(fh, None)
+
+
+def serve_floor(source: str, mountpoint: str) -> None:
+    """The pyfuse3 floor's daemon (run in its own process by :func:`floor_mounted`)."""
+    pyfuse3.init(FloorOperations(source), mountpoint, set(pyfuse3.default_options) | {"fsname=ceiling-pyfuse3"})
+    try:
+        trio.run(pyfuse3.main, 2, 64)  # seerfs's min_tasks and default fuse.max_tasks
+    finally:
+        pyfuse3.close(unmount=True)
+
+
+@contextlib.contextmanager
+def floor_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
+    mnt = work / "pyfuse3-mnt"
+    mnt.mkdir()
+    code = "import sys; from tools.bench_ceiling import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(data.root.parent), str(mnt)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what="pyfuse3 floor mount")
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode().strip() if proc.stderr else ""
+            raise BenchError(f"pyfuse3 floor exited {proc.returncode}: {err[-500:]}")
+        yield Mounted(mnt / data.root.name, proc.pid)
+    finally:
+        force_unmount(mnt)
+        stop(proc)
+
+
 @contextlib.contextmanager
 def mergerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
     exe = shutil.which("mergerfs")
@@ -375,7 +461,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-MOUNTS = {"direct": direct, "seerfs": seerfs_mounted, "mergerfs": mergerfs_mounted, "rclone": rclone_mounted}
+MOUNTS = {"direct": direct, "seerfs": seerfs_mounted, "pyfuse3": floor_mounted, "mergerfs": mergerfs_mounted,
+          "rclone": rclone_mounted}  # fmt: skip
 
 
 @contextlib.contextmanager
