@@ -23,7 +23,8 @@ def test_small_run_reports_ratios_verified_bytes_and_leaves_no_mount(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """direct, seerfs and the pyfuse3 floor over 200 files: JSON has both ratios per config, every pass read the
-    dataset's bytes, seerfs served every warm open from the page cache, and nothing stays mounted."""
+    dataset's bytes, seerfs served every warm open from the page cache (no READ reached it), and nothing stays
+    mounted."""
     before = fuse_mounts()
     argv = ["--files", "200", "--mean-size", "20KB", "--passes", "1", "--seconds", "0",
             "--configs", "direct,seerfs,pyfuse3", "--json", "--workdir", str(tmp_path)]  # fmt: skip
@@ -42,7 +43,8 @@ def test_small_run_reports_ratios_verified_bytes_and_leaves_no_mount(
     assert by["seerfs"]["warm_median"]["fs_cores"] is not None  # the daemons' CPU was read
     assert by["pyfuse3"]["warm_median"]["fs_cores"] is not None
     assert by["direct"]["warm_median"]["fs_cores"] is None
-    assert any(n == "warm opens from page_cache:200 of 200" for n in by["seerfs"]["notes"]), by["seerfs"]["notes"]
+    notes = by["seerfs"]["notes"]
+    assert "warm opens from page_cache:200 of 200" in notes and "warm READ requests 0" in notes, notes
     assert doc["targets"][0][0].startswith("seerfs warm >= 0.5x")
     assert fuse_mounts() == before
     assert not any(str(tmp_path) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())

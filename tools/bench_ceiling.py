@@ -38,8 +38,8 @@ FUSE open/release round trips the daemon still answers.  The table's notes count
 served each warm open from.
 
 --seerfs-o passes config overrides to the seerfs mount (e.g. fuse.max_tasks=8); --profile records
-the seerfs daemon with py-spy during its warm passes (a raw collapsed-stack file per run; the
-profiler slows the daemon, so that run's rates are not comparable).
+the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
+collapsed stacks per thread; the profiler slows the daemons, so that run's rates do not count).
 
 Mounting a tmpfs needs root; --tmpfs DIR uses an existing tmpfs instead.  Exit status: 0 done (the
 targets are reported, not enforced), 1 a pass read the wrong number of bytes or a mount failed, 2 a
@@ -467,7 +467,7 @@ MOUNTS = {"direct": direct, "seerfs": seerfs_mounted, "pyfuse3": floor_mounted, 
 
 @contextlib.contextmanager
 def profiled(pid: int | None, out: Path | None, name: str) -> Iterator[None]:
-    """py-spy record of the daemon for the block (seerfs only: py-spy reads Python stacks)."""
+    """py-spy record of a Python daemon (seerfs, the pyfuse3 floor) for the block."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if out is None or pid is None or not Path(spy).exists():
         yield
@@ -494,7 +494,9 @@ def profiled(pid: int | None, out: Path | None, name: str) -> Iterator[None]:
 
 
 def seerfs_sources(mnt: Path) -> dict[str, int]:
-    return {k: int(v["files"]) for k, v in status(mnt)["reads"]["by_source"].items()}
+    """Opens served per source, and (as "READ requests") the reads that reached the daemon."""
+    reads = status(mnt)["reads"]
+    return {**{k: int(v["files"]) for k, v in reads["by_source"].items()}, "READ requests": int(reads["reads"])}
 
 
 def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> ConfigResult:
@@ -503,18 +505,21 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
         cold = read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon)
         before = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
         warm: list[PassResult] = []
-        with profiled(m.daemon if config == "seerfs" else None, Path(a.profile) if a.profile else None, config):
+        python_daemon = m.daemon if config in ("seerfs", "pyfuse3") else None
+        with profiled(python_daemon, Path(a.profile) if a.profile else None, config):
             while len(warm) < a.passes or sum(p.seconds for p in warm) < a.seconds:
                 warm.append(read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon))
         result = ConfigResult(config, cold, warm, read_ahead_kb=read_ahead_kb(m.root.parent), notes=m.notes)
         if m.seerfs_mnt:
             after = seerfs_sources(m.seerfs_mnt)
             opened = len(warm) * len(data.rel)
+            reads = after.pop("READ requests") - before.pop("READ requests")
             by = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
             doc = status(m.seerfs_mnt)
             st = doc["prefetch"]["staging"]
             result.notes += [f"mode {doc['prefetch']['mode']}",
                              "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
+                             f"warm READ requests {reads}",
                              f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}"]  # fmt: skip
     return result
 
@@ -669,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seerfs-o", metavar="KEY=VAL[,...]", help="config overrides for the seerfs mount (its -o)")
     p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")
     p.add_argument("--tmpfs", metavar="DIR", help="make the dataset in DIR, an existing tmpfs (default: mount one)")
-    p.add_argument("--profile", metavar="DIR", help="py-spy record the seerfs daemon's warm passes into DIR")
+    p.add_argument("--profile", metavar="DIR", help="py-spy record the Python daemons' warm passes into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.add_argument("--workdir", help="scratch directory for mountpoints and caches (default: a temp dir, removed)")
     return p
