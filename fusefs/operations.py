@@ -46,6 +46,11 @@ class SeerOperations(pyfuse3.Operations):
         self._fh = itertools.count(1)
         self.handles: dict[int, OpenFile | ControlHandle] = {}
         self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
+        self.initialized = trio.Event()  # set when the kernel's INIT request has been answered
+
+    def init(self) -> None:
+        # Called while pyfuse3 handles INIT, before its reply: whoever waits runs after the reply.
+        self.initialized.set()
 
     # ------------------------------------------------------------------ helpers
 

@@ -171,7 +171,6 @@ class Server:
                 raise FuseUnavailable(f"allow_other refused: {text}") from None
             raise MountpointError(f"mount {self.req.mountpoint} failed: {text}") from None
         self.mounted = True
-        self._tune_read_ahead()
         self.record = MountRecord(
             os.getpid(), self.req.mountpoint, self.req.source, str(self.req.log_file), time.time()
         )
@@ -179,8 +178,14 @@ class Server:
         self.board.state = "serving"
         log.info("mounted %s on %s", self.req.source, self.req.mountpoint)
 
-    def _tune_read_ahead(self) -> None:
-        """Raise the mount's read-ahead so the kernel sends 1 MiB reads instead of 128 KiB (DESIGN 5)."""
+    async def _tune_read_ahead(self) -> None:
+        """Raise the mount's read-ahead so the kernel sends 1 MiB reads instead of 128 KiB (DESIGN 5).
+
+        Only after INIT: the kernel caps read-ahead at the max_readahead of the INIT reply, which
+        libfuse sets from the kernel's own 128 KiB proposal, so a value written earlier is undone.
+        """
+        await self.ops.initialized.wait()
+        await trio.sleep(0)  # the reply went out when the INIT handler returned; let that finish
         entry = mountinfo.find(self.req.mountpoint)
         if entry is None:
             return
@@ -218,6 +223,7 @@ class Server:
         async with trio.open_nursery() as nursery:
             self.fetcher.attach(nursery)
             nursery.start_soon(self._signals, nursery.cancel_scope)
+            nursery.start_soon(self._tune_read_ahead)
             nursery.start_soon(self.staging.run)
             nursery.start_soon(self.prefetcher.run)
             nursery.start_soon(self.plans.run)

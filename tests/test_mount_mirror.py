@@ -116,6 +116,17 @@ def test_statfs_reports_source(tree: Path, mountpoint: Path, cache_dir: Path) ->
         assert (m.f_bsize, m.f_blocks, m.f_files) == (s.f_bsize, s.f_blocks, s.f_files)
 
 
+def test_read_ahead_is_the_configured_one_after_init(tree: Path, mountpoint: Path, cache_dir: Path) -> None:
+    """fuse.read_ahead_kb holds on the live mount: set after INIT, whose reply would cap it at 128 KiB."""
+    from fusefs import mountinfo
+
+    with mounted(tree, mountpoint, "-o", "fuse.read_ahead_kb=768", cache_dir=cache_dir):
+        entry = mountinfo.find(str(mountpoint))
+        assert entry is not None
+        path = Path(f"/sys/class/bdi/{entry.device}/read_ahead_kb")
+        wait_for(lambda: path.read_text().strip() == "768", timeout=10, what="read_ahead_kb 768")
+
+
 def test_changed_source_file_reads_eio(tmp_path: Path, mountpoint: Path, cache_dir: Path) -> None:
     """A file rewritten with a new size after mount reads as EIO, never stale or mixed bytes."""
     src = tmp_path / "src"

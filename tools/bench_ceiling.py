@@ -14,7 +14,11 @@ each configuration:
   rclone     rclone mount --vfs-cache-mode full over the tmpfs
 
 The reader is --threads threads in this process, each taking the next file of a random permutation
-of all files: open, read the whole file in --read-size reads, close.  Every configuration gets the
+of all files.  --reader loader (the default) reads each file the way torchvision's default loader
+does before decoding (``with open(path, "rb") as f: f.read()``): the per-file cost a DataLoader
+worker really pays, and what DESIGN section 5's figures were taken with.  --reader readv is the
+leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it makes
+the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
 same permutations (a new one per pass, drawn from --seed).  Per configuration the first pass is the
 *cold* pass (a fresh mount: it fills whatever the filesystem caches) and the warm-up; then *warm*
 passes follow until at least --passes of them ran and they took at least --seconds together.  The
@@ -87,7 +91,7 @@ MERGERFS_OPTIONS = (
 )
 RCLONE_OPTIONS = "--vfs-cache-mode full --dir-cache-time 1h --attr-timeout 1h (cache dir on local disk)"
 # The parameters the targets are set for; output options do not count.
-SIZING = ("files", "mean_size", "sigma", "classes", "threads", "read_size")
+SIZING = ("files", "mean_size", "sigma", "classes", "threads", "read_size", "reader")
 TARGET, STRETCH = 0.5, 0.8
 OTHERS_WARN = 0.25  # cores used by other processes during warm passes that make a run suspect
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -229,7 +233,7 @@ def is_tmpfs(path: Path) -> bool:
 
 
 def read_pass(root: Path, data: Dataset, order: np.ndarray, threads: int, read_size: int,
-              daemon: int | None) -> PassResult:  # fmt: skip
+              daemon: int | None, kind: str = "loader") -> PassResult:  # fmt: skip
     """Read every file once in ``order`` with ``threads`` threads; fail unless the bytes add up."""
     base = os.fsencode(root) + b"/"
     paths = [base + data.rel[i] for i in order.tolist()]
@@ -243,12 +247,16 @@ def read_pass(root: Path, data: Dataset, order: np.ndarray, threads: int, read_s
         n = nbytes = 0
         try:
             while (k := next(counter)) < len(paths):
-                fd = os.open(paths[k], os.O_RDONLY)
-                try:
-                    while chunk := os.readv(fd, buf):
-                        nbytes += chunk
-                finally:
-                    os.close(fd)
+                if kind == "loader":
+                    with open(paths[k], "rb") as fh:
+                        nbytes += len(fh.read())
+                else:
+                    fd = os.open(paths[k], os.O_RDONLY)
+                    try:
+                        while chunk := os.readv(fd, buf):
+                            nbytes += chunk
+                    finally:
+                        os.close(fd)
                 n += 1
         except BaseException as exc:
             errors.append(exc)
@@ -502,13 +510,13 @@ def seerfs_sources(mnt: Path) -> dict[str, int]:
 def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> ConfigResult:
     with MOUNTS[config](data, work, a) as m:
         perms = orders(len(data.rel), a.seed)
-        cold = read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon)
+        cold = read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader)
         before = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
         warm: list[PassResult] = []
         python_daemon = m.daemon if config in ("seerfs", "pyfuse3") else None
         with profiled(python_daemon, Path(a.profile) if a.profile else None, config):
             while len(warm) < a.passes or sum(p.seconds for p in warm) < a.seconds:
-                warm.append(read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon))
+                warm.append(read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader))
         result = ConfigResult(config, cold, warm, read_ahead_kb=read_ahead_kb(m.root.parent), notes=m.notes)
         if m.seerfs_mnt:
             after = seerfs_sources(m.seerfs_mnt)
@@ -583,7 +591,7 @@ def is_default(a: argparse.Namespace) -> bool:
 def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, load: list[float]) -> None:
     print(f"parameters: {json.dumps(vars(a))}")
     print(f"dataset: {len(data.rel)} files, {data.total / 1e6:.1f} MB (mean {data.total / len(data.rel) / 1e3:.1f} KB) "
-          f"on tmpfs; {a.threads} reader threads, {a.read_size} B reads, random order")  # fmt: skip
+          f"on tmpfs; {a.threads} reader threads, reader {a.reader}, random order")  # fmt: skip
     print(f"mergerfs -o {MERGERFS_OPTIONS}")
     print(f"rclone mount {RCLONE_OPTIONS}")
     print(f"machine: {os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after\n")
@@ -666,7 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma of file sizes (default 0.5)")
     p.add_argument("--classes", type=int, default=10, help="class directories the files are spread over (default 10)")
     p.add_argument("--threads", type=int, default=8, help="reader threads (default 8)")
-    p.add_argument("--read-size", type=parse_size, default=1 << 20, help="bytes per read() (default 1MiB)")
+    p.add_argument("--reader", choices=("loader", "readv"), default="loader",
+                   help="how each file is read: loader (open().read(), as torchvision's loader) or readv "
+                   "(os.readv into a reused buffer); default loader")  # fmt: skip
+    p.add_argument("--read-size", type=parse_size, default=1 << 20, help="bytes per readv() (default 1MiB)")
     p.add_argument("--passes", type=int, default=3, help="warm passes at least, after the cold one (default 3)")
     p.add_argument("--seconds", type=float, default=5.0,
                    help="warm passes continue until they took this long together (default 5)")  # fmt: skip
