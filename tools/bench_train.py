@@ -14,14 +14,16 @@ invocation, over:
 
 and prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
 rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to the lower bound, PFS bytes from the
-emulator's own counters as a multiple of the dataset, CPU use of the emulator and the readers, and
-whether each target holds.  Every parameter is printed with the results.
+emulator's own counters as a multiple of the dataset, CPU use of the emulator and the readers, the
+share of CPU time the hypervisor stole during each configuration (a disturbed run shows here: rerun
+it), and whether each target holds.  Every parameter is printed with the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -53,6 +55,7 @@ class Result:
     setup_s: float = 0.0  # rank start (seed written, for seerfs+seed) to the first epoch: dataset scan, loaders
     pfs_bytes: int = 0
     emu_cpu: float = 0.0  # emulator CPU share of the run's wall time
+    steal: float = 0.0  # CPU time the hypervisor took from this machine, share of all cores' time
     reader_cpu: float = 0.0  # readers' CPU (ranks + loader workers) per rank, share of wall time
     sources: dict[str, int] = field(default_factory=dict)  # seerfs: files served per source
     wait_s: list[float] = field(default_factory=list)  # per epoch, the longest any rank waited for batches
@@ -91,13 +94,23 @@ def measured(emu: RunningEmulator, run: Callable[[], Result]) -> Result:
     """Run one configuration with the emulator's counters and CPU taken around it."""
     emu.reset()
     cpu0 = emu.counters().cpu_s
+    steal0 = steal_ticks()
     t0 = time.monotonic()
     result: Result = run()
     wall = time.monotonic() - t0
+    ticks = (os.cpu_count() or 1) * wall * os.sysconf("SC_CLK_TCK")
+    result.steal = (steal_ticks() - steal0) / max(ticks, 1e-9)
     stats = emu.counters()
     result.pfs_bytes = stats.bytes
     result.emu_cpu = (stats.cpu_s - cpu0) / max(wall, 1e-9)
     return result
+
+
+def steal_ticks() -> int:
+    """Steal time of all CPUs so far (/proc/stat): on a shared VM it says when a run was disturbed."""
+    with open("/proc/stat") as fh:
+        fields = fh.readline().split()
+    return int(fields[8]) if len(fields) > 8 else 0
 
 
 def parallel_copy(src: Path, dst: Path, threads: int) -> None:
@@ -239,7 +252,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     epochs = len(results[0].epoch_s)
     head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
     print(f"{'configuration':<13}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
-          f"{'rdr CPU':>7}  notes")  # fmt: skip
+          f"{'rdr CPU':>7}  {'steal':>5}  notes")  # fmt: skip
     for r in results:
         base = lower.epoch_s if lower else [1.0] * epochs
         cells = "  ".join(f"{t:6.2f}s ({t / b:4.2f}x)" for t, b in zip(r.epoch_s, base, strict=True))
@@ -250,7 +263,8 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         if r.sources:
             notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
         print(f"{r.config:<13}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
-              f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {notes.strip(', ')}")  # fmt: skip
+              f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {r.steal:5.1%}  "
+              f"{notes.strip(', ')}")  # fmt: skip
     checks = targets(results, total, a)
     if checks:
         defaults = {k: v for k, v in vars(build_parser().parse_args([])).items() if k in SIZING}
