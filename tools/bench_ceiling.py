@@ -407,40 +407,34 @@ def serve_floor(source: str, mountpoint: str) -> None:
 
 
 @contextlib.contextmanager
-def floor_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
-    mnt = work / "pyfuse3-mnt"
+def foreground_mounted(cmd: list[str], mnt: Path, what: str, data: Dataset) -> Iterator[Mounted]:
+    """A filesystem process serving in the foreground at ``mnt``; unmounted and stopped in all cases."""
     mnt.mkdir()
-    code = "import sys; from tools.bench_ceiling import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
-    proc = subprocess.Popen([sys.executable, "-c", code, str(data.root.parent), str(mnt)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what="pyfuse3 floor mount")
+        wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what=f"{what} mount")
         if proc.poll() is not None:
             err = proc.stderr.read().decode().strip() if proc.stderr else ""
-            raise BenchError(f"pyfuse3 floor exited {proc.returncode}: {err[-500:]}")
+            raise BenchError(f"{what} exited {proc.returncode}: {err[-500:]}")
         yield Mounted(mnt / data.root.name, proc.pid)
     finally:
         force_unmount(mnt)
         stop(proc)
 
 
-@contextlib.contextmanager
-def mergerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
+def floor_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
+    mnt = work / "pyfuse3-mnt"
+    code = "import sys; from tools.bench_ceiling import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
+    return foreground_mounted([sys.executable, "-c", code, str(data.root.parent), str(mnt)], mnt, "pyfuse3 floor",
+                              data)  # fmt: skip
+
+
+def mergerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
     exe = shutil.which("mergerfs")
     assert exe is not None  # main() skips mergerfs when it is not installed
     mnt = work / "mergerfs-mnt"
-    mnt.mkdir()
-    proc = subprocess.Popen([exe, "-f", "-o", MERGERFS_OPTIONS, str(data.root.parent), str(mnt)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what="mergerfs mount")
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode().strip() if proc.stderr else ""
-            raise BenchError(f"mergerfs exited {proc.returncode}: {err}")
-        yield Mounted(mnt / data.root.name, proc.pid)
-    finally:
-        force_unmount(mnt)
-        stop(proc)
+    return foreground_mounted([exe, "-f", "-o", MERGERFS_OPTIONS, str(data.root.parent), str(mnt)], mnt, "mergerfs",
+                              data)  # fmt: skip
 
 
 @contextlib.contextmanager
