@@ -10,10 +10,14 @@ When no plan can be trusted (no usable seed, or the cursor reports a mismatch) t
 (:mod:`placement.reactive`) decides what to keep, and nothing is prefetched.
 
 Concurrency rules:
-* The cursor is owned by one worker thread at a time (``_cursor_lock``): placing opens can need an
-  epoch's permutation (~0.1 s of numpy at ImageNet scale), which must never run on the trio
-  thread.  Opens are queued; the worker places a batch, computes the window, warms the next epoch
-  and returns an immutable :class:`CursorView`, which is all the trio side ever reads.
+* The cursor is touched only by ``_cursor_loop``, one step at a time, so never by two threads at
+  once.  Opens are queued; the loop places a batch on the trio thread while that is quick
+  (:meth:`NodeCursor.observe_while_quick`), and hands the rest to a worker thread, which it awaits,
+  when placing needs detection or an epoch's permutation (~0.1 s of numpy at ImageNet scale) or the
+  window must be recomputed (O(horizon)).  Such work must never run on the trio thread; a thread
+  hop for every batch, though, cost that thread more than placing (GIL handoffs: the FUSE ceiling
+  of a mount in mismatch fell by a third).  The trio side reads only the immutable
+  :class:`CursorView` the loop publishes.
 * Everything else runs on the trio thread; fetches and tier I/O happen in the fetcher's tasks and
   the tiers' worker threads.
 * ``self.generation`` is bumped whenever the plan changes; a task that captured an older
@@ -180,7 +184,13 @@ class Prefetcher:
             self._opens = []
             if cursor is None:
                 continue
-            view = await trio.to_thread.run_sync(self._advance, cursor, batch, limiter=self._cursor_lock)
+            # Quick placements run here; detection, new epoch maps and window recomputations in a
+            # worker thread (see the module's concurrency rules).
+            observed, predicted = cursor.observe_while_quick(batch)
+            view = self._carried_view(cursor, predicted) if observed == len(batch) else None
+            if view is None:
+                view = await trio.to_thread.run_sync(self._advance, cursor, batch[observed:], predicted,
+                                                     limiter=self._cursor_lock)  # fmt: skip
             if generation != self.generation:
                 continue  # a new plan replaced this cursor meanwhile
             for entry in self.plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if self.plan else ():
@@ -206,28 +216,36 @@ class Prefetcher:
             # Let opens gather: placing is cheap, recomputing the window per open is not.
             await trio.sleep(VIEW_INTERVAL)
 
-    def _advance(self, cursor: NodeCursor, gids: list[int]) -> CursorView:
-        """Worker thread: place the opens, then precompute what the trio side will ask for."""
-        predicted = 0
+    def _advance(self, cursor: NodeCursor, gids: list[int], predicted: int) -> CursorView:
+        """Worker thread: place the opens left, then precompute what the trio side will ask for."""
         for gid in gids:
             if cursor.observe(gid):
                 predicted += 1
             elif log.isEnabledFor(logging.DEBUG):
                 log.debug("unpredicted open: gid %d (%s, epoch %d, positions %s)", gid, cursor.state, cursor.epoch,
                           {r: (t.epoch, t.low, t.high) for r, t in cursor.tracks.items()})  # fmt: skip
-        horizon: frozenset[int] = frozenset()
-        stage: tuple[int, ...] = ()
-        plan = self.plan
-        where = (
+        return self._carried_view(cursor, predicted) or self._fresh_view(cursor, predicted)
+
+    def _where(self, cursor: NodeCursor) -> tuple[Any, ...]:
+        return (
             cursor.state,
             cursor.epoch,
             tuple((t.epoch, t.low // self.cursor_step) for t in cursor.tracks.values()),
         )
+
+    def _carried_view(self, cursor: NodeCursor, predicted: int) -> CursorView | None:
+        """The last view with new counts, when nobody moved a step since it was computed; else None."""
         previous = self.view
-        if where == self._view_where and previous.state == cursor.state:
-            # Nobody moved by a batch: the window is the same; only the counts change.
+        if self._where(cursor) == self._view_where and previous.state == cursor.state:
             return replace(previous, status=cursor.status(), predicted=predicted, fresh=False)
-        self._view_where = where
+        return None
+
+    def _fresh_view(self, cursor: NodeCursor, predicted: int) -> CursorView:
+        """Worker thread: the horizon and stage list from the cursor's position (O(horizon) work)."""
+        self._view_where = self._where(cursor)
+        horizon: frozenset[int] = frozenset()
+        stage: tuple[int, ...] = ()
+        plan = self.plan
         if plan is not None and cursor.state in ("tracking", "presumed"):
             upcoming = cursor.upcoming(self.horizon_files)
             if upcoming:

@@ -132,6 +132,35 @@ class NodeCursor:
 
     def observe(self, gid: int) -> bool:
         """Record one open of global file ``gid``; True when the plan predicted it."""
+        hit = self._observe(gid, slow_ok=True)
+        assert hit is not None
+        return hit
+
+    def observe_while_quick(self, gids: list[int]) -> tuple[int, int]:
+        """Observe ``gids`` from the start for as long as each open takes microseconds.
+
+        Returns (opens observed, of which predicted).  Detection and building an epoch map are
+        not quick (a permutation per epoch, ~0.1 s at ImageNet scale): they are left, with the
+        rest of ``gids``, to the caller's worker thread.  Placing with maps already built is quick,
+        and a thread hop per batch of opens would cost the daemon's FUSE thread more than it.
+        """
+        predicted = 0
+        for i, gid in enumerate(gids):
+            hit = self._observe(gid, slow_ok=False)
+            if hit is None:
+                return i, predicted
+            predicted += hit
+        return len(gids), predicted
+
+    def _observe(self, gid: int, slow_ok: bool) -> bool | None:
+        """observe(); None, with nothing recorded, when that is not quick and ``slow_ok`` is False."""
+        placed: bool | None = None
+        if self.state == "tracking":
+            placed = self._place(gid, build=slow_ok)  # reads no counter updated below
+            if placed is None:
+                return None
+        elif not slow_ok and not (self.state == "mismatch" and self.opens + 1 < self.retry_after):
+            return None  # detection runs at this open
         self.opens += 1
         self.pending.append(gid)
         if len(self.pending) > self.needed:
@@ -151,13 +180,12 @@ class NodeCursor:
             self.hits += credited
             self.recent.extend([True] * credited)
             return True
-        if self.node is None or self.state == "mismatch":
-            return False  # unpredicted until detection locks again (see the retry above)
-        hit = self._place(gid)
-        self.hits += hit
-        self.recent.append(hit)
+        if placed is None:
+            return False  # mismatch: unpredicted until detection locks again (see the retry above)
+        self.hits += placed
+        self.recent.append(placed)
         self._judge()
-        return hit
+        return placed
 
     def _detect(self) -> None:
         """Find the (epoch, node) under which the pending opens are one node's reads.
@@ -215,22 +243,30 @@ class NodeCursor:
                 return None
         return int(nodes[0])
 
-    def _place(self, gid: int) -> bool:
-        """Consume ``gid`` where a local rank is, or where one of them starts its next epoch."""
+    def _place(self, gid: int, build: bool = True) -> bool | None:
+        """Consume ``gid`` where a local rank is, or where one of them starts its next epoch.
+
+        None, with nothing consumed, when that needs an epoch map not built yet and ``build`` is False.
+        """
         window = self.settings.window
+        job = self.job
+        if not build and not all(job.has_epoch_map(t.epoch) for t in self.tracks.values()):
+            return None
         for track in self.tracks.values():
-            for pos in self.job.epoch_map(track.epoch).positions(gid, track.rank).tolist():
+            for pos in job.epoch_map(track.epoch).positions(gid, track.rank).tolist():
                 if track.accepts(pos, window):
                     track.consume(pos, window)
                     return True
         for track in self.tracks.values():
-            if track.epoch + 1 >= self.job.epochs:
+            if track.epoch + 1 >= job.epochs:
                 continue
             # Only a rank near the end of its epoch can be starting the next one; otherwise a stray
             # open would jump it ahead (the window can be a large share of a small epoch).
-            if track.low + window < self.job.epoch_map(track.epoch).length(track.rank):
+            if track.low + window < job.epoch_map(track.epoch).length(track.rank):
                 continue
-            for pos in self.job.epoch_map(track.epoch + 1).positions(gid, track.rank).tolist():
+            if not build and not job.has_epoch_map(track.epoch + 1):
+                return None
+            for pos in job.epoch_map(track.epoch + 1).positions(gid, track.rank).tolist():
                 if pos < window:
                     track.restart(track.epoch + 1)
                     track.consume(pos, window)

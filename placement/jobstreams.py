@@ -88,6 +88,10 @@ class JobStreams:
             raise ValueError(f"epoch: expected 0..{self.epochs - 1}, got {epoch}")
         return self._maps.get(epoch, lambda: self._build(epoch))
 
+    def has_epoch_map(self, epoch: int) -> bool:
+        """Whether ``epoch_map(epoch)`` would answer from the cache (building one is a permutation)."""
+        return epoch in self._maps
+
     def _build(self, epoch: int) -> EpochMap:
         world = self.shape.world_size
         rank_of = np.full(self.total, -1, dtype=np.int16)

@@ -112,6 +112,9 @@ class LRU(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
 
 def _frozen(a: npt.NDArray[np.int64]) -> IndexArray:
     """Cached arrays are handed out many times: make accidental writes fail loudly."""

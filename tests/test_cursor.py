@@ -138,3 +138,49 @@ def test_val_after_train_is_part_of_the_epoch() -> None:
     assert emap.length(0) == 350
     assert set(emap.streams[0][300:].tolist()) == set(range(300, 350))
     assert (np.sort(emap.streams[0][:300]) == np.arange(300)).all()
+
+
+def cached_epochs(js: JobStreams) -> set[int]:
+    return {e for e in range(js.epochs) if js.has_epoch_map(e)}
+
+
+def test_quick_observation_builds_no_epoch_map_and_places_like_observe() -> None:
+    """What the daemon places on its FUSE thread never builds a permutation, and places as observe() does.
+
+    Five epochs through a three-epoch map cache, so maps are evicted and rebuilt along the way: those
+    builds must all fall to the caller's slow path.  Most opens must still be quick, or the daemon
+    would hop to a thread for every batch again.
+    """
+    opens = node_opens(job(1200, 0, 9, 2, 2, 16, 5), 0, range(5), workers=2, rng=random.Random(5))
+    plain = NodeCursor(job(1200, 0, 9, 2, 2, 16, 5), settings(16, 2))
+    for g in opens:
+        plain.observe(g)
+    js = job(1200, 0, 9, 2, 2, 16, 5)
+    cur = NodeCursor(js, settings(16, 2))
+    quick = 0
+    for start in range(0, len(opens), 10):
+        batch = opens[start : start + 10]
+        before = cached_epochs(js)
+        observed, _predicted = cur.observe_while_quick(batch)
+        assert cached_epochs(js) <= before, f"an epoch map was built inline at open {start + observed}"
+        quick += observed
+        for g in batch[observed:]:  # the daemon's worker thread
+            cur.observe(g)
+    assert (cur.state, cur.epoch, cur.opens, cur.hits) == (plain.state, plain.epoch, plain.opens, plain.hits)
+    assert plain.hit_rate == 1.0
+    assert quick > 0.9 * len(opens), f"only {quick} of {len(opens)} opens were placed inline"
+
+
+def test_quick_observation_leaves_a_detection_retry_to_the_caller() -> None:
+    """In a mismatch, opens are quick up to the one that retries detection (which scans every epoch)."""
+    truth = job(2000, 0, seed=7, world=2, per_node=2, batch=32, epochs=3)
+    cur = NodeCursor(job(2000, 0, seed=8, world=2, per_node=2, batch=32, epochs=3), settings(32, 2))
+    opens = node_opens(truth, 0, range(3), workers=2, rng=random.Random(6))
+    observed, _ = cur.observe_while_quick(opens)
+    assert observed == 0 and cur.state == "detecting"  # detection itself is never inline
+    for g in opens[:64]:
+        cur.observe(g)
+    assert cur.state == "mismatch"
+    observed, predicted = cur.observe_while_quick(opens[64:])
+    assert 0 < observed < len(opens) - 64 and predicted == 0
+    assert cur.opens + 1 == cur.retry_after, "stopped anywhere but right before the retry"
