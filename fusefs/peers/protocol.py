@@ -30,6 +30,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import ClassVar, Self
 
 MAGIC = b"SRFS"
 VERSION = 1
@@ -196,31 +197,30 @@ class Get:
 
 
 @dataclass(frozen=True, slots=True)
-class Ping:
+class _Probe:
+    """A frame that is only a request id: PING and its PONG differ in nothing but their kind."""
+
+    KIND: ClassVar[Kind]
     request_id: int
 
     def encode(self) -> bytes:
-        return frame_header(Kind.PING, _REQ_ID.size) + _REQ_ID.pack(self.request_id)
+        return frame_header(self.KIND, _REQ_ID.size) + _REQ_ID.pack(self.request_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> Ping:
+    def decode(cls, payload: bytes) -> Self:
         if len(payload) != _REQ_ID.size:
-            raise ProtocolError(f"PING of {len(payload)} bytes")
+            raise ProtocolError(f"{cls.KIND.name} of {len(payload)} bytes")
         return cls(_REQ_ID.unpack(payload)[0])
 
 
 @dataclass(frozen=True, slots=True)
-class Pong:
-    request_id: int
+class Ping(_Probe):
+    KIND = Kind.PING
 
-    def encode(self) -> bytes:
-        return frame_header(Kind.PONG, _REQ_ID.size) + _REQ_ID.pack(self.request_id)
 
-    @classmethod
-    def decode(cls, payload: bytes) -> Pong:
-        if len(payload) != _REQ_ID.size:
-            raise ProtocolError(f"PONG of {len(payload)} bytes")
-        return cls(_REQ_ID.unpack(payload)[0])
+@dataclass(frozen=True, slots=True)
+class Pong(_Probe):
+    KIND = Kind.PONG
 
 
 @dataclass(frozen=True, slots=True)
