@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -67,6 +68,19 @@ class PeerDown(Exception):
 
 class _Failed(Exception):
     """This exchange failed in a way that counts against the peer's health."""
+
+
+@contextmanager
+def _lost_midway() -> Iterator[None]:
+    """An answer cut off after its first byte is a failure, never a stale pooled connection to retry."""
+    try:
+        yield
+    except Closed as exc:
+        raise _Failed(str(exc)) from None
+    except trio.ClosedResourceError:
+        raise _Failed("connection closed by this daemon") from None
+    except (trio.BrokenResourceError, OSError) as exc:
+        raise _Failed(f"connection error: {exc}") from None
 
 
 class _Mismatch(_Failed):
@@ -379,14 +393,8 @@ class PeerClient:
         return answer
 
     async def _receive(self, rx: Receiver, n: int) -> bytes:
-        try:
+        with _lost_midway():
             return await rx.exactly(n)
-        except Closed as exc:
-            raise _Failed(str(exc)) from None
-        except trio.ClosedResourceError:
-            raise _Failed("connection closed by this daemon") from None
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise _Failed(f"connection error: {exc}") from None
 
     async def _receive_body(self, rx: Receiver, reply: Reply, expect_size: int | None) -> Received:
         size, bs = reply.size, reply.block_size
@@ -400,16 +408,11 @@ class PeerClient:
         for i in range(block_count(size, bs)):
             n = min(bs, left)
             try:
-                want = parse_block_header(await self._receive(rx, BLOCK_HEADER_LEN), n)
-                block = await rx.pieces(n)
+                with _lost_midway():
+                    want = parse_block_header(await rx.exactly(BLOCK_HEADER_LEN), n)
+                    block = await rx.pieces(n)
             except ProtocolError as exc:
                 raise _Failed(f"protocol error: {exc}") from None
-            except Closed as exc:
-                raise _Failed(str(exc)) from None
-            except trio.ClosedResourceError:
-                raise _Failed("connection closed by this daemon") from None
-            except (trio.BrokenResourceError, OSError) as exc:
-                raise _Failed(f"connection error: {exc}") from None
             if len(block) == 1:
                 got = xxhash.xxh3_64_intdigest(block[0])
             else:
