@@ -38,27 +38,17 @@ __all__ = [
 
 def expected_opens(job: Job, train_files: int, val_files: int) -> int:
     """What the real samplers make the job open (computed with torch itself)."""
-    import torch
+    from indices import Indices
     from torch.utils.data import DistributedSampler
-
-    class Sized(torch.utils.data.Dataset[int]):
-        def __init__(self, n: int) -> None:
-            self.n = n
-
-        def __len__(self) -> int:
-            return self.n
-
-        def __getitem__(self, i: int) -> int:
-            return i
 
     total = 0
     for epoch in range(job.start_epoch, job.epochs):
         for r in range(job.world_size):
-            s: Any = DistributedSampler(Sized(train_files), num_replicas=job.world_size, rank=r, seed=job.seed)
+            s: Any = DistributedSampler(Indices(train_files), num_replicas=job.world_size, rank=r, seed=job.seed)
             s.set_epoch(epoch)
             total += len(list(s))
             if job.val:
-                v: Any = DistributedSampler(Sized(val_files), num_replicas=job.world_size, rank=r, shuffle=False)
+                v: Any = DistributedSampler(Indices(val_files), num_replicas=job.world_size, rank=r, shuffle=False)
                 total += len(list(v))
     return total
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, SequentialSampler
+from indices import Indices
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
 from placement.randperm import Backend
 from placement.samplers import (
@@ -32,19 +33,6 @@ from placement.samplers import (
 
 SEEDS = [0, 42, 2**32 + 5, 2**63 - 1]
 REPO = Path(__file__).resolve().parents[1]
-
-
-class Indices(Dataset[int]):
-    """A dataset whose item i is i: what a loader yields is the index order itself."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 def torch_distributed(

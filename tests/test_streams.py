@@ -15,22 +15,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from indices import Indices
+from torch.utils.data import DataLoader, DistributedSampler
 
 from placement.randperm import randperm
 from placement.samplers import DistributedSamplerModel, SamplerModel, make_sampler
 from placement.streams import EpochInverse, JobShape, Streams
-
-
-class Indices(Dataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 class OnlyTheProtocol:
