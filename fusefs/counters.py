@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SOURCES = ("page_cache", "memory", "directory", "inflight", "peer", "pfs")
-"""Where an open's bytes came from (DESIGN section 3 read order)."""
+"""Where bytes came from (DESIGN section 3 read order).  The first four count opens served from there; peer and
+pfs count fetches, a prefetch as much as an open's own fetch, since PFS traffic is what they must show."""
 
 _MAX_LISTED = 100
 

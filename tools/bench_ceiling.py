@@ -78,6 +78,7 @@ from tools.bench_train import rclone_mount
 from tools.jobs import Job, seerfs_config
 from tools.mkdataset import Spec, make_dataset, parse_size
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.options import pick_configs
 
 CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
 LABELS = {"direct": "direct tmpfs", "seerfs": "seerfs", "pyfuse3": "pyfuse3 floor", "mergerfs": "mergerfs",
@@ -686,10 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def usage_error(a: argparse.Namespace) -> str | None:
-    configs = a.configs.split(",") if a.configs else list(CONFIGS)
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown:
-        return f"--configs: unknown {', '.join(unknown)} (expected some of: {', '.join(CONFIGS)})"
+    try:
+        pick_configs(a.configs, CONFIGS)
+    except ValueError as exc:
+        return str(exc)
     if min(a.files, a.threads, a.passes, a.classes, a.mean_size, a.read_size) < 1 or a.seconds < 0:
         return "--files, --threads, --passes, --classes, --mean-size and --read-size must be positive"
     if a.tmpfs and not is_tmpfs(Path(a.tmpfs)):
@@ -705,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"bench_ceiling: {problem}", file=sys.stderr)
         return 2
-    configs = [c for c in CONFIGS if c in (a.configs.split(",") if a.configs else CONFIGS)]
+    configs = pick_configs(a.configs, CONFIGS)
     for tool in ("mergerfs", "rclone"):
         if tool in configs and shutil.which(tool) is None:
             print(f"bench_ceiling: {tool} not installed: skipped", file=sys.stderr)

@@ -38,6 +38,7 @@ from typing import Any
 
 from tools.jobs import Job, make_source, run_readers, seerfs_config
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.options import pick_configs
 from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
 
@@ -57,7 +58,7 @@ class Result:
     emu_cpu: float = 0.0  # emulator CPU share of the run's wall time
     steal: float = 0.0  # CPU time the hypervisor took from this machine, share of all cores' time
     reader_cpu: float = 0.0  # readers' CPU (ranks + loader workers) per rank, share of wall time
-    sources: dict[str, int] = field(default_factory=dict)  # seerfs: files served per source
+    sources: dict[str, int] = field(default_factory=dict)  # seerfs: opens per place they were served from
     wait_s: list[float] = field(default_factory=list)  # per epoch, the longest any rank waited for batches
     hit_rate: float | None = None
     note: str = ""
@@ -160,10 +161,21 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
     finally:
         seerfs("umount", str(mnt), timeout=120)
         force_unmount(mnt)
-    result.sources = {k: v["files"] for k, v in doc["reads"]["by_source"].items() if v["files"]}
+    result.sources = opens_by_source(doc["reads"])
     result.hit_rate = (doc.get("cursor") or {}).get("hit_rate")
     result.note = f"mode {doc['prefetch']['mode']}"
     return result
+
+
+OPEN_SOURCES = ("page_cache", "memory", "directory", "inflight")
+"""Status sources that count opens; ``peer`` and ``pfs`` count fetches, prefetches included."""
+
+
+def opens_by_source(reads: dict[str, Any]) -> dict[str, int]:
+    """Where each open was served from; opens that had to wait for a fetch of their own are "fetched"."""
+    served = {k: int(reads["by_source"][k]["files"]) for k in OPEN_SOURCES}
+    served["fetched"] = int(reads["opens"]) - sum(served.values())
+    return {k: v for k, v in served.items() if v}
 
 
 def run_lower(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
@@ -194,7 +206,7 @@ def run_rclone(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
         proc.wait(30)
 
 
-def run_all(a: argparse.Namespace, work: Path) -> tuple[list[Result], int, dict[str, Any]]:
+def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list[Result], int, dict[str, Any]]:
     src = work / "pfs-backing"
     t0 = time.monotonic()
     _digests, total = make_source(src, a.files, a.val_files, mean_size=a.mean_size, sigma=a.sigma, classes=a.classes)
@@ -204,12 +216,9 @@ def run_all(a: argparse.Namespace, work: Path) -> tuple[list[Result], int, dict[
               val=a.val_files > 0, compute_s=a.compute_ms / 1000)  # fmt: skip
     runners = {"lower bound": run_lower, "direct": run_direct, "staging": run_staging, "rclone": run_rclone}
     results: list[Result] = []
-    only = set(a.configs.split(",")) if a.configs else set(CONFIGS)
     with running_pfsemu(src, curve=a.curve, open_latency_ms=a.open_ms, read_latency_ms=a.read_ms) as emu:
         emu_params = emu.counters().config
-        for config in CONFIGS:
-            if config not in only:
-                continue
+        for config in configs:
             if config == "rclone" and shutil.which("rclone") is None:
                 print("bench_train: rclone not installed: skipped", file=sys.stderr)
                 continue
@@ -300,7 +309,8 @@ def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
             vals = [r.sources.get(name, 0) for r in seer]
             ax.bar([r.config for r in seer], vals, bottom=bottom, label=name)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-        paths.append(save(fig, ax, "files opened", "Where seerfs served each open from", out / "train_sources.png"))
+        title = "Where seerfs served each open from\n(fetched: the open waited for its own fetch)"
+        paths.append(save(fig, ax, "files opened", title, out / "train_sources.png"))
     return paths
 
 
@@ -345,9 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    try:
+        configs = pick_configs(a.configs, CONFIGS)
+    except ValueError as exc:
+        print(f"bench_train: {exc}", file=sys.stderr)
+        return 2
     work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-train-"))
     try:
-        results, total, emu_params = run_all(a, work)
+        results, total, emu_params = run_all(a, work, configs)
     finally:
         for mnt in work.rglob("mnt"):
             force_unmount(mnt)

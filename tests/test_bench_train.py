@@ -1,0 +1,52 @@
+"""tools/bench_train end to end at a tiny size: real emulated PFS, real ranks, real seerfs mount."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import bench_train
+
+pytestmark = pytest.mark.mount
+
+FILES, VAL, EPOCHS = 48, 8, 2
+
+
+def fuse_mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as fh:
+        return [line.split()[4] for line in fh if " - fuse" in line]
+
+
+def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lower bound, direct and seerfs+seed over 48+8 files for 2 epochs.  The emulator's counters say direct read
+    the dataset once per epoch and seerfs+seed about once in all; seerfs's opens per source add up to exactly the
+    opens the job made (prefetches are not counted as opens), and nothing stays mounted."""
+    before = fuse_mounts()
+    argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000",
+            "--batch", "8", "--compute-ms", "1", "--configs", "lower bound,direct,seerfs+seed", "--json",
+            "--workdir", str(tmp_path)]  # fmt: skip
+    assert bench_train.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    total = doc["dataset_bytes"]
+    by = {r["config"]: r for r in doc["results"]}
+    assert list(by) == ["lower bound", "direct", "seerfs+seed"]
+    for r in by.values():
+        assert len(r["epoch_s"]) == EPOCHS and all(t > 0 for t in r["epoch_s"])
+    assert by["lower bound"]["pfs_bytes"] == 0
+    assert by["direct"]["pfs_bytes"] == EPOCHS * total
+    assert total <= by["seerfs+seed"]["pfs_bytes"] <= 1.05 * total
+    sources = by["seerfs+seed"]["sources"]
+    assert sum(sources.values()) == EPOCHS * (FILES + VAL), sources
+    assert set(sources) <= {*bench_train.OPEN_SOURCES, "fetched"}, sources
+    judged = {name: ok for name, ok, _detail in doc["targets"]}
+    assert len(judged) == 5 and judged["PFS bytes <= 1.05x the dataset"] is True
+    assert fuse_mounts() == before
+
+
+def test_misspelt_configuration_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in --configs is refused before anything is made, instead of silently measuring less."""
+    assert bench_train.main(["--configs", "direct,seerfs-seed"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown seerfs-seed" in err, err
