@@ -193,6 +193,9 @@ class SeerOperations(pyfuse3.Operations):
 
     # flush and fsync are deliberately not implemented: pyfuse3's default raises ENOSYS, after which
     # the kernel stops sending FLUSH on every close(), saving one round trip per file read.
+    # IOCTL cannot be silenced that way: Python's open() asks isatty() (TCGETS) of every file, the
+    # kernel forwards each one and never caches the ENOSYS that libfuse answers in C for us.  So a
+    # page-cached file read by torchvision's loader still costs OPEN, IOCTL and RELEASE here.
 
     async def setattr(
         self,

@@ -38,8 +38,9 @@ order a seed could predict, so seerfs assumes the default seed, sees the mismatc
 reactive policy.  Its memory tier is sized for the dataset twice over (the reactive set's RAM copies
 plus the pages readers leave in the page cache, which the budget also counts), so nothing is evicted
 and warm passes are served from the kernel page cache (keep_cache): they measure the cost of the
-FUSE open/release round trips the daemon still answers.  The table's notes count where seerfs
-served each warm open from.
+FUSE round trips the daemon still answers per file: OPEN, RELEASE and, with the loader reader, the
+IOCTL that Python's open() sends when it asks isatty() (answered ENOSYS by libfuse, never cached).
+The table's notes count where seerfs served each warm open from.
 
 --seerfs-o passes config overrides to the seerfs mount (e.g. fuse.max_tasks=8); --profile records
 the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
