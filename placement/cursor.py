@@ -261,8 +261,14 @@ class NodeCursor:
             if track.epoch + 1 >= job.epochs:
                 continue
             # Only a rank near the end of its epoch can be starting the next one; otherwise a stray
-            # open would jump it ahead (the window can be a large share of a small epoch).
-            if track.low + window < job.epoch_map(track.epoch).length(track.rank):
+            # open would jump it ahead (the window can be a large share of a small epoch).  Near the
+            # end means its watermark is within a window of it, or it has opened its last position:
+            # a loader iterates an epoch to the end before the next one starts.  The second test
+            # matters when positions were opened before this cursor existed (the seed's plan came
+            # after the job's first opens): they are never consumed, and in an epoch shorter than
+            # two windows nothing releases the watermark they hold back.
+            length = job.epoch_map(track.epoch).length(track.rank)
+            if track.low + window < length and track.high < length:
                 continue
             if not build and not job.has_epoch_map(track.epoch + 1):
                 return None
