@@ -18,6 +18,11 @@ Concurrency rules:
   deadlock the mount (DESIGN 5).
 * Bookkeeping (``files``, ``kept``, charges) changes only on the trio thread.  An entry is recorded
   before the await that pushes it, so a concurrent drop sees it and undoes the push afterwards.
+* An open can arrive while its file is still being fetched or pushed.  It then reads the bytes
+  through the mount (keep_cache puts them in the page cache) and marks the entry taken; its release
+  keeps the pages, and a push that finishes after that release must not undo them: they are the
+  same bytes, now charged as kept.  Before this rule a third of epoch 0's files lost their pages
+  here and epoch 1 read them again through FUSE.
 * A reclaimed charge is released at once and its invalidation queued; the pages disappear a few
   milliseconds later, so the page cache can briefly exceed the budget by one batch.
 """
@@ -126,6 +131,8 @@ class Staging:
         f = self.files.get(entry)
         if f is None or not f.staged or f.pushed or f.data is not None:
             return  # retired meanwhile (the reservation was released with it)
+        if f.taken:
+            return  # a reader opened it before its bytes came: its reads put the pages in the cache
         if self.mode == "memory":
             f.data = data
             return
@@ -139,15 +146,23 @@ class Staging:
             f.data = data
             if exc.errno != errno.ENOENT:
                 log.warning("notify_store of entry %d failed: %s", entry, exc)
-        if self.files.get(entry) is not f:  # dropped while we pushed: drop the pages we just stored
+        current = self.files.get(entry)
+        if current is not f and not (f.taken and (current is not None or entry in self.kept)):
+            # Dropped while we pushed: drop the pages we just stored.  Not when a reader took it
+            # meanwhile: it read the same bytes through the mount, and its release kept them.
             self._drop_pages(entry)
 
     def take(self, entry: int) -> StagedFile | None:
         """What an open of ``entry`` can use: staged data, or pages kept from an earlier read."""
         f = self.files.get(entry)
         if f is not None:
-            if not f.staged or (not f.pushed and f.data is None):
-                return None  # opened elsewhere now, or still being fetched (the open awaits the fetch)
+            if f.staged and not f.pushed and f.data is None:
+                # Still being fetched or pushed: the open gets the bytes elsewhere and its reads fill
+                # the page cache, so the file counts as taken (kept at release, never dropped).
+                f.taken = True
+                return None
+            if not f.staged:
+                return None  # open by another reader, who pulls its pages through the mount
             f.taken = True
             return f
         charge = self.kept.pop(entry, None)
