@@ -38,6 +38,7 @@ from typing import Any
 
 from tools.jobs import Job, make_source, run_readers, seerfs_config
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.nodes import mpi_group
 from tools.options import pick_configs
 from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
@@ -81,8 +82,8 @@ def reader_cpu(results: list[dict[str, Any]], wall: float) -> float:
     return float(max(r["cpu_s"] for r in results)) / max(wall, 1e-9)
 
 
-def timed_readers(config: str, root: Path, job: Job, run_dir: Path, **extra: Any) -> Result:
-    """Run the readers over ROOT; the Result carries epoch times, batch waits and reader CPU."""
+def timed_readers(config: str, root: Path | list[Path], job: Job, run_dir: Path, **extra: Any) -> Result:
+    """Run the readers over ROOT (one per rank, or one for all); the Result has epoch times, waits and CPU."""
     t = time.monotonic()
     res = run_readers(root, job, None, run_dir)
     wall = time.monotonic() - t
@@ -137,18 +138,27 @@ def rclone_mount(src: Path, mnt: Path, cache: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+LOOKAHEAD = 320 << 20
+PREFETCH_THREADS = 32
+
+
+def tier_bytes(total: int) -> int:
+    """A node with RAM for the dataset: the memory tier holds it, and the budget it shares also has room for the
+    pages readers leave in the page cache (kept, so later epochs never copy data through FUSE) and for the
+    staging window.  The notes show kept pages the budget or a wrong plan dropped: those files go back
+    through FUSE when read again."""
+    return int(total * 2.1) + LOOKAHEAD
+
+
 def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded: bool) -> Result:
     name = "seerfs+seed" if seeded else "seerfs"
     d = work / name.replace("+", "_")
     d.mkdir()
-    # A node with RAM for the dataset: the memory tier holds it, and the budget also has room for the
-    # pages readers leave in the page cache (kept, so later epochs never copy data through FUSE) and
-    # for the staging window.  32 fetch threads keep the emulated PFS at its best aggregate rate even
+    # RAM as tier_bytes says.  32 fetch threads keep the emulated PFS at its best aggregate rate even
     # though each small file spends a third of its time in open latency.
-    lookahead = 320 << 20
-    cfg = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache", lookahead=str(lookahead),
-                        tiers=[{"kind": "memory", "bytes": int(total * 2.1) + lookahead, "threads": 8}],
-                        prefetch_threads=32, fuse={"io_threads": 32})  # fmt: skip
+    cfg = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache", lookahead=str(LOOKAHEAD),
+                        tiers=[{"kind": "memory", "bytes": tier_bytes(total), "threads": 8}],
+                        prefetch_threads=PREFETCH_THREADS, fuse={"io_threads": 32})  # fmt: skip
     mnt = d / "mnt"
     mnt.mkdir()
     seerfs("mount", str(emu.mountpoint), str(mnt), "-c", str(cfg), check=True)
@@ -163,7 +173,41 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
         force_unmount(mnt)
     result.sources = opens_by_source(doc["reads"])
     result.hit_rate = (doc.get("cursor") or {}).get("hit_rate")
-    result.note = f"mode {doc['prefetch']['mode']}"
+    result.note = f"mode {doc['prefetch']['mode']}" + dropped_pages(doc)
+    return result
+
+
+def dropped_pages(doc: dict[str, Any]) -> str:
+    """Kept pages the memory budget reclaimed: those files go back through FUSE when read again."""
+    n = int(doc["prefetch"]["staging"]["invalidations"])
+    return f", kept pages dropped {n}" if n else ""
+
+
+def seerfs_nodes_run(emu: RunningEmulator, work: Path, job: Job, total: int, nodes: int) -> Result:
+    """seerfs+seed on ``nodes`` daemons launched together by mpirun, as a job's prologue would.
+
+    Each node has its own mountpoint, cache and loopback address and hosts world_size/nodes ranks;
+    rank 0 writes the seed to its node, which passes it on.  Files are read from the PFS once, by
+    their owner, and served to the other nodes over TCP.
+    """
+    d = work / f"seerfs_seed_x{nodes}"
+    per_node = job.world_size // nodes
+    with mpi_group(emu.mountpoint, d, job, tier_bytes=tier_bytes(total), n=nodes, ranks_per_node=per_node,
+                   prefetch={"lookahead_bytes": LOOKAHEAD, "threads": PREFETCH_THREADS},
+                   fuse={"io_threads": 32}) as mnts:  # fmt: skip
+        roots = [mnts[r // per_node] for r in range(job.world_size)]
+        result = timed_readers(f"seerfs+seed x{nodes}", roots, replace(job, write_seed=True), d / "run")
+        docs = [status(m) for m in mnts]
+    for doc in docs:
+        for k, v in opens_by_source(doc["reads"]).items():
+            result.sources[k] = result.sources.get(k, 0) + v
+    rates = [(doc.get("cursor") or {}).get("hit_rate") for doc in docs]
+    result.hit_rate = min((r for r in rates if r is not None), default=None)
+    peer = sum(int(doc["reads"]["by_source"]["peer"]["files"]) for doc in docs)
+    modes = sorted({doc["prefetch"]["mode"] for doc in docs})
+    dropped = sum(int(doc["prefetch"]["staging"]["invalidations"]) for doc in docs)
+    result.note = f"{nodes} nodes by mpirun, mode {'/'.join(modes)}, peer fetches {peer}"
+    result.note += f", kept pages dropped {dropped}" if dropped else ""
     return result
 
 
@@ -229,6 +273,9 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
             else:
                 seeded = config == "seerfs+seed"
                 results.append(measured(emu, partial(seerfs_run, emu, work, job, total, seeded=seeded)))
+        if a.nodes > 1:
+            print(f"bench_train: running seerfs+seed x{a.nodes}", file=sys.stderr)
+            results.append(measured(emu, partial(seerfs_nodes_run, emu, work, job, total, a.nodes)))
     return results, total, emu_params
 
 
@@ -242,7 +289,8 @@ def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tu
     later = [t / c for t, c in zip(seed.epoch_s[1:], lower.epoch_s[1:], strict=True)]
     fastest = min(results, key=lambda r: r.total_s if r.config != "lower bound" else float("inf"))
     return [
-        ("seerfs with the seed is the fastest configuration", fastest.config == "seerfs+seed", fastest.config),
+        ("seerfs with the seed is the fastest configuration", fastest.config.startswith("seerfs+seed"),
+         fastest.config),
         ("epoch 0 <= 1.10x max(compute-only, dataset / best PFS throughput)", seed.epoch_s[0] <= 1.10 * floor0,
          f"{seed.epoch_s[0] / floor0:.3f}x (floor {floor0:.2f}s)"),
         ("every later epoch <= 1.05x compute-only", all(x <= 1.05 for x in later),
@@ -260,7 +308,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     print(f"dataset: {a.files} train + {a.val_files} val files, {total / 1e6:.1f} MB\n")
     epochs = len(results[0].epoch_s)
     head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
-    print(f"{'configuration':<13}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
+    print(f"{'configuration':<14}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
           f"{'rdr CPU':>7}  {'steal':>5}  notes")  # fmt: skip
     for r in results:
         base = lower.epoch_s if lower else [1.0] * epochs
@@ -271,7 +319,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
             notes += f", hit rate {r.hit_rate:.2%}"
         if r.sources:
             notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
-        print(f"{r.config:<13}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
+        print(f"{r.config:<14}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
               f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {r.steal:5.1%}  "
               f"{notes.strip(', ')}")  # fmt: skip
     checks = targets(results, total, a)
@@ -346,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
     p.add_argument("--seed", type=int, default=7, help="the sampler's seed (default 7; seerfs alone assumes 0)")
     p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="also run seerfs+seed on N nodes: N daemons launched together by mpirun, each with its own "
+        "mountpoint and loopback address, world-size/N ranks on each (default 1: not run)",
+    )
     p.add_argument("--png", metavar="DIR", help="write train_epochs.png and train_sources.png into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--show-status", action="store_true", help="print `seerfs status` of the seerfs+seed mount")
@@ -357,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         configs = pick_configs(a.configs, CONFIGS)
+        if a.nodes < 1 or a.world_size % a.nodes:
+            raise ValueError(f"--nodes {a.nodes}: must be at least 1 and divide --world-size {a.world_size}")
     except ValueError as exc:
         print(f"bench_train: {exc}", file=sys.stderr)
         return 2

@@ -27,18 +27,21 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}  # fmt: skip
 
 
-def node_config(work: Path, k: int, job: Job, *, tier_bytes: int, peers: dict[str, Any]) -> Path:
+def node_config(work: Path, k: int, job: Job, *, tier_bytes: int, peers: dict[str, Any], ranks_per_node: int = 1,
+                **sections: Any) -> Path:  # fmt: skip
+    """Node ``k``'s config; ``sections`` replace whole top-level sections (e.g. ``prefetch``, ``fuse``)."""
     d = work / f"node{k}"
     d.mkdir(parents=True, exist_ok=True)
     cfg = {
         "cache_dir": str(d / "cache"),
         "datasets": [{"root": "train"}, {"root": "val", "follows": "train", "sampler": {"shuffle": False}}]
         if job.val else [{"root": "train"}],
-        "job": {"world_size": job.world_size, "ranks_per_node": 1, "epochs": job.epochs,
+        "job": {"world_size": job.world_size, "ranks_per_node": ranks_per_node, "epochs": job.epochs,
                 "batch_size": job.batch_size, "num_workers": job.num_workers},
         "tiers": [{"kind": "memory", "bytes": tier_bytes + (2 << 20), "threads": 4}],
         "prefetch": {"lookahead_bytes": "2MiB", "threads": 8},
         "peers": {"bind": f"127.0.0.{k + 1}", **peers},
+        **sections,
     }  # fmt: skip
     path = d / "seerfs.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -82,11 +85,13 @@ def rendezvous_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: 
 
 
 @contextlib.contextmanager
-def mpi_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3) -> Iterator[list[Path]]:
+def mpi_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, ranks_per_node: int = 1,
+              **sections: Any) -> Iterator[list[Path]]:  # fmt: skip
     """``mpirun -np n seerfs mount --fg``: one process per node, each with its own mountpoint."""
     mnts = mountpoints(work, n)
     for k in range(n):
-        node_config(work, k, job, tier_bytes=tier_bytes, peers={"discovery": "mpi", "timeout": 1.0})
+        node_config(work, k, job, tier_bytes=tier_bytes, peers={"discovery": "mpi", "timeout": 1.0},
+                    ranks_per_node=ranks_per_node, **sections)  # fmt: skip
     rank_cmd = (f'k=$OMPI_COMM_WORLD_RANK; exec {sys.executable} -m fusefs mount --fg {source} '
                 f'{work}/node$k/mnt -c {work}/node$k/seerfs.yaml')  # fmt: skip
     mpirun = shutil.which("mpirun")
