@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -37,12 +38,26 @@ def staging_with(kernel: Kernel) -> tuple[Staging, Budget]:
     return Staging(budget, 50 * SIZE, "page_cache", push=kernel.push, invalidate=kernel.invalidate), budget
 
 
+async def during_push(staging: Staging, kernel: Kernel, entry: int, meanwhile: Callable[[], Awaitable[None]]) -> None:
+    """Stage ``entry``, run ``meanwhile`` while its push is held in flight, then let the push end."""
+    assert staging.reserve(entry, SIZE)
+    kernel.hold.clear()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(staging.fill, entry, b"x" * SIZE)
+        await trio.to_thread.run_sync(kernel.entered.wait, 10)
+        await meanwhile()
+        kernel.hold.set()
+    await drain(staging)
+
+
 async def drain(staging: Staging) -> None:
-    """Let queued invalidations run (the drain task batches them)."""
+    """Run the invalidation task until every queued drop reached the kernel (fill queues them synchronously)."""
+    queued = staging._drop_send.statistics().current_buffer_used
     async with trio.open_nursery() as nursery:
         nursery.start_soon(staging.run)
-        for _ in range(20):
-            await trio.sleep(0.01)
+        with trio.fail_after(5):
+            while staging.invalidations < queued:
+                await trio.sleep(0.005)
         nursery.cancel_scope.cancel()
 
 
@@ -52,19 +67,12 @@ def test_a_file_opened_and_released_during_its_push_keeps_its_pages() -> None:
     kernel = Kernel()
     staging, budget = staging_with(kernel)
 
-    async def main() -> None:
-        assert staging.reserve(7, SIZE)
-        kernel.hold.clear()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(staging.fill, 7, b"x" * SIZE)
-            await trio.to_thread.run_sync(kernel.entered.wait, 10)  # the push is now in flight
-            assert staging.take(7) is None  # not usable yet: the open reads through the mount
-            assert staging.note_read(7, SIZE)  # its pages are charged by the staged reservation
-            staging.retire(7)  # the reader's release
-            kernel.hold.set()
-        await drain(staging)
+    async def reader() -> None:
+        assert staging.take(7) is None  # not usable yet: the open reads through the mount
+        assert staging.note_read(7, SIZE)  # its pages are charged by the staged reservation
+        staging.retire(7)  # the reader's release
 
-    trio.run(main)
+    trio.run(during_push, staging, kernel, 7, reader)
     assert kernel.pushed == [inode_of(7)]
     assert kernel.invalidated == []
     assert staging.kept == {7: SIZE} and budget.used == SIZE
@@ -77,17 +85,10 @@ def test_a_file_dropped_during_its_push_loses_the_pushed_pages() -> None:
     kernel = Kernel()
     staging, budget = staging_with(kernel)
 
-    async def main() -> None:
-        assert staging.reserve(7, SIZE)
-        kernel.hold.clear()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(staging.fill, 7, b"x" * SIZE)
-            await trio.to_thread.run_sync(kernel.entered.wait, 10)
-            await staging.clear()  # a new plan: the window is meaningless
-            kernel.hold.set()
-        await drain(staging)
+    async def new_plan() -> None:
+        await staging.clear()  # the window is meaningless now
 
-    trio.run(main)
+    trio.run(during_push, staging, kernel, 7, new_plan)
     assert kernel.invalidated == [inode_of(7)]
     assert staging.kept == {} and budget.used == 0
 
