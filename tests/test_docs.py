@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fusefs.cli import build_parser
 from tools import genman
+from tools.genman import documented_actions, tool_parsers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +33,20 @@ def test_readme_names_every_command_and_option() -> None:
                 if opt in ("-h", "--help"):
                     continue
                 assert opt in readme, f"README does not mention {name} {opt}"
+
+
+def test_readme_names_every_tool_option() -> None:
+    """Each program under tools/ has a README bullet that lists every option its --help shows (the
+    generated seerfs-tools(7) page cannot drift: it is built from the same parsers)."""
+    bullets = (ROOT / "README.md").read_text().split("\n- ")
+    for name, p in tool_parsers().items():
+        base = name.split()[0]
+        text = " ".join(b for b in bullets if f"`tools/{base} " in b or f"`tools/{base}`" in b)
+        assert text, f"README has no bullet for tools/{base}"
+        for action in documented_actions(p):
+            for opt in action.option_strings:
+                if opt.startswith("--"):
+                    assert opt in text, f"README does not mention tools/{name} {opt}"
 
 
 def test_control_page_documents_every_status_section() -> None:

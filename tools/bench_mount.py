@@ -166,7 +166,7 @@ def synthetic_snapshot(entries: int, per_dir: int) -> tuple[float, float, int]:
     return snap.bytes_per_entry(), names_per_entry, rss1 - rss0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_mount", description=__doc__)
     p.add_argument("--files", type=int, default=100_000, help="files in the walked tree (default 100000)")
     p.add_argument("--per-dir", type=int, default=100, help="files per directory (default 100)")
@@ -184,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         help="entries of the synthetic in-memory snapshot (default 14.2M, ImageNet-22k)",
     )
     p.add_argument("--workdir", help="scratch directory (default: a temp dir, removed)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
 
     work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-mount-"))

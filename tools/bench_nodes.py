@@ -43,7 +43,7 @@ def run(source: Path, total: int, work: Path, job: Job, share: float, peers: boo
         }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_nodes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--files", type=int, default=1500, help="training files (default 1500)")
@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-ms", type=float, default=1.0, help="compute per sample, ms of sleep (default 1)")
     p.add_argument("--tier-share", type=float, default=0.4, help="tier bytes per node / dataset (default 0.4)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="seerfs-bench-nodes-"))
     try:

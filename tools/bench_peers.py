@@ -171,7 +171,7 @@ async def measure(
     return Point(size, concurrency, len(latencies), elapsed, latencies, cpu, server_cpu)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_peers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = p.add_subparsers(dest="command")
@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=64, help="distinct files per size (default: %(default)s)")
     p.add_argument("--seconds", type=float, default=3.0, help="measuring time per point (default: %(default)s)")
     p.add_argument("--block-size", type=parse_bytes, default=1 << 20, help="server block size (default: 1MiB)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.command == "serve":
         serve(args.host, args.port, args.files, args.size, args.block_size)

@@ -207,7 +207,7 @@ def _verdict(ratio: float) -> str:
     return "ok" if abs(ratio - 1.0) <= TOLERANCE else "OUT"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench_pfsemu",
         description="Calibrate tools/pfsemu: configured vs measured aggregate throughput for several "
@@ -222,6 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--curve", help=f"t(gamma) for the emulator (default {pfsemu.DEFAULT_CURVE})")
     parser.add_argument("--open-latency-ms", type=float, help="emulator open latency (default 3)")
     parser.add_argument("--read-latency-ms", type=float, help="emulator read latency (default 0.5)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         gammas = [int(g) for g in args.gammas.split(",")]

@@ -173,7 +173,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     return out + (["--no-spread"] if args.no_spread else [])
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench_plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -193,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-spread", action="store_true")
     p.add_argument("--json", action="store_true", help="print the raw results")
     p.add_argument("--child", choices=["torch", "numpy"], help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args)))

@@ -144,7 +144,7 @@ def planning_latency(root: Path, cache: Path, work: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_prefetch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--files", type=int, default=2000, help="training files (default 2000)")
@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-tree", help="where the 1.28M-file tree is kept (default /var/tmp/seerfs-bench-1281167)")
     p.add_argument("--big-cache", default="/var/tmp/seerfs-bench-cache", help="cache dir for part 2 (snapshot reuse)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="seerfs-bench-prefetch-"))

@@ -81,7 +81,7 @@ def run_child(argv: list[str], backend: str, part: str, workers: int) -> dict[st
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_streams", description=__doc__)
     p.add_argument("--files", type=int, default=1_281_167, help="dataset size (default 1281167)")
     p.add_argument("--epochs", type=int, default=90, help="epochs folded into node counts (default 90)")
@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the raw numbers as JSON, not a table")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", choices=["micro", "all"], default="micro", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.child:
         json.dump(child(args), sys.stdout)

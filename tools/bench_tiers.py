@@ -139,7 +139,7 @@ def fmt_size(n: int) -> str:
     return f"{n}B"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_tiers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--dir", type=Path, default=Path.cwd(), help="where directory tiers go (default: .)")
@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--total", default="256MiB", help="bytes written per point (default: 256MiB)")
     p.add_argument("--kinds", default="memory,directory", help="tiers to measure (default: %(default)s)")
     p.add_argument("--keep-cache", action="store_true", help="directory tier: leave pages cached")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         sizes = [parse_bytes(s) for s in args.sizes.split(",")]

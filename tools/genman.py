@@ -1,4 +1,4 @@
-"""Generate man/seerfs.1 and man/seerfs.yaml.5 from the argparse parser and the config schema.
+"""Generate man/seerfs.1, man/seerfs.yaml.5 and man/seerfs-tools.7 from the argparse parsers and the config schema.
 
 Why generated: the commands, options, exit codes and config keys then cannot drift between
 ``--help``, ``seerfs config --defaults`` and the man pages; tests/test_docs.py fails when the
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fusefs import __version__, config
-from fusefs.cli import build_parser
+from fusefs.cli import build_parser as seerfs_parser
 from fusefs.errors import EXIT_MEANINGS, ExitCode
 
 MAN = Path(__file__).resolve().parent.parent / "man"
@@ -27,8 +27,13 @@ def esc(text: str) -> str:
     return "\\&" + text if text[:1] in (".", "'") else text
 
 
-def _actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in p._actions if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)]
+def documented_actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """What a user can pass: not --help, not the subcommand list, not internal options hidden from --help."""
+    return [
+        a
+        for a in p._actions
+        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction) and a.help != argparse.SUPPRESS
+    ]
 
 
 def _usage(name: str, p: argparse.ArgumentParser) -> str:
@@ -38,7 +43,7 @@ def _usage(name: str, p: argparse.ArgumentParser) -> str:
 
 def _option_lines(p: argparse.ArgumentParser) -> list[str]:
     lines: list[str] = []
-    for a in _actions(p):
+    for a in documented_actions(p):
         if not a.option_strings:
             continue
         names = ", ".join(a.option_strings)
@@ -49,7 +54,7 @@ def _option_lines(p: argparse.ArgumentParser) -> list[str]:
 
 
 def seerfs_1() -> str:
-    parser = build_parser()
+    parser = seerfs_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     out = [
         f'.TH SEERFS 1 "{DATE}" "seerfs {__version__}" "User Commands"',
@@ -78,7 +83,7 @@ def seerfs_1() -> str:
     for name, p in sub.choices.items():
         helptext = next((c.help for c in sub._choices_actions if c.dest == name), "") or ""
         out += [".SS " + esc(name), esc(_usage(name, p)), ".PP", esc(p.description or helptext)]
-        positionals = [a for a in _actions(p) if not a.option_strings]
+        positionals = [a for a in documented_actions(p) if not a.option_strings]
         for a in positionals:
             out += [".TP", f".I {esc(str(a.metavar or a.dest))}", esc(str(a.help or ""))]
         out += _option_lines(p)
@@ -206,13 +211,74 @@ tiers:
 peers: {discovery: mpi, bind: ib0}
 """
 
-PAGES = {"seerfs.1": seerfs_1, "seerfs.yaml.5": seerfs_yaml_5}
+TOOLS = ("bench_train", "bench_ceiling", "bench_nodes", "bench_prefetch", "bench_mount", "bench_plan", "bench_streams",
+         "bench_tiers", "bench_peers", "bench_pfsemu", "simulate", "pfsemu", "mkdataset", "genman")  # fmt: skip
+"""The programs under tools/ that take options (tools/demo passes its own to bench_train)."""
+
+
+def tool_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each tool's parser, and each subcommand's as "tool sub": what --help, the page and README show."""
+    import importlib
+
+    out: dict[str, argparse.ArgumentParser] = {}
+    for name in TOOLS:
+        parser: argparse.ArgumentParser = importlib.import_module(f"tools.{name}").build_parser()
+        out[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    out[f"{name} {sub}"] = p
+    return out
+
+
+def _first_paragraph(text: str | None) -> str:
+    return " ".join((text or "").strip().split("\n\n")[0].split())
+
+
+def seerfs_tools_7() -> str:
+    out = [
+        f'.TH SEERFS\\-TOOLS 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"',
+        ".SH NAME",
+        "seerfs\\-tools \\- the benchmarks, emulator and generators under tools/ in the seerfs repository",
+        ".SH DESCRIPTION",
+        "Every program runs from the repository root as",
+        ".BI tools/ NAME",
+        "and uses the project's .venv (made by tools/setup).",
+        ".B tools/demo",
+        "runs tools/bench_train at a one\\-minute size; any bench_train option given to it overrides that size.",
+        "Each program's",
+        ".B \\-\\-help",
+        "prints the text below; tools/RESULTS.md has the measured tables and the exact commands.",
+    ]  # fmt: skip
+    for name, p in tool_parsers().items():
+        usage = " ".join(p.format_usage().strip().removeprefix("usage: ").split())
+        out += [
+            ".SH " + esc("tools/" + name),
+            ".nf",
+            esc("tools/" + usage),
+            ".fi",
+            ".PP",
+            esc(_first_paragraph(p.description)),
+        ]
+        positionals = [a for a in documented_actions(p) if not a.option_strings]
+        for a in positionals:
+            out += [".TP", f".I {esc(str(a.metavar or a.dest))}", esc(str(a.help or ""))]
+        out += _option_lines(p)
+    out += [".SH SEE ALSO", ".BR seerfs (1),", ".BR seerfs.yaml (5),", ".BR seerfs\\-control (7)"]
+    return "\n".join(out) + "\n"
+
+
+PAGES = {"seerfs.1": seerfs_1, "seerfs.yaml.5": seerfs_yaml_5, "seerfs-tools.7": seerfs_tools_7}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="genman", description="Regenerate the man pages under man/ from the parsers.")
+    p.add_argument("--check", action="store_true", help="exit 1 if a committed page is stale, write nothing")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="genman", description="Regenerate man/seerfs.1 and man/seerfs.yaml.5.")
-    p.add_argument("--check", action="store_true", help="exit 1 if a committed page is stale, write nothing")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     stale = []
     for name, make in PAGES.items():
         text = make()

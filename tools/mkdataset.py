@@ -110,7 +110,7 @@ def make_dataset(root: str | os.PathLike[str], spec: Spec) -> list[Path]:
     return make_split(out, spec, spec.files, rng)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mkdataset",
         description="Generate a synthetic ImageFolder dataset (class directories of image files).",
@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nest", type=int, default=0, help="extra directory levels inside each class (default 0)")
     p.add_argument("--odd-names", action="store_true", help="add unicode, space, dotfile, non-UTF-8 names")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     root = Path(a.root)
     if root.exists() and any(root.iterdir()):

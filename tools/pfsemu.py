@@ -1360,7 +1360,7 @@ stop a server: fusermount3 -u MOUNTPOINT (or SIGTERM/SIGINT to its process).
 """
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pfsemu",
         description="Emulated contended parallel filesystem: a read-only FUSE passthrough with per-open "
@@ -1510,7 +1510,7 @@ def format_stats(stats: PfsStats, top: int = 10) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         if args.command == "serve":
