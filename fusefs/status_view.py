@@ -61,6 +61,14 @@ def render(doc: dict[str, Any]) -> str:
             f"{human_bytes(tier.get('used_bytes', 0))} / {human_bytes(tier.get('budget_bytes', 0))}, "
             f"{tier.get('files', 0)} files"
         )
+    staging = (doc.get("prefetch") or {}).get("staging")
+    if staging:
+        # Dropped pages are the ones readers will pull through FUSE again: worth seeing at a glance.
+        lines.append(
+            f"pagecache {human_bytes(staging.get('page_cache_bytes', 0))} held, {staging.get('kept_files', 0)} files "
+            f"kept, {staging.get('pushes', 0)} pushed, {staging.get('invalidations', 0)} dropped, "
+            f"{staging.get('uncached_opens', 0)} opens uncached (budget full)"
+        )
     reads = doc.get("reads", {})
     if reads:
         lines.append(
