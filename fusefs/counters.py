@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SOURCES = ("page_cache", "memory", "directory", "inflight", "peer", "pfs")
-"""Where bytes came from (DESIGN section 3 read order).  The first four count opens served from there; peer and
-pfs count fetches, a prefetch as much as an open's own fetch, since PFS traffic is what they must show."""
+OPEN_SOURCES = ("page_cache", "memory", "directory", "inflight")
+"""Where an open found its bytes (DESIGN section 3 read order): these count opens."""
+FETCH_SOURCES = ("peer", "pfs")
+"""Where a fetch got its bytes: these count fetches, a prefetch as much as an open's own fetch, since
+PFS traffic is what they must show."""
+SOURCES = OPEN_SOURCES + FETCH_SOURCES
 
 _MAX_LISTED = 100
 

@@ -6,17 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from mounting import fuse_mounts
 
+from fusefs.counters import OPEN_SOURCES
 from tools import bench_train
 
 pytestmark = pytest.mark.mount
 
 FILES, VAL, EPOCHS = 48, 8, 2
-
-
-def fuse_mounts() -> list[str]:
-    with open("/proc/self/mountinfo") as fh:
-        return [line.split()[4] for line in fh if " - fuse" in line]
 
 
 def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,7 +36,7 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     assert total <= by["seerfs+seed"]["pfs_bytes"] <= 1.05 * total
     sources = by["seerfs+seed"]["sources"]
     assert sum(sources.values()) == EPOCHS * (FILES + VAL), sources
-    assert set(sources) <= {*bench_train.OPEN_SOURCES, "fetched"}, sources
+    assert set(sources) <= {*OPEN_SOURCES, "fetched"}, sources
     judged = {name: ok for name, ok, _detail in doc["targets"]}
     assert len(judged) == 5 and judged["PFS bytes <= 1.05x the dataset"] is True
     assert fuse_mounts() == before

@@ -36,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from fusefs.counters import OPEN_SOURCES
 from tools.jobs import Job, make_source, run_readers, seerfs_config
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 from tools.nodes import mpi_group
@@ -173,13 +174,14 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
         force_unmount(mnt)
     result.sources = opens_by_source(doc["reads"])
     result.hit_rate = (doc.get("cursor") or {}).get("hit_rate")
-    result.note = f"mode {doc['prefetch']['mode']}" + dropped_pages(doc)
+    result.note = f"mode {doc['prefetch']['mode']}" + dropped_pages([doc])
     return result
 
 
-def dropped_pages(doc: dict[str, Any]) -> str:
-    """Kept pages the memory budget reclaimed: those files go back through FUSE when read again."""
-    n = int(doc["prefetch"]["staging"]["invalidations"])
+def dropped_pages(docs: list[dict[str, Any]]) -> str:
+    """Files whose cached pages the daemons invalidated (budget, a wrong plan's window): they go back
+    through FUSE when read again."""
+    n = sum(int(doc["prefetch"]["staging"]["invalidations"]) for doc in docs)
     return f", kept pages dropped {n}" if n else ""
 
 
@@ -205,14 +207,8 @@ def seerfs_nodes_run(emu: RunningEmulator, work: Path, job: Job, total: int, nod
     result.hit_rate = min((r for r in rates if r is not None), default=None)
     peer = sum(int(doc["reads"]["by_source"]["peer"]["files"]) for doc in docs)
     modes = sorted({doc["prefetch"]["mode"] for doc in docs})
-    dropped = sum(int(doc["prefetch"]["staging"]["invalidations"]) for doc in docs)
-    result.note = f"{nodes} nodes by mpirun, mode {'/'.join(modes)}, peer fetches {peer}"
-    result.note += f", kept pages dropped {dropped}" if dropped else ""
+    result.note = f"{nodes} nodes by mpirun, mode {'/'.join(modes)}, peer fetches {peer}" + dropped_pages(docs)
     return result
-
-
-OPEN_SOURCES = ("page_cache", "memory", "directory", "inflight")
-"""Status sources that count opens; ``peer`` and ``pfs`` count fetches, prefetches included."""
 
 
 def opens_by_source(reads: dict[str, Any]) -> dict[str, int]:

@@ -41,6 +41,14 @@ def _usage(name: str, p: argparse.ArgumentParser) -> str:
     return " ".join(usage.split())
 
 
+def _positional_lines(p: argparse.ArgumentParser) -> list[str]:
+    lines: list[str] = []
+    for a in documented_actions(p):
+        if not a.option_strings:
+            lines += [".TP", f".I {esc(str(a.metavar or a.dest))}", esc(str(a.help or ""))]
+    return lines
+
+
 def _option_lines(p: argparse.ArgumentParser) -> list[str]:
     lines: list[str] = []
     for a in documented_actions(p):
@@ -83,10 +91,7 @@ def seerfs_1() -> str:
     for name, p in sub.choices.items():
         helptext = next((c.help for c in sub._choices_actions if c.dest == name), "") or ""
         out += [".SS " + esc(name), esc(_usage(name, p)), ".PP", esc(p.description or helptext)]
-        positionals = [a for a in documented_actions(p) if not a.option_strings]
-        for a in positionals:
-            out += [".TP", f".I {esc(str(a.metavar or a.dest))}", esc(str(a.help or ""))]
-        out += _option_lines(p)
+        out += _positional_lines(p) + _option_lines(p)
     out += [
         ".SH MOUNT(8) AND FSTAB",
         "mount.fuse3 runs", ".B seerfs SOURCE MOUNTPOINT \\-o OPTIONS",
@@ -260,10 +265,7 @@ def seerfs_tools_7() -> str:
             ".PP",
             esc(_first_paragraph(p.description)),
         ]
-        positionals = [a for a in documented_actions(p) if not a.option_strings]
-        for a in positionals:
-            out += [".TP", f".I {esc(str(a.metavar or a.dest))}", esc(str(a.help or ""))]
-        out += _option_lines(p)
+        out += _positional_lines(p) + _option_lines(p)
     out += [".SH SEE ALSO", ".BR seerfs (1),", ".BR seerfs.yaml (5),", ".BR seerfs\\-control (7)"]
     return "\n".join(out) + "\n"
 
