@@ -7,15 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from mounting import fuse_mounts
 
 from tools import bench_ceiling
 
 pytestmark = pytest.mark.mount
-
-
-def fuse_mounts() -> list[str]:
-    with open("/proc/self/mountinfo") as fh:
-        return [line.split()[4] for line in fh if " - fuse" in line]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
