@@ -20,7 +20,7 @@ from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from .errors import ConfigError
+from fusefs.errors import ConfigError
 
 ByteSize = NewType("ByteSize", int)
 """An integer byte count; YAML may give ``4GiB``, ``512M`` (binary) or ``2GB`` (decimal)."""

@@ -6,9 +6,9 @@ proves agreement across nodes.  It is stable across processes and hash seeds: it
 canonical JSON and little-endian array bytes, never Python ``hash``.
 
 Planning a large job takes seconds of numpy, so the daemon runs :meth:`Plan.build` in a
-subprocess, which :meth:`Plan.save` s it to a directory (``plan.json`` plus ``.npy`` columns,
-written last-file-first so a half-written plan never loads); :meth:`Plan.load` maps the
-columns read-only and rebuilds the per-epoch streams lazily from the recorded inputs.
+subprocess, which persists it (``fusefs.planning.store``: :meth:`Plan.meta` and :meth:`Plan.arrays`);
+:meth:`Plan.from_parts` rebuilds it from those parts, and the per-epoch streams are recomputed lazily
+from the recorded inputs.
 
 Ids: a dataset's file i has global id ``offsets[d] + i`` (datasets in config order).  Cached
 things are *objects*, one per snapshot entry (two ids reached through a symlinked directory
@@ -27,7 +27,6 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,7 @@ from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
 
 FORMAT = 1
+"""Version of the planning algorithm, hashed into every digest: plans of another version never match."""
 HEAVY_DELTA = 0.8  # NoPFS's example threshold for "read much more often than average"
 I64 = npt.NDArray[np.int64]
 
@@ -414,7 +414,8 @@ class Plan:
 
     # ------------------------------------------------------------------ persistence
 
-    def _arrays(self) -> dict[str, npt.NDArray[Any]]:
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """Every column of the plan by name: what :mod:`fusefs.planning.store` persists."""
         arrays: dict[str, npt.NDArray[Any]] = {
             "tier_of": self.assignment.tier_of,
             "owner": self.assignment.owner,
@@ -436,45 +437,20 @@ class Plan:
             arrays[f"order{d}"] = order
         return arrays
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the plan into ``directory`` (created); ``plan.json`` goes last, atomically."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        meta_path = out / "plan.json"
-        if meta_path.exists():
-            meta_path.unlink()  # an old plan must not pair with new columns
-        arrays = self._arrays()
-        for name, arr in arrays.items():
-            tmp = out / f"{name}.tmp.npy"
-            np.save(tmp, np.ascontiguousarray(arr))
-            os.replace(tmp, out / f"{name}.npy")
-        meta = {
-            "format": FORMAT,
+    def meta(self) -> dict[str, Any]:
+        """The plan's JSON-able part (inputs, catalogs, digest, summary), next to :meth:`arrays`."""
+        return {
             "digest": self.digest,
             "inputs": self.inputs,
             "catalogs": [c.meta() for c in self.catalogs],
-            "arrays": sorted(arrays),
             "summary": self._summary,
         }
-        tmp = out / "plan.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, meta_path)
-        return out
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str], backend: Backend = "auto") -> Plan:
-        """Map a saved plan (columns read-only, memory-mapped); raises ValueError if incomplete."""
-        src = Path(directory)
-        try:
-            meta = json.loads((src / "plan.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"no readable plan in {src}: {exc}") from None
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"plan in {src} has format {meta.get('format')}, expected {FORMAT}")
-        try:
-            arrays = {name: np.load(src / f"{name}.npy", mmap_mode="r") for name in meta["arrays"]}
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"plan in {src} is incomplete: {exc}") from None
+    def from_parts(
+        cls, meta: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]], backend: Backend = "auto"
+    ) -> Plan:
+        """The plan whose :meth:`meta` and :meth:`arrays` these are (KeyError if a part is missing)."""
         catalogs = []
         for d, cmeta in enumerate(meta["catalogs"]):
             prefix = f"cat{d}_"
@@ -484,10 +460,17 @@ class Plan:
         orders = {int(k[5:]): np.asarray(v) for k, v in arrays.items() if k.startswith("order")}
         objects = Objects(arrays.get("gid_obj"), arrays["obj_entry"], arrays["obj_size"], arrays["obj_cacheable"])
         assignment = Assignment(
-            arrays["tier_of"], arrays["owner"], arrays["fill_obj"], arrays["fill_due"], arrays["fill_off"],
-            arrays["tier_bytes"], arrays["tier_files"],
-        )  # fmt: skip
-        return cls(meta["inputs"], catalogs, orders, objects, assignment, meta["digest"], meta["summary"], backend)
+            arrays["tier_of"],
+            arrays["owner"],
+            arrays["fill_obj"],
+            arrays["fill_due"],
+            arrays["fill_off"],
+            arrays["tier_bytes"],
+            arrays["tier_files"],
+        )
+        return cls(
+            dict(meta["inputs"]), catalogs, orders, objects, assignment, meta["digest"], dict(meta["summary"]), backend
+        )
 
     def recompute_digest(self) -> str:
         """The digest from this plan's own inputs and outputs (a loaded plan can check itself)."""

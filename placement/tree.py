@@ -1,6 +1,6 @@
 """The dataset tree as plain numpy columns: the one interface between the snapshot and the planner.
 
-The snapshot (``fusefs.snapshot``) builds these arrays from a walk of the source; placement only
+The snapshot (``fusefs.meta.snapshot``) builds these arrays from a walk of the source; placement only
 reads them, so it never needs to import ``fusefs`` nor touch a filesystem.  Layout rules, relied on
 by both sides:
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mounting import fuse_mounts
 
-from fusefs.counters import OPEN_SOURCES
+from fusefs.readpath.counters import OPEN_SOURCES
 from tools import bench_train
 
 pytestmark = pytest.mark.mount

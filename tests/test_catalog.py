@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fusefs.snapshot import Snapshot
+from fusefs.meta.snapshot import Snapshot
 from placement.catalog import Catalog, build_catalog, build_catalogs
 from tools import torchvision_cpu
 

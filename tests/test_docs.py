@@ -6,7 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
-from fusefs.cli import build_parser
+from fusefs.cli.main import build_parser
 from tools import genman
 from tools.genman import documented_actions, tool_parsers
 

@@ -21,7 +21,7 @@ from e2e import Job, make_source, run_readers, wait_plan, write_seed
 from mounting import status, wait_for
 from pfsemu_fixture import running_pfsemu
 
-from fusefs.peers import PeerClient
+from fusefs.cluster.peer_client import PeerClient
 from tools.nodes import member_state, mpi_group, peer_reads, rendezvous_group, wait_seed
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.mpi]

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusefs.peers import auth
-from fusefs.peers.protocol import (
+from fusefs.cluster import auth
+from fusefs.cluster.protocol import (
     BLOCK_HEADER_LEN,
     CHALLENGE_LEN,
     FRAME_HEADER,

@@ -21,9 +21,10 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 import pytest
 import trio
 
-from fusefs.peers import PeerClient, PeerDown, PeerServer, Provision, Status
-from fusefs.peers.auth import client_proof, new_nonce
-from fusefs.peers.protocol import (
+from fusefs.cluster.auth import client_proof, new_nonce
+from fusefs.cluster.peer_client import PeerClient, PeerDown
+from fusefs.cluster.peer_server import PeerServer, Provision
+from fusefs.cluster.protocol import (
     BLOCK_HEADER_LEN,
     CHALLENGE_LEN,
     FRAME_HEADER,
@@ -36,6 +37,7 @@ from fusefs.peers.protocol import (
     Hello,
     Kind,
     Reply,
+    Status,
     Verdict,
     decode_message,
     frame_header,
@@ -360,7 +362,7 @@ def test_raw_clients_without_the_token_or_with_bad_frames_are_refused_and_good_c
         refusals = [r for r in caplog.records if "refused" in r.getMessage() and r.levelno == logging.WARNING]
         assert len(refusals) == 4  # one line per refused handshake
 
-    caplog.set_level(logging.WARNING, logger="fusefs.peers")
+    caplog.set_level(logging.WARNING, logger="fusefs.cluster")
     run(main)
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from fusefs.config import load
-from fusefs.snapshot import Snapshot
+from fusefs.meta.snapshot import Snapshot
+from fusefs.planning.store import load_plan, save_plan
 from placement import plan as P
 from placement import streams as streams_module
 from placement.frequency import (
@@ -253,8 +254,8 @@ def test_a_symlinked_class_is_one_cached_object_per_entry(tmp_path: Path) -> Non
 def test_save_load_roundtrip_is_memory_mapped_and_self_consistent(tree_dir: Path, tmp_path: Path) -> None:
     tree = Snapshot.scan(str(tree_dir)).tree
     plan = Plan.build(tree, plan_config(), seed=3)
-    plan.save(tmp_path / "p")
-    again = Plan.load(tmp_path / "p")
+    save_plan(plan, tmp_path / "p")
+    again = load_plan(tmp_path / "p")
     assert again.digest == plan.digest == again.recompute_digest()
     assert isinstance(again.assignment.tier_of, np.memmap)
     assert np.array_equal(again.assignment.tier_of, plan.assignment.tier_of)
@@ -265,9 +266,9 @@ def test_save_load_roundtrip_is_memory_mapped_and_self_consistent(tree_dir: Path
     assert list(again.catalogs[0].paths(tree)) == list(plan.catalogs[0].paths(tree))
     (tmp_path / "p" / "owner.npy").unlink()
     with pytest.raises(ValueError, match="incomplete"):
-        Plan.load(tmp_path / "p")
+        load_plan(tmp_path / "p")
     with pytest.raises(ValueError, match="no readable plan"):
-        Plan.load(tmp_path / "nothing")
+        load_plan(tmp_path / "nothing")
 
 
 def test_digest_covers_seed_budgets_and_layout_but_not_paths_or_model(tree_dir: Path) -> None:
@@ -285,7 +286,7 @@ import sys
 if sys.argv[2] == "numpy":
     sys.modules["torch"] = None
 from fusefs.config import load
-from fusefs.snapshot import Snapshot
+from fusefs.meta.snapshot import Snapshot
 from placement.plan import Plan
 from placement.randperm import torch_available
 cfg = load(None, {"datasets": "[{root: train}, {root: val, follows: train, sampler: {shuffle: false}}]",

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mounting import mounted, status, wait_for
+from pfsemu_fixture import requires_fuse
 
-from fusefs import config
-from fusefs.cli import main
-from fusefs.snapshot import Snapshot
-from placement.plan import Plan
+from fusefs.cli.main import main
 
 YAML = """\
 cache_dir: {cache}
@@ -47,13 +46,28 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_json_is_the_plan_a_daemon_computes(setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+@requires_fuse
+def test_json_digest_is_the_digest_a_live_daemon_reports(
+    setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With a memory and a directory tier, ``seerfs plan`` must plan what a mounted daemon plans.
+
+    The daemon gives the staging window its share of the memory tier before planning; a plan
+    computed from the raw config has other tier bytes and a digest no daemon ever reports.
+    """
     src, cfg = setup
     code, out, err = run(capsys, str(src), "-c", str(cfg), "--seed", "7", "--json")
     assert code == 0 and err == ""
     s: dict[str, Any] = json.loads(out)
-    expected = Plan.build(Snapshot.scan(str(src)).tree, config.load(cfg).to_dict(), 7)
-    assert s["digest"] == expected.digest and s["seed"] == 7 and s["source"] == str(src)
+    assert s["seed"] == 7 and s["source"] == str(src)
+    with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mp:
+        (mp / ".control" / "seed").write_text("7\n")
+        plan = wait_for(
+            lambda: (p := status(mp)["plan"])["state"] == "ready" and p["seed"] == 7 and p,
+            timeout=60,
+            what="the daemon's plan for seed 7",
+        )
+    assert s["digest"] == plan["digest"]
     assert [n["node"] for n in s["per_node"]] == [0, 1, 2, 3]
     for n in s["per_node"]:
         assert n["tier_bytes"][0] <= 30000 and n["tier_bytes"][1] <= 50000

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from fusefs.attrs import inode_of
-from fusefs.staging import Staging
+from fusefs.meta.ids import inode_of
+from fusefs.readpath.staging import Staging
 from fusefs.tiers import Budget
 
 SIZE = 1000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fusefs.status_view import render
+from fusefs.cli.status_view import render
 
 
 def test_page_cache_line_shows_kept_pushed_and_dropped_pages() -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusefs.snapshot import Snapshot
-from fusefs.walker import STAT_FIELDS, DirChunk
+from fusefs.meta.snapshot import Snapshot
+from fusefs.meta.walker import STAT_FIELDS, DirChunk
 from placement.tree import KIND_DIR, KIND_FILE
 
 SEERFS = [sys.executable, "-m", "fusefs"]

@@ -1,7 +1,7 @@
 """Peer data-plane benchmark: files/s, MB/s and latency of the seerfs peer protocol on loopback.
 
 A server process (``bench_peers serve``) holds N files of each size in memory and answers with the
-real :class:`fusefs.peers.PeerServer`; this process fetches them with a :class:`PeerClient`
+real :class:`fusefs.cluster.peer_server.PeerServer`; this process fetches them with a :class:`PeerClient`
 allowing c concurrent requests (c tasks, each fetching the next index in turn), for a fixed time
 per point.  Every byte is verified against its block digests, as in the daemon.  CPU time per
 file is shown for each side (the server's from /proc): what serving peers costs a daemon's loop.  Server and client
@@ -31,8 +31,9 @@ from pathlib import Path
 
 import trio
 
+from fusefs.cluster.peer_client import PeerClient
+from fusefs.cluster.peer_server import PeerServer, Provider, Provision
 from fusefs.config import format_bytes, parse_bytes
-from fusefs.peers import PeerClient, PeerServer, Provider, Provision
 
 MB = 1e6
 TOKEN_ENV = "SEERFS_PEER_TOKEN"

@@ -131,13 +131,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     s = plan.summary()
     import tempfile
 
-    from placement.plan import Plan as _Plan
+    from fusefs.planning.store import load_plan, save_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         t3 = time.perf_counter()
-        plan.save(tmp)
+        save_plan(plan, tmp)
         t4 = time.perf_counter()
-        loaded = _Plan.load(tmp)
+        loaded = load_plan(tmp)
         loaded.fill_order(0)
         t5 = time.perf_counter()
         disk = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))

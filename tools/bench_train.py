@@ -36,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fusefs.counters import OPEN_SOURCES
+from fusefs.readpath.counters import OPEN_SOURCES
 from tools.jobs import Job, make_source, run_readers, seerfs_config
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 from tools.nodes import mpi_group

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fusefs import __version__, config
-from fusefs.cli import build_parser as seerfs_parser
+from fusefs.cli.main import build_parser as seerfs_parser
 from fusefs.errors import EXIT_MEANINGS, ExitCode
 
 MAN = Path(__file__).resolve().parent.parent / "man"

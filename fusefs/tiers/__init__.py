@@ -11,14 +11,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import TierConfig
-from ..errors import ConfigError
-from .base import Tier, TierCounters
-from .budget import Budget
-from .digest import BLOCK, BlockDigests, block_count
-from .directory import NAME_BYTES, DirectoryTier
-from .layout import disk_usage
-from .memory import MEMORY_ENTRY_OVERHEAD, MemoryTier
+from fusefs.config import TierConfig
+from fusefs.errors import ConfigError
+from fusefs.tiers.base import Tier, TierCounters
+from fusefs.tiers.budget import Budget
+from fusefs.tiers.digest import BLOCK, BlockDigests, block_count
+from fusefs.tiers.directory import NAME_BYTES, DirectoryTier
+from fusefs.tiers.layout import disk_usage
+from fusefs.tiers.memory import MEMORY_ENTRY_OVERHEAD, MemoryTier
 
 __all__ = [
     "BLOCK",

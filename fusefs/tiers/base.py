@@ -24,8 +24,8 @@ from typing import Any, Protocol, SupportsIndex
 
 import trio
 
-from .budget import Budget
-from .digest import BlockDigests
+from fusefs.tiers.budget import Budget
+from fusefs.tiers.digest import BlockDigests
 
 
 class IntColumn(Protocol):

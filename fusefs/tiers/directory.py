@@ -34,14 +34,14 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..errors import ConfigError
-from . import index as index_io
-from .base import IntColumn, PutSlot, TierCounters
-from .budget import Budget
-from .digest import BLOCK, BlockDigests
-from .fileio import read_verified, unlink_quiet, write_atomic
-from .index import INDEX_NAME, ROW_BYTES, TierIndex
-from .layout import (
+from fusefs.errors import ConfigError
+from fusefs.tiers import index as index_io
+from fusefs.tiers.base import IntColumn, PutSlot, TierCounters
+from fusefs.tiers.budget import Budget
+from fusefs.tiers.digest import BLOCK, BlockDigests
+from fusefs.tiers.fileio import read_verified, unlink_quiet, write_atomic
+from fusefs.tiers.index import INDEX_NAME, ROW_BYTES, TierIndex
+from fusefs.tiers.layout import (
     LOCK_NAME,
     alloc_unit,
     disk_usage,

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import cast
 
-from .digest import BLOCK, BlockDigests
+from fusefs.tiers.digest import BLOCK, BlockDigests
 
 _SYNC_FILE_RANGE_ALL = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER: data on disk, no journal commit
 _MAX_PREAD = 64 << 20

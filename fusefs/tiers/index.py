@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from .digest import BLOCK, BlockDigests, block_count
+from fusefs.tiers.digest import BLOCK, BlockDigests, block_count
 
 FORMAT = 1
 INDEX_NAME = "seerfs-index.npz"

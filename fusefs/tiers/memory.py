@@ -14,9 +14,9 @@ from typing import Any
 
 import trio
 
-from .base import IntColumn, PutSlot, TierCounters
-from .budget import Budget
-from .digest import BLOCK, BlockDigests
+from fusefs.tiers.base import IntColumn, PutSlot, TierCounters
+from fusefs.tiers.budget import Budget
+from fusefs.tiers.digest import BLOCK, BlockDigests
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,266 @@
+"""Builds the daemon's components for one mount and runs the pyfuse3 loop.
+
+Kept apart from :mod:`fusefs.daemon.lifecycle` (forking, readiness, logging) so the assembly can be
+built in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import pyfuse3
+import trio
+import xxhash
+
+from fusefs import mountinfo
+from fusefs.cluster.formation import (
+    Group,
+    Rendezvous,
+    alone,
+    bind_address,
+    detect_mode,
+    form_mpi,
+    form_static,
+    listen_socket,
+)
+from fusefs.cluster.peergroup import PeerGroup
+from fusefs.daemon.checks import MountRequest
+from fusefs.daemon.runtime import MountRecord
+from fusefs.daemon.status import StatusBoard
+from fusefs.errors import FuseUnavailable, MountpointError
+from fusefs.fuse.attrs import AttrFactory
+from fusefs.fuse.control import ControlFiles
+from fusefs.fuse.operations import SeerOperations
+from fusefs.meta.snapshot import Snapshot, load_or_scan, snapshot_file
+from fusefs.planning.inputs import planning_config
+from fusefs.planning.manager import PlanManager
+from fusefs.planning.seed import SeedState
+from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.opens import CachedFiles
+from fusefs.readpath.pfs import PfsReader
+from fusefs.readpath.prefetch import Prefetcher
+from fusefs.readpath.staging import Staging
+from fusefs.tiers import Budget, build_tiers, memory_budget
+from placement.plan import plan_inputs
+
+log = logging.getLogger(__name__)
+
+GIL_SWITCH_INTERVAL = 0.001
+
+
+def _escape_opt(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
+class Daemon:
+    def __init__(self, req: MountRequest) -> None:
+        self.req = req
+        self.cfg = req.config
+        self.mounted = False
+        self.record: MountRecord | None = None
+        self.board = StatusBoard(req.source, req.mountpoint)
+
+    # ------------------------------------------------------------------ startup
+
+    def start(self) -> None:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        self.snapshot, self.snapshot_reason = load_or_scan(
+            self.req.source, cfg.cache_path, cfg.snapshot.walk_threads, cfg.snapshot.reuse, self.req.rescan
+        )
+        log.info(
+            "snapshot of %s: %s (%s, %.3fs)",
+            self.req.source,
+            self.snapshot.counts(),
+            self.snapshot_reason,
+            time.monotonic() - t0,
+        )
+        for path in self.snapshot.external_links:
+            log.warning("symlink leaves the source tree, reads through it bypass seerfs: %s", path)
+        self.counters = ReadCounters()
+        self.seed = SeedState()
+        self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        self._form_group()
+        self._build_cache()
+        self._join_group()
+        self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
+        self.control = ControlFiles(self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(),
+                                    time.time_ns(), cfg.fuse.entry_timeout)  # fmt: skip
+        attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
+        self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
+        self.board.add("snapshot", self._snapshot_status)
+        self.board.add("seed", self.seed.status)
+        self.board.add("plan", self.plans.status)
+        self.board.add("cursor", lambda: self.prefetcher.status()["cursor"])
+        self.board.add("prefetch", self.prefetcher.status)
+        self.board.add("memory_budget", self.budget.status)
+        self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
+        self.board.add("reads", self.counters.status)
+        self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
+        self._mount()
+
+    def _form_group(self) -> None:
+        """Find the peers before mounting (MPI formation is blocking and must precede serving)."""
+        cfg = self.cfg
+        mode = detect_mode(cfg)
+        host = bind_address(cfg.peers.bind)
+        # Only what decides the plan (plan_inputs leaves out paths, threads, addresses): nodes whose
+        # configs differ there still agree, nodes that would plan differently do not.
+        decides = plan_inputs(planning_config(cfg), seed=0)
+        inputs = xxhash.xxh3_128_hexdigest(
+            json.dumps(decides, sort_keys=True).encode() + self.snapshot.content_digest().encode()
+        )
+        self.sock = None if mode == "none" else listen_socket(host, cfg.peers.port)
+        port = self.sock.getsockname()[1] if self.sock is not None else 0
+        self.rendezvous: Rendezvous | None = None
+        self.group: Group
+        if mode == "mpi":
+            self.group = form_mpi(host, port, inputs)
+        elif mode == "static":
+            self.group = form_static(cfg, host, port, inputs)
+        elif mode == "rendezvous":
+            self.rendezvous = Rendezvous(cfg, host, port, inputs)
+            self.group = self.rendezvous.group
+        else:
+            self.group = alone(host, port, inputs)
+        log.info("group: %s, member %d of %d", self.group.mode, self.group.me, len(self.group.members))
+
+    def _join_group(self) -> None:
+        self.peering: PeerGroup | None = None
+        if self.sock is not None:
+            self.peering = PeerGroup(self.group, self.cfg, self.prefetcher, self.fetcher, self.staging, self.seed,
+                                     self.counters, self.rendezvous)  # fmt: skip
+            self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
+
+    def _build_cache(self) -> None:
+        """Tiers, staging, fetcher, prefetcher and planner for this mount (DESIGN 3)."""
+        cfg = self.cfg
+        lookahead = cfg.prefetch.lookahead_bytes
+        has_memory_tier = any(t.kind == "memory" for t in cfg.tiers)
+        # The staging window lives inside the memory tiers' bytes; without a memory tier it is the
+        # RAM budget by itself.
+        self.budget = memory_budget(cfg.tiers) if has_memory_tier else Budget(lookahead, "memory")
+        self.tiers = build_tiers(cfg.tiers, self.budget, self.snapshot.fingerprint, cfg.cache_path)
+        for tier in self.tiers:
+            dropped = tier.prune_stale(self.snapshot.tree.size, self.snapshot.tree.mtime_ns)
+            if dropped:
+                log.info("%s: dropped %d copies whose source changed", tier.name, dropped)
+        self.staging = Staging(self.budget, min(lookahead, self.budget.limit), cfg.prefetch.staging)
+        self.fetcher = Fetcher(self.reader, self.tiers, self.counters)
+        capacities = [t["bytes"] for t in planning_config(cfg)["tiers"]]
+        self.prefetcher = Prefetcher(self.snapshot, cfg, self.fetcher, self.staging, self.tiers, self.counters,
+                                     capacities)  # fmt: skip
+        snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
+        if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
+            snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
+            self.snapshot.save(snap_file)
+        mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
+        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
+        self.plans.listeners.append(self.prefetcher.on_plan)
+        self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
+        self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
+
+    def _mount(self) -> None:
+        options = set(pyfuse3.default_options)
+        options |= {f"fsname={_escape_opt(self.req.source)}", "subtype=seerfs", "noatime"}
+        if self.cfg.allow_other:
+            options.add("allow_other")
+        try:
+            pyfuse3.init(self.ops, self.req.mountpoint, options)
+        except RuntimeError as exc:
+            text = str(exc)
+            if "allow_other" in text or "user_allow_other" in text:
+                raise FuseUnavailable(f"allow_other refused: {text}") from None
+            raise MountpointError(f"mount {self.req.mountpoint} failed: {text}") from None
+        self.mounted = True
+        self.record = MountRecord(
+            os.getpid(), self.req.mountpoint, self.req.source, str(self.req.log_file), time.time()
+        )
+        self.record.write()
+        self.board.state = "serving"
+        log.info("mounted %s on %s", self.req.source, self.req.mountpoint)
+
+    async def _tune_read_ahead(self) -> None:
+        """Raise the mount's read-ahead so the kernel sends 1 MiB reads instead of 128 KiB (DESIGN 5).
+
+        Only after INIT: the kernel caps read-ahead at the max_readahead of the INIT reply, which
+        libfuse sets from the kernel's own 128 KiB proposal, so a value written earlier is undone.
+        """
+        await self.ops.initialized.wait()
+        await trio.sleep(0)  # the reply went out when the INIT handler returned; let that finish
+        entry = mountinfo.find(self.req.mountpoint)
+        if entry is None:
+            return
+        path = f"/sys/class/bdi/{entry.device}/read_ahead_kb"
+        try:
+            with open(path, "w") as fh:
+                fh.write(str(self.cfg.fuse.read_ahead_kb))
+        except OSError as exc:
+            log.info("read_ahead_kb not set (%s): %s", path, exc.strerror)
+
+    def _snapshot_status(self) -> dict[str, Any]:
+        s: Snapshot = self.snapshot
+        return {
+            **s.counts(),
+            "reused": s.reused,
+            "reason": self.snapshot_reason,
+            "build_seconds": round(s.build_seconds, 4),
+            "fingerprint": s.fingerprint,
+            "memory_bytes": s.memory_bytes(),
+            "bytes_per_entry": round(s.bytes_per_entry(), 2),
+            "external_symlinks": s.external_links[:100],
+            "external_symlinks_total": len(s.external_links),
+            "unlisted_dirs": s.errors[:100],
+        }
+
+    # ------------------------------------------------------------------ serving
+
+    def serve(self) -> None:
+        # The cursor and tier threads run numpy in Python-level steps; a 1 ms switch interval (not 5)
+        # hands the GIL back to the FUSE loop quickly, which bounds open latency while they work.
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+        trio.run(self._main)
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self.fetcher.attach(nursery)
+            nursery.start_soon(self._signals, nursery.cancel_scope)
+            nursery.start_soon(self._tune_read_ahead)
+            nursery.start_soon(self.staging.run)
+            nursery.start_soon(self.prefetcher.run)
+            nursery.start_soon(self.plans.run)
+            if self.peering is not None:
+                nursery.start_soon(self.peering.run, self.sock)
+            self.plans.request(self.seed.value)  # the sampler default until a seed is written
+            await pyfuse3.main(min_tasks=2, max_tasks=self.cfg.fuse.max_tasks)
+            nursery.cancel_scope.cancel()
+        for tier in self.tiers:
+            await tier.close()
+        if self.peering is not None:
+            await self.peering.close()
+
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                log.info("signal %d: unmounting", signum)
+                self.board.state = "stopping"
+                pyfuse3.terminate()
+                return
+
+    def close(self) -> None:
+        if self.mounted:
+            try:
+                pyfuse3.close(unmount=True)
+            except Exception as exc:  # already unmounted from outside: nothing left to do
+                log.debug("close: %s", exc)
+            self.mounted = False
+        if self.record is not None:
+            self.record.remove()
+        log.info("stopped")

@@ -1,0 +1,91 @@
+"""Everything a user can get wrong about a mount, checked in the calling process before anything forks.
+
+Each failure is one :class:`fusefs.errors.SeerfsError` with its documented exit code, so the error
+is one line on the user's terminal instead of a line in a daemon log.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fusefs import mountinfo
+from fusefs.config import Config
+from fusefs.errors import ExitCode, FuseUnavailable, MountpointError, SeerfsError, SourceError
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    source: str
+    mountpoint: str
+    config: Config
+    rescan: bool = False
+
+    @property
+    def log_file(self) -> Path:
+        if self.config.log_file:
+            return Path(os.path.expanduser(self.config.log_file))
+        import xxhash
+
+        tag = xxhash.xxh64_hexdigest(self.mountpoint.encode())[:12]
+        name = os.path.basename(self.mountpoint.rstrip("/")) or "root"
+        return self.config.cache_path / "log" / f"{name}-{tag}.log"
+
+
+def check_request(source: str | None, mountpoint: str, cfg: Config, rescan: bool = False) -> MountRequest:
+    """Everything a user can get wrong about a mount, each as one clear error."""
+    src = source or cfg.source
+    if not src:
+        raise SourceError("no SOURCE given (argument or 'source:' in the config)")
+    if not os.path.exists(src):
+        raise SourceError(f"source {src}: no such directory")
+    if not os.path.isdir(src):
+        raise SourceError(f"source {src}: not a directory")
+    if not os.access(src, os.R_OK | os.X_OK):
+        raise SourceError(f"source {src}: permission denied")
+    mp = mountinfo.normalize(mountpoint)
+    existing = mountinfo.find(mp)
+    if existing is not None:
+        hint = "; run 'seerfs umount' first" if existing.fstype == mountinfo.FSTYPE else ""
+        raise MountpointError(f"mountpoint {mp}: already mounted ({existing.fstype}){hint}")
+    if not os.path.isdir(mp):
+        raise MountpointError(f"mountpoint {mp}: {'not a directory' if os.path.exists(mp) else 'no such directory'}")
+    try:
+        if os.listdir(mp):
+            raise MountpointError(f"mountpoint {mp}: not empty")
+    except PermissionError:
+        raise MountpointError(f"mountpoint {mp}: permission denied") from None
+    if os.path.realpath(src) == os.path.realpath(mp):
+        raise MountpointError(f"mountpoint {mp}: is the source itself")
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+        os.close(fd)
+    except OSError as exc:
+        raise FuseUnavailable(
+            f"/dev/fuse: {exc.strerror} (load the fuse module or give the container the device)"
+        ) from None
+    if cfg.allow_other and os.geteuid() != 0 and not _user_allow_other():
+        raise FuseUnavailable("allow_other needs 'user_allow_other' in /etc/fuse.conf (or mount as root)")
+    for tier in cfg.tiers:
+        if tier.kind == "directory" and tier.path:
+            _check_writable_dir(Path(os.path.expanduser(tier.path)), "tier directory")
+    _check_writable_dir(cfg.cache_path, "cache_dir")
+    return MountRequest(os.path.abspath(src), mp, cfg, rescan)
+
+
+def _user_allow_other() -> bool:
+    try:
+        with open("/etc/fuse.conf") as fh:
+            return any(line.strip() == "user_allow_other" for line in fh)
+    except OSError:
+        return False
+
+
+def _check_writable_dir(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SeerfsError(f"{what} {path}: {exc.strerror}", ExitCode.CONFIG) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SeerfsError(f"{what} {path}: not writable", ExitCode.CONFIG)

@@ -1,0 +1,161 @@
+"""Mount lifecycle: check what a user can get wrong, daemonise, build the filesystem, serve, clean up.
+
+Why this order: every check a user can fail (source, mountpoint, /dev/fuse, allow_other) runs in the
+calling process before anything forks, so the error is one line on their terminal.  The daemon
+then forks *before* any thread exists (numpy, trio and the walker all start threads), and reports
+readiness or its own failure through a pipe so ``seerfs mount`` returns only once the mount answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+
+from fusefs import mountinfo
+from fusefs.daemon.checks import MountRequest
+from fusefs.errors import ExitCode, SeerfsError, TimeoutExpired
+
+log = logging.getLogger("seerfs")
+
+
+def setup_logging(req: MountRequest, foreground: bool) -> None:
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(req.config.log_level.upper())
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    req.log_file.parent.mkdir(parents=True, exist_ok=True)
+    fh = logging.FileHandler(req.log_file)
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    if foreground:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        root.addHandler(sh)
+
+
+# --------------------------------------------------------------------------- daemonising
+
+
+def mount_background(req: MountRequest, timeout: float = 600.0) -> None:
+    """Fork a daemon and return once its mount answers; a daemon failure is raised here."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # first child: new session, then fork again so the daemon can never regain a tty
+        os.close(rfd)
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        _detach_stdio()
+        code = run_daemon(req, foreground=False, ready_fd=wfd)
+        os._exit(code)
+    os.close(wfd)
+    os.waitpid(pid, 0)
+    message = _read_ready(rfd, timeout)
+    if message.startswith("READY"):
+        wait_answering(req.mountpoint, timeout)
+        return
+    if message.startswith("ERR "):
+        _, code_text, text = message.split(" ", 2)
+        raise SeerfsError(text.strip(), ExitCode(int(code_text)))
+    raise SeerfsError(f"daemon exited during startup; see {req.log_file}", ExitCode.INTERNAL)
+
+
+def _read_ready(fd: int, timeout: float) -> str:
+    import select
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutExpired(f"daemon not ready after {timeout:g}s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace")
+
+
+def _detach_stdio() -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def wait_answering(mountpoint: str, timeout: float) -> None:
+    """Poll until the mount is a seerfs mount whose control files answer."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    probe = os.path.join(mountpoint, ".control", "status")
+    while True:
+        if mountinfo.is_seerfs(mountpoint):
+            try:
+                os.stat(probe)
+                return
+            except OSError as exc:
+                if exc.errno == errno.ENOTCONN:
+                    raise SeerfsError(
+                        f"{mountpoint}: daemon died (transport endpoint is not connected); run 'seerfs umount'",
+                        ExitCode.INTERNAL,
+                    ) from None
+        if time.monotonic() >= deadline:
+            raise TimeoutExpired(f"{mountpoint}: mount not answering after {timeout:g}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def _notify(ready_fd: int | None, line: str) -> None:
+    if ready_fd is None:
+        return
+    try:
+        os.write(ready_fd, line.encode() + b"\n")
+        os.close(ready_fd)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def run_daemon(req: MountRequest, foreground: bool, ready_fd: int | None = None) -> int:
+    """Serve until unmounted; returns the process exit code. Never raises."""
+    try:
+        setup_logging(req, foreground)
+    except OSError as exc:
+        _notify(ready_fd, f"ERR {int(ExitCode.CONFIG)} log file {req.log_file}: {exc.strerror}")
+        return int(ExitCode.CONFIG)
+    try:
+        from fusefs.daemon.assembly import Daemon
+
+        server = Daemon(req)
+        server.start()
+    except SeerfsError as exc:
+        log.error("%s", exc)
+        _notify(ready_fd, f"ERR {int(exc.code)} {exc}")
+        return int(exc.code)
+    except Exception as exc:
+        log.error("startup failed: %s\n%s", exc, traceback.format_exc())
+        _notify(ready_fd, f"ERR {int(ExitCode.INTERNAL)} startup failed: {exc} (see {req.log_file})")
+        return int(ExitCode.INTERNAL)
+    _notify(ready_fd, "READY")
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        server.serve()
+    except Exception:
+        log.error("daemon failed:\n%s", traceback.format_exc())
+        return int(ExitCode.INTERNAL)
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,140 @@
+"""The hidden ``.control/`` directory: ``seed`` (read-write), ``status`` (JSON) and ``config`` (YAML).
+
+``.control`` is reachable by lookup but never listed by the root's readdir: ImageFolder would make a
+listed ``.control`` class 0 and shift every label (DESIGN 4.1).  ``status`` and ``config`` are opened
+with ``direct_io`` so ``cat`` always sees fresh, whole text; their content is rendered once per open
+so a reader paging through it sees one consistent document.  Only the mounting user and root may
+write ``seed`` (the kernel enforces the 0644 mode under default_permissions; open re-checks).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyfuse3
+
+from fusefs.planning.seed import SeedState, SeedSyntaxError, parse_seed
+
+CONTROL_NAME = b".control"
+# Far above any snapshot inode (entries are < 2**32), so the two ranges never meet.
+CTL_DIR = 1 << 48
+CTL_SEED = CTL_DIR + 1
+CTL_STATUS = CTL_DIR + 2
+CTL_CONFIG = CTL_DIR + 3
+_FILES = {b"seed": CTL_SEED, b"status": CTL_STATUS, b"config": CTL_CONFIG}
+_NAMES = {v: k for k, v in _FILES.items()}
+
+
+@dataclass
+class ControlHandle:
+    inode: int
+    content: bytes = b""
+    writable: bool = False
+    buffer: bytearray = field(default_factory=bytearray)
+
+
+class ControlFiles:
+    def __init__(
+        self,
+        seed: SeedState,
+        status: Callable[[], dict[str, Any]],
+        config_yaml: str,
+        uid: int,
+        gid: int,
+        started_ns: int,
+        timeout: float,
+    ) -> None:
+        self.seed = seed
+        self.status = status
+        self.config_yaml = config_yaml.encode()
+        self.uid, self.gid = uid, gid
+        self.started_ns = started_ns
+        self.timeout = timeout
+
+    @staticmethod
+    def owns(inode: int) -> bool:
+        return CTL_DIR <= inode <= CTL_CONFIG
+
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        if parent == pyfuse3.ROOT_INODE and name == CONTROL_NAME:
+            return CTL_DIR
+        if parent == CTL_DIR:
+            return _FILES.get(name)
+        return None
+
+    def entries(self) -> list[tuple[bytes, int]]:
+        return sorted(_FILES.items())
+
+    def attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = pyfuse3.InodeT(inode)
+        a.st_uid, a.st_gid = self.uid, self.gid
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.started_ns
+        a.st_blksize = 4096
+        # Short timeouts: the seed's size changes when it is rewritten.
+        a.entry_timeout = self.timeout
+        a.attr_timeout = 1.0
+        if inode == CTL_DIR:
+            a.st_mode = pyfuse3.ModeT(stat.S_IFDIR | 0o755)
+            a.st_nlink = 2
+        else:
+            a.st_mode = pyfuse3.ModeT(stat.S_IFREG | (0o644 if inode == CTL_SEED else 0o444))
+            a.st_nlink = 1
+            a.st_size = len(self.seed.content()) if inode == CTL_SEED else 0
+        return a
+
+    def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[ControlHandle, bool]:
+        """Return the handle and whether the kernel should bypass its page cache (direct_io)."""
+        if inode == CTL_DIR:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
+        if writing:
+            if inode != CTL_SEED:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            if ctx.uid not in (0, self.uid):
+                raise pyfuse3.FUSEError(errno.EACCES)
+        if inode == CTL_STATUS:
+            content = (json.dumps(self.status(), indent=1, sort_keys=False) + "\n").encode()
+        elif inode == CTL_CONFIG:
+            content = self.config_yaml
+        else:
+            content = self.seed.content()
+        handle = ControlHandle(inode, content, writable=writing)
+        if writing and not flags & os.O_TRUNC:
+            handle.buffer[:] = content
+        return handle, True
+
+    def read(self, handle: ControlHandle, off: int, size: int) -> bytes:
+        return handle.content[off : off + size]
+
+    def write(self, handle: ControlHandle, off: int, buf: bytes) -> int:
+        if not handle.writable:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        if off > len(handle.buffer):
+            handle.buffer.extend(b"\0" * (off - len(handle.buffer)))
+        handle.buffer[off : off + len(buf)] = buf
+        try:
+            value = parse_seed(bytes(handle.buffer))
+        except SeedSyntaxError as exc:
+            self.seed.reject(str(exc))
+            raise pyfuse3.FUSEError(errno.EINVAL) from None
+        if value != self.seed.value or self.seed.origin != "written":
+            self.seed.set(value, "written")
+        return len(buf)
+
+    def truncate(self, inode: int, ctx: pyfuse3.RequestContext) -> None:
+        """``echo N > seed`` may arrive as setattr(size=0) before open: accept it, change nothing yet."""
+        if inode != CTL_SEED:
+            raise pyfuse3.FUSEError(errno.EACCES if inode != CTL_DIR else errno.EISDIR)
+        if ctx.uid not in (0, self.uid):
+            raise pyfuse3.FUSEError(errno.EACCES)
+
+    @staticmethod
+    def name_of(inode: int) -> bytes:
+        return _NAMES.get(inode, CONTROL_NAME)

@@ -1,0 +1,275 @@
+"""The pyfuse3 Operations: thin handlers that delegate to the snapshot, control files and file service.
+
+Concurrency rule: handlers run as trio tasks on one thread.  Nothing here blocks; blocking work
+lives behind ``await`` in the file service.  The handle table is only touched between awaits, so a
+handle is never seen half-registered.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import time
+from collections.abc import Sequence
+
+import pyfuse3
+import trio
+
+from fusefs.fuse.attrs import AttrFactory
+from fusefs.fuse.control import CONTROL_NAME, CTL_DIR, ControlFiles, ControlHandle
+from fusefs.meta.ids import entry_of
+from fusefs.meta.snapshot import Snapshot
+from fusefs.readpath.opens import CachedFiles, OpenFile
+from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK
+
+_READDIR_BATCH = 32
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+def _erofs() -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(errno.EROFS)
+
+
+class SeerOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, snapshot: Snapshot, control: ControlFiles, files: CachedFiles, attrs: AttrFactory) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.tree = snapshot.tree
+        self.control = control
+        self.files = files
+        self.attrs = attrs
+        self._fh = itertools.count(1)
+        self.handles: dict[int, OpenFile | ControlHandle] = {}
+        self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
+        self.initialized = trio.Event()  # set when the kernel's INIT request has been answered
+
+    def init(self) -> None:
+        # Called while pyfuse3 handles INIT, before its reply: whoever waits runs after the reply.
+        self.initialized.set()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _entry(self, inode: int) -> int:
+        entry = entry_of(inode)
+        if not 0 <= entry < len(self.tree):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return entry
+
+    # ------------------------------------------------------------------ metadata
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        ctl = self.control.lookup(parent_inode, name)
+        if ctl is not None:
+            return self.control.attrs(ctl)
+        if self.control.owns(parent_inode):
+            if name == b"..":
+                return (
+                    await self.getattr(pyfuse3.ROOT_INODE, ctx)
+                    if parent_inode == CTL_DIR
+                    else self.control.attrs(CTL_DIR)
+                )
+            if name == b".":
+                return self.control.attrs(parent_inode)
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        parent = self._entry(parent_inode)
+        if name == b".":
+            return self.attrs(parent)
+        if name == b"..":
+            return self.attrs(int(self.tree.parent[parent]))
+        if self.tree.kind[parent] != KIND_DIR:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        child = self.tree.find_child(parent, name)
+        if child < 0:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.attrs(child)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if self.control.owns(inode):
+            return self.control.attrs(inode)
+        return self.attrs(self._entry(inode))
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        entry = self._entry(inode)
+        if self.tree.kind[entry] != KIND_SYMLINK:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return self.snapshot.readlink(entry)
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if self.control.owns(inode):
+            if inode != CTL_DIR:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            return inode
+        if self.tree.kind[self._entry(inode)] != KIND_DIR:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        # start_id is the position after the last entry the kernel received.
+        if fh == CTL_DIR:
+            listing = self.control.entries()
+            for pos in range(start_id, len(listing)):
+                name, ino = listing[pos]
+                if not pyfuse3.readdir_reply(token, name, self.control.attrs(ino), pos + 1):
+                    return
+            return
+        entry = self._entry(fh)
+        first = int(self.tree.child_start[entry])
+        end = first + int(self.tree.child_count[entry])
+        hide_control = entry == 0
+        pos = start_id
+        # A reply holds one page (~25 entries): convert a small batch at a time, never the whole dir.
+        while first + pos < end:
+            lo = first + pos
+            hi = min(end, lo + _READDIR_BATCH)
+            for name, attrs in zip(self.tree.names_of(lo, hi), self.attrs.batch(lo, hi), strict=True):
+                pos += 1
+                if hide_control and name == CONTROL_NAME:
+                    continue  # the source's own .control is shadowed by ours and must not become a class
+                if not pyfuse3.readdir_reply(token, name, attrs, pos):
+                    return
+
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        now = time.monotonic()
+        if self._statfs is None or now - self._statfs[0] > 5.0:
+            st = await trio.to_thread.run_sync(os.statvfs, self.snapshot.source)
+            data = pyfuse3.StatvfsData()
+            data.f_bsize, data.f_frsize = st.f_bsize, st.f_frsize
+            data.f_blocks, data.f_bfree, data.f_bavail = st.f_blocks, st.f_bfree, st.f_bavail
+            data.f_files, data.f_ffree, data.f_favail = st.f_files, st.f_ffree, st.f_favail
+            data.f_namemax = st.f_namemax
+            self._statfs = (now, data)
+        return self._statfs[1]
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        return None  # inodes are the snapshot's and live as long as the mount
+
+    # ------------------------------------------------------------------ files
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if self.control.owns(inode):
+            handle, direct = self.control.open(inode, flags, ctx)
+            fh = next(self._fh)
+            self.handles[fh] = handle
+            return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), direct_io=direct, keep_cache=False)
+        entry = self._entry(inode)
+        if flags & _WRITE_FLAGS:
+            raise _erofs()
+        if self.tree.kind[entry] != KIND_FILE:
+            raise pyfuse3.FUSEError(errno.EISDIR if self.tree.kind[entry] == KIND_DIR else errno.EACCES)
+        opened = await self.files.open(entry, ctx.pid)
+        fh = next(self._fh)
+        self.handles[fh] = opened
+        # keep_cache: the tree is immutable, so cached pages stay valid across opens (pushed pages
+        # are served without reaching us); direct_io only when the memory budget cannot hold it.
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=not opened.direct, direct_io=opened.direct)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        if isinstance(handle, ControlHandle):
+            return self.control.read(handle, off, size)
+        # pyfuse3 accepts any buffer here; a memoryview slice of a whole-file read is zero-copy.
+        return await self.files.read(handle, off, size)  # type: ignore[return-value]
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self.handles.get(fh)
+        if not isinstance(handle, ControlHandle):
+            raise _erofs()
+        return self.control.write(handle, off, buf)
+
+    async def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if isinstance(handle, OpenFile):
+            self.files.release(handle)
+
+    # flush and fsync are deliberately not implemented: pyfuse3's default raises ENOSYS, after which
+    # the kernel stops sending FLUSH on every close(), saving one round trip per file read.
+    # IOCTL cannot be silenced that way: Python's open() asks isatty() (TCGETS) of every file, the
+    # kernel forwards each one and never caches the ENOSYS that libfuse answers in C for us.  So a
+    # page-cached file read by torchvision's loader still costs OPEN, IOCTL and RELEASE here.
+
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        if (
+            self.control.owns(inode)
+            and fields.update_size
+            and attr.st_size == 0
+            and not (fields.update_mode or fields.update_uid or fields.update_gid)
+        ):
+            self.control.truncate(inode, ctx)
+            return self.control.attrs(inode)
+        raise _erofs()
+
+    # ------------------------------------------------------------------ read-only: every write-type call
+
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        raise _erofs()
+
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        raise _erofs()
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _erofs()
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _erofs()
+
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        raise _erofs()
+
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        raise _erofs()
+
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        raise _erofs()
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        raise _erofs()
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _erofs()
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _erofs()
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+        return []
+
+
+__all__ = ["SeerOperations"]

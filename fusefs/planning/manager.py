@@ -1,0 +1,177 @@
+"""Keeping a plan for the current seed: built in a subprocess, cached on disk, replaced on re-seed.
+
+Concurrency rules:
+* One planning task.  A new seed cancels the plan being built (the subprocess is killed) and starts
+  over, so a stale plan is never adopted after a newer seed was written.
+* ``plan`` is replaced in one assignment on the trio thread; readers take a local reference and
+  keep using that plan object for the whole of their step.
+* Loading a saved plan (memory maps) runs in a thread; building never runs in the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from fusefs.config import Config
+from fusefs.planning.inputs import plan_key, planning_config
+from fusefs.planning.store import load_plan
+from placement.plan import Plan
+
+log = logging.getLogger(__name__)
+
+KEEP_PLANS = 4
+
+
+def load_daemon_plan(directory: Path) -> Plan:
+    """Plans in the daemon compute epochs with numpy: importing torch would hold the GIL for a second
+    or more, stalling every FUSE request, and one numpy permutation per epoch is cheap enough."""
+    return load_plan(directory, backend="numpy")
+
+
+class PlanManager:
+    def __init__(self, snapshot_file: Path, fingerprint: str, cfg: Config, plans_dir: Path) -> None:
+        self.snapshot_file = snapshot_file
+        self.fingerprint = fingerprint
+        self.config = planning_config(cfg)
+        self.plans_dir = plans_dir
+        self.plan: Plan | None = None
+        self.state = "idle"  # idle | planning | ready | failed
+        self.seed: int | None = None
+        self.phase = ""
+        self.message: str | None = None
+        self.started = 0.0
+        self.seconds = 0.0
+        self.reused = False
+        self.listeners: list[Callable[[Plan | None], None]] = []
+        self._wanted: int | None = None
+        self._wakeup = trio.Event()
+
+    def request(self, seed: int) -> None:
+        """Plan for ``seed`` (cancelling a plan in progress for another seed)."""
+        if seed == self._wanted and self.state in ("planning", "ready"):
+            return
+        self._wanted = seed
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            seed = self._wanted
+            assert seed is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._plan, seed, nursery.cancel_scope)
+                await self._wakeup.wait()  # a newer seed: abandon this plan
+                nursery.cancel_scope.cancel()
+
+    async def _plan(self, seed: int, scope: trio.CancelScope) -> None:
+        self.state, self.seed, self.phase, self.message = "planning", seed, "starting", None
+        self.started = time.monotonic()
+        out = self.plans_dir / plan_key(self.fingerprint, self.config, seed)
+        try:
+            plan = await self._cached(out)
+            self.reused = plan is not None
+            if plan is None:
+                plan = await self._build(seed, out)
+        except PlanFailed as exc:
+            self.state, self.message = "failed", str(exc)
+            log.warning("planning for seed %d failed: %s", seed, exc)
+            self._notify(None)
+            return
+        self.plan = plan
+        self.state, self.phase = "ready", "done"
+        self.seconds = time.monotonic() - self.started
+        log.info("plan for seed %d ready (digest %s, %.2fs%s)", seed, plan.digest, self.seconds,
+                 ", reused" if self.reused else "")  # fmt: skip
+        self._prune(keep=out)
+        self._notify(plan)
+
+    def _notify(self, plan: Plan | None) -> None:
+        for listener in list(self.listeners):
+            listener(plan)
+
+    async def _cached(self, out: Path) -> Plan | None:
+        if not (out / "plan.json").exists():
+            return None
+        try:
+            return await trio.to_thread.run_sync(load_daemon_plan, out)
+        except ValueError as exc:
+            log.info("cached plan %s unusable (%s); planning again", out, exc)
+            shutil.rmtree(out, ignore_errors=True)
+            return None
+
+    async def _build(self, seed: int, out: Path) -> Plan:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        request = out.with_suffix(".request.json")
+        request.write_text(json.dumps({"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed,
+                                       "out": str(out)}))  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "fusefs.planning.worker", str(request)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        last: dict[str, Any] = {}
+        stderr: bytes = b""
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            buf = bytearray()
+            async for chunk in proc.stdout:
+                buf += chunk
+                while b"\n" in buf:
+                    line, _, rest = bytes(buf).partition(b"\n")
+                    buf = bytearray(rest)
+                    try:
+                        last = json.loads(line)
+                    except ValueError:
+                        continue
+                    self.phase = str(last.get("phase", ""))
+            stderr = bytes(await proc.stderr.receive_some(65536))
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+            request.unlink(missing_ok=True)
+        if code != 0 or last.get("phase") != "done":
+            reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
+            raise PlanFailed(reason if isinstance(reason, str) else reason[0])
+        try:
+            return await trio.to_thread.run_sync(load_daemon_plan, out)
+        except ValueError as exc:
+            raise PlanFailed(str(exc)) from None
+
+    def _prune(self, keep: Path) -> None:
+        dirs = sorted((p for p in self.plans_dir.iterdir() if p.is_dir() and p != keep),
+                      key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
+        for old in dirs[KEEP_PLANS - 1 :]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def status(self) -> dict[str, Any]:
+        summary = self.plan.summary() if self.plan is not None and self.state == "ready" else {}
+        return {
+            "state": self.state,
+            "seed": self.seed,
+            "progress": self.phase,
+            "digest": self.plan.digest if self.plan is not None and self.state == "ready" else None,
+            "reused": self.reused,
+            "seconds": round(self.seconds if self.state != "planning" else time.monotonic() - self.started, 3),
+            "message": self.message,
+            "nodes": summary.get("nodes"),
+            "files": summary.get("files"),
+        }
+
+
+class PlanFailed(Exception):
+    """Planning could not produce a plan (the message is one line for status)."""

@@ -1,0 +1,147 @@
+"""Getting a file's bytes from the fastest place that has them (DESIGN 3: local tiers, in-flight, peer, PFS).
+
+Concurrency rules:
+* One fetch per entry at a time.  The first caller starts it as a task in the fetcher's own
+  nursery and everyone (that caller included) awaits its :class:`Inflight`.  A caller that is
+  cancelled (a prefetch made obsolete by a re-plan, a reader that gave up) therefore never cancels
+  the fetch other callers wait on, and an open never waits on a fetch nobody will finish.
+* ``inflight`` is only touched on the trio thread, between awaits: an entry is registered before
+  the first await of its fetch and removed after its last.
+* A fetch that fails stores its exception; waiters re-raise it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.pfs import PfsReader, StaleFile
+from fusefs.tiers import Tier
+
+log = logging.getLogger(__name__)
+
+
+PeerFetch = Callable[[int], Awaitable[bytes | None]]
+"""Ask the owning peer for an entry; None when it has none (not-yet, not-owned, down, timeout)."""
+
+
+class NotFromPeer(Exception):
+    """A fetch that may only come from a peer (a replica's fill) found none ready: try again later."""
+
+
+@dataclass
+class Inflight:
+    entry: int
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes | None = None
+    error: BaseException | None = None
+    source: str = "pfs"
+
+    async def wait(self) -> bytes:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.data is not None
+        return self.data
+
+
+@dataclass
+class Fetched:
+    data: bytes
+    source: str  # one of counters.SOURCES
+
+
+class Fetcher:
+    def __init__(self, pfs: PfsReader, tiers: Sequence[Tier], counters: ReadCounters) -> None:
+        self.pfs = pfs
+        self.snapshot = pfs.snapshot
+        self.tiers = list(tiers)
+        self.counters = counters
+        self.inflight: dict[int, Inflight] = {}
+        self.peer_fetch: PeerFetch | None = None
+        self._nursery: trio.Nursery | None = None
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Fetches run in this long-lived nursery (the daemon's), not in their callers' scopes."""
+        self._nursery = nursery
+
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run a background task in the daemon's nursery (prefetch work outlives its trigger)."""
+        assert self._nursery is not None, "Fetcher.attach() was not called"
+        self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------------ lookups
+
+    def local_tier(self, entry: int) -> Tier | None:
+        for tier in self.tiers:
+            if tier.contains(entry):
+                return tier
+        return None
+
+    async def from_tiers(self, entry: int) -> Fetched | None:
+        """The entry from the fastest tier holding a good copy (a corrupt copy is dropped by the tier)."""
+        for tier in self.tiers:
+            if tier.contains(entry):
+                data = await tier.get(entry)
+                if data is not None:
+                    return Fetched(data, "memory" if tier.kind == "memory" else "directory")
+        return None
+
+    # ------------------------------------------------------------------ fetching
+
+    def start(self, entry: int, keep_in: Tier | None = None, use_peer: bool = True, why: str = "open",
+              pfs: bool = True) -> Inflight:  # fmt: skip
+        """The in-flight fetch of ``entry`` (started now unless one is running)."""
+        running = self.inflight.get(entry)
+        if running is not None:
+            return running
+        assert self._nursery is not None, "Fetcher.attach() was not called"
+        job = Inflight(entry)
+        self.inflight[entry] = job
+        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs)
+        return job
+
+    async def _run(self, job: Inflight, keep_in: Tier | None, use_peer: bool, why: str, pfs: bool) -> None:
+        entry = job.entry
+        t0 = time.monotonic()
+        try:
+            data: bytes | None = None
+            if use_peer and self.peer_fetch is not None:
+                data = await self.peer_fetch(entry)
+                if data is not None:
+                    job.source = "peer"
+            if data is None and not pfs:
+                raise NotFromPeer(entry)
+            if data is None:
+                log.debug("pfs fetch of entry %d (%s)", entry, why)
+                src = await self.pfs.open(entry, whole=True)
+                assert src.data is not None
+                data = src.data
+                job.source = "pfs"
+            counter = self.counters.sources[job.source]
+            counter.add(len(data), time.monotonic() - t0)
+            if keep_in is not None and not keep_in.contains(entry):
+                await keep_in.put(entry, data, int(self.snapshot.tree.mtime_ns[entry]))
+            job.data = data
+        except trio.Cancelled:
+            # Only at daemon shutdown (the nursery is the daemon's); waiters get an I/O error, never
+            # a Cancelled that belongs to another task's scope.
+            job.error = OSError(errno.EIO, "fetch cancelled: daemon stopping")
+            raise
+        except Exception as exc:  # stored for the waiters, who turn it into EIO or a stale-file error
+            job.error = exc
+            if not isinstance(exc, OSError | StaleFile | NotFromPeer):
+                log.exception("fetch of %s failed", os.fsdecode(self.snapshot.tree.path(entry)))
+        finally:
+            del self.inflight[entry]
+            job.done.set()
+
+    async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open") -> bytes:
+        return await self.start(entry, keep_in, why=why).wait()

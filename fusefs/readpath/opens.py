@@ -1,0 +1,135 @@
+"""What the Operations class asks for a dataset file: open it, read from it, release it.
+
+Read order at open (DESIGN 3): staged (pushed into the page cache, or held in RAM) -> local tiers
+-> a fetch already in flight (await it) -> the owning peer -> the PFS.  Files up to
+``fuse.whole_file_max`` are fetched whole and served from memory; bigger ones not held locally are
+read from the PFS in ranges.  Every open records where its bytes came from and how long the
+reader waited (the stall).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import pyfuse3
+
+from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.pfs import SourceFile, StaleFile
+from fusefs.readpath.prefetch import Prefetcher
+from fusefs.readpath.staging import Staging
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenFile:
+    """One open() of a dataset file."""
+
+    entry: int
+    size: int
+    data: memoryview | None = None  # whole file, when read at open
+    source: SourceFile | None = None  # ranged PFS reads of a big file
+    pushed: bool = False  # its pages were pushed into the page cache before the open
+    direct: bool = False  # the memory budget was full: bypass the page cache (direct_io)
+
+
+class CachedFiles:
+    def __init__(self, fetcher: Fetcher, staging: Staging, prefetcher: Prefetcher, counters: ReadCounters,
+                 whole_file_max: int) -> None:  # fmt: skip
+        self.fetcher = fetcher
+        self.pfs = fetcher.pfs
+        self.tree = fetcher.snapshot.tree
+        self.staging = staging
+        self.prefetcher = prefetcher
+        self.counters = counters
+        self.whole_file_max = whole_file_max
+
+    def fail_stale(self, entry: int, reason: str) -> pyfuse3.FUSEError:
+        path = os.fsdecode(self.tree.path(entry))
+        log.warning("%s: %s; failing with EIO", path, reason)
+        self.counters.mark_stale(path, reason)
+        self.counters.errors_eio += 1
+        return pyfuse3.FUSEError(errno.EIO)
+
+    def _io_error(self, entry: int, exc: BaseException) -> pyfuse3.FUSEError:
+        if isinstance(exc, StaleFile):
+            return self.fail_stale(entry, str(exc))
+        code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+        if code == errno.EIO:
+            self.counters.errors_eio += 1
+        return pyfuse3.FUSEError(code)
+
+    async def open(self, entry: int, pid: int) -> OpenFile:
+        self.counters.opens += 1
+        t0 = time.monotonic()
+        self.prefetcher.opened(entry)
+        size = int(self.tree.size[entry])
+        try:
+            handle, source = await self._locate(entry, size)
+        except (OSError, StaleFile) as exc:
+            raise self._io_error(entry, exc) from None
+        waited = time.monotonic() - t0
+        self.counters.stalled(waited)
+        if source in ("page_cache", "memory", "directory", "inflight"):
+            self.counters.sources[source].add(size, waited)  # whole fetches are counted by the fetcher
+        elif source == "pfs":
+            self.counters.sources["pfs"].files += 1  # a big file: its bytes are counted as it is read
+        if not handle.pushed and not self.staging.note_read(entry, size):
+            handle.direct = True
+        return handle
+
+    async def _locate(self, entry: int, size: int) -> tuple[OpenFile, str]:
+        staged = self.staging.take(entry)
+        if staged is not None:
+            if staged.pushed:
+                return OpenFile(entry, size, pushed=True), "page_cache"
+            if staged.data is not None:
+                return OpenFile(entry, size, data=memoryview(staged.data)), "memory"
+        local = await self.fetcher.from_tiers(entry)
+        if local is not None:
+            return OpenFile(entry, size, data=memoryview(local.data)), local.source
+        running = self.fetcher.inflight.get(entry)
+        if running is not None:
+            return OpenFile(entry, size, data=memoryview(await running.wait())), "inflight"
+        if size > self.whole_file_max:
+            return OpenFile(entry, size, source=await self.pfs.open(entry, whole=False)), "pfs"
+        keep = self.prefetcher.keep_decision(entry, size)
+        data = await self.fetcher.start(entry, keep_in=keep).wait()
+        return OpenFile(entry, size, data=memoryview(data)), "fetched"
+
+    async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
+        self.counters.reads += 1
+        out: bytes | memoryview
+        if handle.data is None and handle.source is None:
+            # Pushed pages the kernel dropped since (memory pressure): fetch the file again.
+            try:
+                local = await self.fetcher.from_tiers(handle.entry)
+                data = local.data if local is not None else await self.fetcher.fetch(handle.entry)
+            except (OSError, StaleFile) as exc:
+                raise self._io_error(handle.entry, exc) from None
+            handle.data = memoryview(data)
+        if handle.data is not None:
+            out = handle.data[off : off + size]
+        else:
+            assert handle.source is not None
+            t0 = time.monotonic()
+            try:
+                out = await self.pfs.pread(handle.source, off, size)
+            except (OSError, StaleFile) as exc:
+                raise self._io_error(handle.entry, exc) from None
+            pfs = self.counters.sources["pfs"]
+            pfs.bytes += len(out)
+            pfs.seconds += time.monotonic() - t0
+        self.counters.bytes_served += len(out)
+        return out
+
+    def release(self, handle: OpenFile) -> None:
+        if handle.source is not None:
+            handle.source.close()
+        handle.data = None
+        self.prefetcher.consumed(handle.entry)

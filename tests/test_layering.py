@@ -1,0 +1,304 @@
+"""The package layering ARCHITECTURE.md describes, checked on the source: no import cycles, every
+package imports only its own modules and lower layers, and the pure parts stay pure.
+
+Imports are read from the AST, function-level ones included: a lazy import still makes a cycle,
+it only hides it until the function runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+LAYERS: list[tuple[str, ...]] = [
+    ("placement", "fusefs", "fusefs.errors"),
+    ("fusefs.config", "fusefs.mountinfo"),
+    ("fusefs.meta",),
+    ("fusefs.tiers", "fusefs.planning"),
+    ("fusefs.readpath",),
+    ("fusefs.cluster",),
+    ("fusefs.fuse",),
+    ("fusefs.daemon",),
+    ("fusefs.cli",),
+    ("fusefs.__main__",),
+]
+"""Bottom to top.  A module may import modules of its own package and of lower layers only."""
+
+PURE = ("placement", "fusefs.readpath.policy")
+"""Decisions without I/O: events in, instructions out.  No trio, pyfuse3, sockets or file I/O."""
+
+FORBIDDEN_IN_PURE = (
+    "fusefs",
+    "trio",
+    "pyfuse3",
+    "socket",
+    "subprocess",
+    "shutil",
+    "mpi4py",
+    "io",
+    "tempfile",
+    "glob",
+    "pathlib",
+)
+"""Modules a pure module must not import (fusefs: the daemon depends on placement, never back)."""
+PURE_EXCEPTIONS = {"fusefs.readpath.policy": ("placement",)}
+
+FILE_CALLS = {"open", "print", "input"}
+OS_FILE_FUNCS = {
+    "open",
+    "read",
+    "write",
+    "pread",
+    "pwrite",
+    "close",
+    "remove",
+    "unlink",
+    "rename",
+    "replace",
+    "mkdir",
+    "makedirs",
+    "rmdir",
+    "removedirs",
+    "listdir",
+    "scandir",
+    "walk",
+    "stat",
+    "lstat",
+    "fstat",
+    "chmod",
+    "chown",
+    "truncate",
+    "ftruncate",
+    "fsync",
+    "link",
+    "symlink",
+    "readlink",
+    "utime",
+    "access",
+    "mkfifo",
+    "statvfs",
+}
+OS_PATH_IO = {
+    "exists",
+    "lexists",
+    "isfile",
+    "isdir",
+    "islink",
+    "ismount",
+    "getsize",
+    "getmtime",
+    "getatime",
+    "getctime",
+    "realpath",
+    "samefile",
+}
+NP_FILE_FUNCS = {"load", "save", "savez", "savez_compressed", "fromfile", "loadtxt", "savetxt", "genfromtxt", "memmap"}
+PATH_METHODS = {
+    "read_text",
+    "write_text",
+    "read_bytes",
+    "write_bytes",
+    "open",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "touch",
+    "iterdir",
+    "glob",
+    "rglob",
+    "exists",
+    "is_file",
+    "is_dir",
+    "symlink_to",
+    "tofile",
+}
+"""pathlib methods that touch the disk, by names no pure class uses (``replace`` or ``resolve`` are
+common pure method names; the ``pathlib`` import itself is forbidden instead)."""
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: Path
+    tree: ast.Module
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def load_modules(roots: tuple[str, ...] = ("fusefs", "placement")) -> dict[str, Module]:
+    mods: dict[str, Module] = {}
+    for root in roots:
+        for path in sorted((REPO / root).rglob("*.py")):
+            name = _module_name(path)
+            mods[name] = Module(name, path, ast.parse(path.read_text(), str(path)))
+    return mods
+
+
+def imported_names(mod: Module, known: set[str]) -> Iterator[tuple[str, int]]:
+    """(module imported, line) for every import in ``mod``, resolved to the most specific known module."""
+    package = mod.name if mod.path.name == "__init__.py" else mod.name.rpartition(".")[0]
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield (sub if sub in known else base), node.lineno
+
+
+def _top(name: str, prefixes: tuple[str, ...]) -> str | None:
+    """The longest entry of ``prefixes`` that ``name`` is or lies inside."""
+    best = None
+    for p in prefixes:
+        if (name == p or name.startswith(p + ".")) and (best is None or len(p) > len(best)):
+            best = p
+    return best
+
+
+ALL_UNITS = tuple(u for layer in LAYERS for u in layer)
+
+
+def layer_of(name: str) -> tuple[int, str]:
+    unit = _top(name, ALL_UNITS)
+    assert unit is not None, f"{name} is in no layer: add its package to LAYERS and ARCHITECTURE.md"
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer), unit
+
+
+def layering_violations(mods: dict[str, Module]) -> list[str]:
+    known = set(mods)
+    bad = []
+    for mod in mods.values():
+        mine, unit = layer_of(mod.name)
+        for target, line in imported_names(mod, known):
+            if target not in known:
+                continue
+            theirs, other = layer_of(target)
+            if theirs > mine or (theirs == mine and other != unit and unit != "fusefs"):
+                bad.append(f"{mod.path.relative_to(REPO)}:{line}: {mod.name} ({unit}) imports {target} ({other})")
+    return bad
+
+
+def cycles(mods: dict[str, Module]) -> list[list[str]]:
+    known = set(mods)
+    graph = {m: sorted({t for t, _ in imported_names(mods[m], known) if t in known and t != m}) for m in mods}
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph[m]:
+            if state.get(t) == 1:
+                found.append([*stack[stack.index(t) :], t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return found
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value) or '?'}.{node.attr}"  # ?: a call or subscript, e.g. Path(x).open
+    return None
+
+
+def purity_violations(source: str, name: str) -> list[str]:
+    """Forbidden imports and file-I/O calls in one pure module's source."""
+    tree = ast.parse(source)
+    allowed = PURE_EXCEPTIONS.get(name, ())
+    bad = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            targets = [node.module or ""]
+        for t in targets:
+            if _top(t, FORBIDDEN_IN_PURE) is not None and _top(t, allowed) is None:
+                bad.append(f"{name}:{getattr(node, 'lineno', 0)}: imports {t}")
+        if isinstance(node, ast.Call):
+            func = _dotted(node.func) or ""
+            head, _, last = func.rpartition(".")
+            if (
+                func in FILE_CALLS
+                or (head == "os" and last in OS_FILE_FUNCS)
+                or (head == "os.path" and last in OS_PATH_IO)
+                or (head in ("np", "numpy") and last in NP_FILE_FUNCS)
+                or (head and head not in ("os", "os.path", "np", "numpy", "math", "json") and last in PATH_METHODS)
+            ):
+                bad.append(f"{name}:{node.lineno}: calls {func}()")
+    return bad
+
+
+def test_no_import_cycles_in_fusefs_or_placement() -> None:
+    found = cycles(load_modules())
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_packages_import_only_their_own_modules_and_lower_layers() -> None:
+    bad = layering_violations(load_modules())
+    assert not bad, "layering violations (see ARCHITECTURE.md):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("unit", PURE)
+def test_pure_parts_import_no_io_and_call_no_file_io(unit: str) -> None:
+    mods = [m for m in load_modules().values() if _top(m.name, (unit,))]
+    assert mods or unit == "fusefs.readpath.policy", f"no module {unit}"
+    bad = [v for m in mods for v in purity_violations(m.path.read_text(), m.name)]
+    assert not bad, "pure modules doing I/O:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import trio",
+        "from fusefs.readpath.fetcher import Fetcher",
+        "import pyfuse3",
+        "import shutil",
+        "open('x')",
+        "np.save('x', a)",
+        "numpy.load('x')",
+        "os.replace('a', 'b')",
+        "os.path.exists('a')",
+        "Path('a').write_text('x')",
+        "self.dir.mkdir()",
+    ],
+)
+def test_the_purity_check_catches_a_forbidden_line(line: str) -> None:
+    """The checks above can fail: each of these lines, added to a pure module, is reported."""
+    for unit in PURE:
+        assert purity_violations(line, unit), f"{line!r} in {unit} was not caught"
+
+
+def test_the_layering_check_catches_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
+    mods = load_modules()
+    meta = mods["fusefs.meta.snapshot"]
+    upward = ast.parse("from fusefs.readpath.fetcher import Fetcher")
+    mods["fusefs.meta.snapshot"] = Module(meta.name, meta.path, ast.Module([*meta.tree.body, *upward.body], []))
+    assert any("fusefs.meta.snapshot" in v and "fusefs.readpath.fetcher" in v for v in layering_violations(mods))
+    assert any("fusefs.meta.snapshot" in c and "fusefs.readpath.fetcher" in c for c in cycles(mods))
