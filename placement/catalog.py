@@ -126,11 +126,19 @@ class Catalog:
             return tuple(decode(bytes.fromhex(h)) for h in meta[key])
 
         return cls(
-            root=meta["root"], layout=meta["layout"], entry=arrays["entry"], size=arrays["size"],
-            label=arrays["label"], readable=arrays["readable"], name_entry=arrays["name_entry"],
-            dir_id=arrays["dir_id"], dirs=strs("dirs"), classes=strs("classes"),
-            outside_links=strs("outside_links"), exact=bool(meta["exact"]),
-        )  # fmt: skip
+            root=meta["root"],
+            layout=meta["layout"],
+            entry=arrays["entry"],
+            size=arrays["size"],
+            label=arrays["label"],
+            readable=arrays["readable"],
+            name_entry=arrays["name_entry"],
+            dir_id=arrays["dir_id"],
+            dirs=strs("dirs"),
+            classes=strs("classes"),
+            outside_links=strs("outside_links"),
+            exact=bool(meta["exact"]),
+        )
 
     def digest(self) -> str:
         """xxh3-128 over everything that identifies the catalog (order, entries, sizes, labels)."""
@@ -425,11 +433,19 @@ def build_catalog(
     entry = np.where(resolved >= 0, resolved, name_entry).astype(np.int32)
     size = np.where(readable, tree.size[entry], 0).astype(np.int64)
     return Catalog(
-        root=posixpath.normpath(root), layout=layout, entry=entry, size=size, label=label,
-        readable=readable, name_entry=name_entry.astype(np.int32), dir_id=dir_id,
-        dirs=tuple(listing.dirs), classes=tuple(classes), outside_links=tuple(listing.outside),
+        root=posixpath.normpath(root),
+        layout=layout,
+        entry=entry,
+        size=size,
+        label=label,
+        readable=readable,
+        name_entry=name_entry.astype(np.int32),
+        dir_id=dir_id,
+        dirs=tuple(listing.dirs),
+        classes=tuple(classes),
+        outside_links=tuple(listing.outside),
         exact=listing.exact,
-    )  # fmt: skip
+    )
 
 
 def build_catalogs(

@@ -334,8 +334,12 @@ class NodeCursor:
                 epochs_parts.append(np.full(chunk.shape[0], epoch, dtype=np.int64))
                 got += chunk.shape[0]
                 epoch, lo = epoch + 1, 0
-            per_rank.append((np.concatenate(epochs_parts) if epochs_parts else np.zeros(0, np.int64),
-                             np.concatenate(gids_parts) if gids_parts else np.zeros(0, np.int64)))  # fmt: skip
+            per_rank.append(
+                (
+                    np.concatenate(epochs_parts) if epochs_parts else np.zeros(0, np.int64),
+                    np.concatenate(gids_parts) if gids_parts else np.zeros(0, np.int64),
+                )
+            )
         # Interleave the ranks batch by batch (their own position stays in stream order).
         order: list[npt.NDArray[np.int64]] = []
         longest = max(len(g) for _e, g in per_rank)

@@ -622,13 +622,20 @@ def _summarize(
         node_reports.append(node)
     datasets = []
     for d, cat in enumerate(catalogs):
-        datasets.append({
-            "root": cat.root, "layout": cat.layout, "files": len(cat), "bytes": cat.total_bytes,
-            "classes": len(cat.classes), "unreadable": int((~cat.readable).sum()),
-            "outside_links": len(cat.outside_links), "exact": cat.exact,
-            "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
-            "reads": sum(1 for s in stats.segments if s.dataset == d),
-        })  # fmt: skip
+        datasets.append(
+            {
+                "root": cat.root,
+                "layout": cat.layout,
+                "files": len(cat),
+                "bytes": cat.total_bytes,
+                "classes": len(cat.classes),
+                "unreadable": int((~cat.readable).sum()),
+                "outside_links": len(cat.outside_links),
+                "exact": cat.exact,
+                "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
+                "reads": sum(1 for s in stats.segments if s.dataset == d),
+            }
+        )
     read = objects.cacheable & read_any
     budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
     return {

@@ -31,9 +31,22 @@ from tools.jobs import (  # the shared job runner; re-exported here for the test
 )
 
 __all__ = [
-    "Job", "MemoryCgroup", "RssSampler", "daemon_pid", "du", "expected_opens", "free_port", "make_source",
-    "rss", "run_readers", "seerfs_config", "seerfs_over", "status", "wait_plan", "write_seed",
-]  # fmt: skip
+    "Job",
+    "MemoryCgroup",
+    "RssSampler",
+    "daemon_pid",
+    "du",
+    "expected_opens",
+    "free_port",
+    "make_source",
+    "rss",
+    "run_readers",
+    "seerfs_config",
+    "seerfs_over",
+    "status",
+    "wait_plan",
+    "write_seed",
+]
 
 
 def expected_opens(job: Job, train_files: int, val_files: int) -> int:

@@ -22,8 +22,21 @@ def test_small_run_reports_ratios_verified_bytes_and_leaves_no_mount(
     dataset's bytes, seerfs served every warm open from the page cache (no READ reached it), and nothing stays
     mounted."""
     before = fuse_mounts()
-    argv = ["--files", "200", "--mean-size", "20KB", "--passes", "1", "--seconds", "0",
-            "--configs", "direct,seerfs,pyfuse3", "--json", "--workdir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--files",
+        "200",
+        "--mean-size",
+        "20KB",
+        "--passes",
+        "1",
+        "--seconds",
+        "0",
+        "--configs",
+        "direct,seerfs,pyfuse3",
+        "--json",
+        "--workdir",
+        str(tmp_path),
+    ]
     assert bench_ceiling.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dataset"]["files"] == 200

@@ -21,9 +21,25 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     the dataset once per epoch and seerfs+seed about once in all; seerfs's opens per source add up to exactly the
     opens the job made (prefetches are not counted as opens), and nothing stays mounted."""
     before = fuse_mounts()
-    argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000",
-            "--batch", "8", "--compute-ms", "1", "--configs", "lower bound,direct,seerfs+seed", "--json",
-            "--workdir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--files",
+        str(FILES),
+        "--val-files",
+        str(VAL),
+        "--epochs",
+        str(EPOCHS),
+        "--mean-size",
+        "20000",
+        "--batch",
+        "8",
+        "--compute-ms",
+        "1",
+        "--configs",
+        "lower bound,direct,seerfs+seed",
+        "--json",
+        "--workdir",
+        str(tmp_path),
+    ]
     assert bench_train.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     total = doc["dataset_bytes"]

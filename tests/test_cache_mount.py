@@ -28,9 +28,11 @@ def test_corrupted_tier_copy_is_detected_refetched_and_counted(tmp_path: Path) -
     originals = {rel: (src / rel).read_bytes() for rel in rels}
     cfg = tmp_path / "c.yaml"
     # A RAM budget too small to keep pages: the second pass must come from the directory tier.
-    cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\ndatasets: [{{root: train}}]\n"
-                   f"tiers: [{{kind: directory, path: {tmp_path / 'ssd'}, bytes: 64MiB}}]\n"
-                   "prefetch: {lookahead_bytes: 32KiB}\n")  # fmt: skip
+    cfg.write_text(
+        f"cache_dir: {tmp_path / 'cache'}\ndatasets: [{{root: train}}]\n"
+        f"tiers: [{{kind: directory, path: {tmp_path / 'ssd'}, bytes: 64MiB}}]\n"
+        "prefetch: {lookahead_bytes: 32KiB}\n"
+    )
     with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
         wait_plan(mnt, 0)  # the assumed seed's plan: its guesses are staged while we read
         assert read_all(mnt, rels) == originals  # sorted order: no plan matches, so the reactive set keeps them
@@ -59,9 +61,11 @@ def test_rewriting_the_seed_replans_cleanly(tmp_path: Path) -> None:
     src = tmp_path / "src"
     digests, _total = make_source(src, 200, 20, mean_size=3000)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\n"
-                   "datasets: [{root: train}, {root: val, follows: train, sampler: {shuffle: false}}]\n"
-                   "job: {world_size: 4, ranks_per_node: 2, epochs: 5, batch_size: 8}\n")  # fmt: skip
+    cfg.write_text(
+        f"cache_dir: {tmp_path / 'cache'}\n"
+        "datasets: [{root: train}, {root: val, follows: train, sampler: {shuffle: false}}]\n"
+        "job: {world_size: 4, ranks_per_node: 2, epochs: 5, batch_size: 8}\n"
+    )
     with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
         first = wait_plan(mnt, 0)["plan"]
         write_seed(mnt, 41)

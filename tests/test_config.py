@@ -67,10 +67,17 @@ def test_byte_sizes() -> None:
 
 def test_overrides_reach_nested_keys_and_list_items(tmp_path: Path) -> None:
     cfg = load_text(
-        tmp_path, "tiers:\n  - kind: memory\n    bytes: 1G\n",
-        **{"tiers.0.bytes": "2G", "tiers.1.kind": "directory", "tiers.1.path": "/tmp/x", "tiers.1.bytes": "5G",
-           "job.epochs": "7", "datasets.0.sampler.drop_last": "true"},
-    )  # fmt: skip
+        tmp_path,
+        "tiers:\n  - kind: memory\n    bytes: 1G\n",
+        **{
+            "tiers.0.bytes": "2G",
+            "tiers.1.kind": "directory",
+            "tiers.1.path": "/tmp/x",
+            "tiers.1.bytes": "5G",
+            "job.epochs": "7",
+            "datasets.0.sampler.drop_last": "true",
+        },
+    )
     assert [t.bytes for t in cfg.tiers] == [2 << 30, 5 << 30]
     assert cfg.tiers[1].kind == "directory" and cfg.job.epochs == 7 and cfg.datasets[0].sampler.drop_last
     with pytest.raises(ConfigError, match="past the end"):

@@ -36,8 +36,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     return root, digests, total
 
 
-def check_shared_job(mnts: list[Path], source: tuple[Path, dict[str, str], int], work: Path,
-                     pfs_bytes: Callable[[], int]) -> None:  # fmt: skip
+def check_shared_job(
+    mnts: list[Path], source: tuple[Path, dict[str, str], int], work: Path, pfs_bytes: Callable[[], int]
+) -> None:
     _root, digests, total = source
     job = Job(world_size=3, epochs=3, batch_size=16, num_workers=2, seed=5)
     write_seed(mnts[0], 5)  # written on one node, planned on all
@@ -56,15 +57,19 @@ def check_shared_job(mnts: list[Path], source: tuple[Path, dict[str, str], int],
 
 def test_three_nodes_under_mpirun(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
     """mpirun -np 3: tiers of 40% per node (120% in all) keep PFS bytes <= 1.1x the dataset."""
-    with running_pfsemu(source[0]) as emu, mpi_group(emu.mountpoint, tmp_path, Job(world_size=3),
-                                                      tier_bytes=int(source[2] * 0.4)) as mnts:  # fmt: skip
+    with (
+        running_pfsemu(source[0]) as emu,
+        mpi_group(emu.mountpoint, tmp_path, Job(world_size=3), tier_bytes=int(source[2] * 0.4)) as mnts,
+    ):
         assert status(mnts[0])["group"]["mode"] == "mpi" and status(mnts[0])["group"]["size"] == 3
         check_shared_job(mnts, source, tmp_path, lambda: emu.counters().bytes)
 
 
 def test_three_nodes_through_a_rendezvous_directory(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
-    with running_pfsemu(source[0]) as emu, rendezvous_group(emu.mountpoint, tmp_path, Job(world_size=3),
-                                                             tier_bytes=int(source[2] * 0.4)) as mnts:  # fmt: skip
+    with (
+        running_pfsemu(source[0]) as emu,
+        rendezvous_group(emu.mountpoint, tmp_path, Job(world_size=3), tier_bytes=int(source[2] * 0.4)) as mnts,
+    ):
         assert status(mnts[0])["group"]["mode"] == "rendezvous" and status(mnts[0])["group"]["state"] == "ready"
         check_shared_job(mnts, source, tmp_path, lambda: emu.counters().bytes)
 
@@ -100,8 +105,10 @@ def test_a_dead_or_hung_node_does_not_stop_the_others(
     _root, digests, total = source
     job = Job(world_size=3, epochs=2, batch_size=16, num_workers=2, seed=9, sync=False, time_reads=True)
     timeout = 1.0
-    with running_pfsemu(source[0]) as emu, rendezvous_group(emu.mountpoint, tmp_path, job, timeout=timeout,
-                                                             tier_bytes=int(total * 0.4)) as mnts:  # fmt: skip
+    with (
+        running_pfsemu(source[0]) as emu,
+        rendezvous_group(emu.mountpoint, tmp_path, job, timeout=timeout, tier_bytes=int(total * 0.4)) as mnts,
+    ):
         write_seed(mnts[0], 9)
         for mnt in mnts:
             wait_plan(mnt, 9)
@@ -109,14 +116,18 @@ def test_a_dead_or_hung_node_does_not_stop_the_others(
         victim_address = "127.0.0.3:"
         with run_in_background(mnts, job, digests, tmp_path) as survivors:
             # The cursor is null for the moment between a new plan and its first published window.
-            wait_for(lambda: (status(mnts[0])["cursor"] or {}).get("epoch", -1) >= 1, timeout=120,
-                     what="epoch 1 on node 0")  # fmt: skip
+            wait_for(
+                lambda: (status(mnts[0])["cursor"] or {}).get("epoch", -1) >= 1, timeout=120, what="epoch 1 on node 0"
+            )
             os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             harmed = time.monotonic()
             try:
                 for survivor in mnts[:2]:  # both mark it down (their next requests to it fail)
-                    wait_for(partial(marked_down, survivor, victim_address), timeout=60,
-                             what=f"{survivor} marking node 2 down")  # fmt: skip
+                    wait_for(
+                        partial(marked_down, survivor, victim_address),
+                        timeout=60,
+                        what=f"{survivor} marking node 2 down",
+                    )
                 noticed = time.monotonic() - harmed
                 results = survivors()
             finally:

@@ -306,8 +306,12 @@ def test_digest_is_the_same_in_other_processes_hash_seeds_and_without_torch(tree
         env = {**os.environ, "PYTHONHASHSEED": hashseed, "PYTHONPATH": str(REPO)}
         out = subprocess.run(
             [sys.executable, "-c", DIGEST_SCRIPT, str(tree_dir), backend],
-            capture_output=True, text=True, env=env, check=True, cwd=REPO,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            cwd=REPO,
+        )
         digest, has_torch = out.stdout.split()
         assert digest == here
         seen.add(has_torch)

@@ -78,8 +78,9 @@ def test_seeded_job_is_predicted_and_reads_the_pfs_once(
 ) -> None:
     """Hit rate >= 99.9%, every sample's bytes right, PFS bytes <= 1.05x the dataset over 3 epochs."""
     job = Job(seed=7)
-    doc, results, pfs_bytes = run_job(tmp_path, source, job, seed=7,
-                                      tiers=[{"kind": "memory", "bytes": "64MiB", "threads": 4}])  # fmt: skip
+    doc, results, pfs_bytes = run_job(
+        tmp_path, source, job, seed=7, tiers=[{"kind": "memory", "bytes": "64MiB", "threads": 4}]
+    )
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     opens = expected_opens(job, TRAIN, VAL)
     assert sum(r["samples"] for r in results) == opens
@@ -112,15 +113,21 @@ def test_seed_beats_no_seed_with_tiers_half_the_dataset(
     stall_seeded = seeded[0]["reads"]["stall_seconds"]
     stall_seedless = seedless[0]["reads"]["stall_seconds"]
     waits = [sum(r["wait_s"] for r in run[1]) for run in (seeded, seedless)]
-    print(json.dumps({"pfs_bytes": [seeded[2], seedless[2]], "open_stall_s": [stall_seeded, stall_seedless],
-                      "batch_wait_s": waits}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "pfs_bytes": [seeded[2], seedless[2]],
+                "open_stall_s": [stall_seeded, stall_seedless],
+                "batch_wait_s": waits,
+            }
+        )
+    )
     assert stall_seeded < 0.5 * stall_seedless, (stall_seeded, stall_seedless)
 
 
 def test_resumed_job_is_detected(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
     job = Job(seed=5, epochs=4, start_epoch=2)
-    doc, results, _ = run_job(tmp_path, source, job, seed=5,
-                              tiers=[{"kind": "memory", "bytes": "64MiB", "threads": 4}])  # fmt: skip
+    doc, results, _ = run_job(tmp_path, source, job, seed=5, tiers=[{"kind": "memory", "bytes": "64MiB", "threads": 4}])
     assert all(not r["bad"] for r in results)
     cursor = doc["cursor"]
     assert cursor["epoch"] == 3 and cursor["hit_rate"] >= 0.999, cursor
@@ -131,8 +138,12 @@ def test_wrong_seed_is_flagged_fast_and_reads_stay_correct(
 ) -> None:
     job = Job(seed=9, epochs=1, val=False)
     root, digests, _ = source
-    cfg = seerfs_config(tmp_path / "seerfs.yaml", job, cache_dir=tmp_path / "cache",
-                        tiers=[{"kind": "memory", "bytes": "64MiB", "threads": 4}])  # fmt: skip
+    cfg = seerfs_config(
+        tmp_path / "seerfs.yaml",
+        job,
+        cache_dir=tmp_path / "cache",
+        tiers=[{"kind": "memory", "bytes": "64MiB", "threads": 4}],
+    )
     with running_pfsemu(root) as emu, seerfs_over(emu.mountpoint, tmp_path / "mnt", cfg) as mnt:
         write_seed(mnt, 123)  # not the sampler's seed
         wait_plan(mnt, 123)
@@ -152,10 +163,16 @@ def test_budgets_hold_with_a_dataset_three_times_the_tiers(
     root, digests, total = big_source
     mem, disk = total // 6, total // 6  # together a third of the dataset
     job = Job(seed=3, val=False)
-    cfg = seerfs_config(tmp_path / "seerfs.yaml", job, cache_dir=tmp_path / "cache",
-                        tiers=[{"kind": "memory", "bytes": mem, "threads": 4},
-                               {"kind": "directory", "path": str(tmp_path / "ssd"), "bytes": disk, "threads": 2}],
-                        lookahead=str(mem // 4))  # fmt: skip
+    cfg = seerfs_config(
+        tmp_path / "seerfs.yaml",
+        job,
+        cache_dir=tmp_path / "cache",
+        tiers=[
+            {"kind": "memory", "bytes": mem, "threads": 4},
+            {"kind": "directory", "path": str(tmp_path / "ssd"), "bytes": disk, "threads": 2},
+        ],
+        lookahead=str(mem // 4),
+    )
     group = MemoryCgroup.create("budget")
     try:
         with running_pfsemu(root) as emu, seerfs_over(emu.mountpoint, tmp_path / "mnt", cfg) as mnt:
@@ -183,6 +200,15 @@ def test_budgets_hold_with_a_dataset_three_times_the_tiers(
         # Everything the daemon pushed and the readers pulled through the mount, at its peak.
         assert group.peak_cache - cache_before <= mem + (1 << 20), (group.peak_cache - cache_before, mem)
     assert all(t["used_bytes"] <= t["budget_bytes"] for t in doc["tiers"])
-    print(json.dumps({"dataset": total, "mem_budget": mem, "disk_budget": disk, "disk": disk_used,
-                      "rss_growth": sampler.peak - rss_before,
-                      "page_cache_growth": group.peak_cache - cache_before if group else None}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "dataset": total,
+                "mem_budget": mem,
+                "disk_budget": disk,
+                "disk": disk_used,
+                "rss_growth": sampler.peak - rss_before,
+                "page_cache_growth": group.peak_cache - cache_before if group else None,
+            }
+        )
+    )

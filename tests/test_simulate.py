@@ -155,8 +155,11 @@ def test_the_scaling_keeps_the_ratios_that_define_each_scenario() -> None:
         ):
             assert sim == pytest.approx(paper, rel=1e-6), number
     # (S, d1, D) per scenario: S < d1; d1 < S < D; D < S < N D; N D < S
-    sdd = {n: (s.dataset_bytes, s.tier_bytes[0], sum(s.tier_bytes)) for n in SCENARIOS
-           for s in [make_setup(SCENARIOS[n], system, 1000, 1, 0)]}  # fmt: skip
+    sdd = {
+        n: (s.dataset_bytes, s.tier_bytes[0], sum(s.tier_bytes))
+        for n in SCENARIOS
+        for s in [make_setup(SCENARIOS[n], system, 1000, 1, 0)]
+    }
     assert sdd[1][0] < sdd[1][1]
     assert sdd[2][1] < sdd[2][0] < sdd[2][2]
     assert sdd[3][2] < sdd[3][0] < 4 * sdd[3][2]
@@ -246,10 +249,30 @@ def test_help_documents_every_option_with_its_default() -> None:
     out = simulate("--help")
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
-    for opt in ("--scenario", "--policies", "--files", "--epochs", "--seed", "--contention", "--speedup", "--nodes",
-                "--compute-mbps", "--preprocess-mbps", "--network-mbps", "--staging-gb", "--ram-gb", "--ssd-gb",
-                "--threads", "--read-mbps", "--pfs-mbps", "--png", "--json", "--lru-trace", "--trace-nodes",
-                "--cache-fraction"):  # fmt: skip
+    for opt in (
+        "--scenario",
+        "--policies",
+        "--files",
+        "--epochs",
+        "--seed",
+        "--contention",
+        "--speedup",
+        "--nodes",
+        "--compute-mbps",
+        "--preprocess-mbps",
+        "--network-mbps",
+        "--staging-gb",
+        "--ram-gb",
+        "--ssd-gb",
+        "--threads",
+        "--read-mbps",
+        "--pfs-mbps",
+        "--png",
+        "--json",
+        "--lru-trace",
+        "--trace-nodes",
+        "--cache-fraction",
+    ):
         assert opt in text, opt
     for default in ("(default: 64.0)", "(default: 24000.0)", "(default: [8, 4, 2])", "1:330,2:730,4:1540,8:2870"):
         assert default in text, default

@@ -10,10 +10,15 @@ def test_page_cache_line_shows_kept_pushed_and_dropped_pages() -> None:
     doc = {
         "version": "x",
         "prefetch": {
-            "staging": {"page_cache_bytes": 3 << 20, "kept_files": 12, "pushes": 40, "invalidations": 5,
-                        "uncached_opens": 2},
+            "staging": {
+                "page_cache_bytes": 3 << 20,
+                "kept_files": 12,
+                "pushes": 40,
+                "invalidations": 5,
+                "uncached_opens": 2,
+            },
         },
-    }  # fmt: skip
+    }
     line = next(x for x in render(doc).splitlines() if x.startswith("pagecache"))
     assert line == "pagecache 3.0 MiB held, 12 files kept, 40 pushed, 5 dropped, 2 opens uncached (budget full)"
 

@@ -332,8 +332,9 @@ def test_directory_tier_leaves_no_pages_in_the_page_cache(tmp_path: Path) -> Non
     data = payload(1, 3 * BLOCK)
 
     def resident(path: str) -> int:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", "--output", "RES", path], capture_output=True, text=True, check=True
+        )
         return int(out.stdout.strip())
 
     async def main() -> None:

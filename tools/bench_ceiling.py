@@ -82,8 +82,13 @@ from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 from tools.options import pick_configs
 
 CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
-LABELS = {"direct": "direct tmpfs", "seerfs": "seerfs", "pyfuse3": "pyfuse3 floor", "mergerfs": "mergerfs",
-          "rclone": "rclone"}  # fmt: skip
+LABELS = {
+    "direct": "direct tmpfs",
+    "seerfs": "seerfs",
+    "pyfuse3": "pyfuse3 floor",
+    "mergerfs": "mergerfs",
+    "rclone": "rclone",
+}
 ROOT = Path(__file__).resolve().parent.parent
 # Page cache kept across opens while mtime and size are unchanged, and lookups cached as long as
 # seerfs and rclone cache them here: mergerfs at its fastest for read-only small files.
@@ -139,9 +144,15 @@ class PassResult:
         return None if self.fs_top_thread_s is None else self.fs_top_thread_s / max(self.seconds, 1e-9)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "files_per_s": self.files_per_s, "mb_per_s": self.mb_per_s,
-                "reader_cores": self.reader_cores, "fs_cores": self.fs_cores,
-                "fs_top_thread_cores": self.fs_top_thread_cores, "others_cores": self.others_cores}  # fmt: skip
+        return {
+            **asdict(self),
+            "files_per_s": self.files_per_s,
+            "mb_per_s": self.mb_per_s,
+            "reader_cores": self.reader_cores,
+            "fs_cores": self.fs_cores,
+            "fs_top_thread_cores": self.fs_top_thread_cores,
+            "others_cores": self.others_cores,
+        }
 
 
 @dataclass
@@ -165,11 +176,15 @@ class ConfigResult:
         fs = [p.fs_cpu_s for p in self.warm]
         top = [p.fs_top_thread_s for p in self.warm]
         seconds = sum(p.seconds for p in self.warm)
-        return PassResult(sum(p.files for p in self.warm), sum(p.bytes for p in self.warm), seconds,
-                          sum(p.reader_cpu_s for p in self.warm),
-                          None if None in fs else sum(x or 0.0 for x in fs),
-                          sum(p.busy_cores * p.seconds for p in self.warm) / max(seconds, 1e-9),
-                          None if None in top else sum(x or 0.0 for x in top))  # fmt: skip
+        return PassResult(
+            sum(p.files for p in self.warm),
+            sum(p.bytes for p in self.warm),
+            seconds,
+            sum(p.reader_cpu_s for p in self.warm),
+            None if None in fs else sum(x or 0.0 for x in fs),
+            sum(p.busy_cores * p.seconds for p in self.warm) / max(seconds, 1e-9),
+            None if None in top else sum(x or 0.0 for x in top),
+        )
 
 
 @dataclass
@@ -234,8 +249,9 @@ def is_tmpfs(path: Path) -> bool:
 # --------------------------------------------------------------------------- reading
 
 
-def read_pass(root: Path, data: Dataset, order: np.ndarray, threads: int, read_size: int,
-              daemon: int | None, kind: str = "loader") -> PassResult:  # fmt: skip
+def read_pass(
+    root: Path, data: Dataset, order: np.ndarray, threads: int, read_size: int, daemon: int | None, kind: str = "loader"
+) -> PassResult:
     """Read every file once in ``order`` with ``threads`` threads; fail unless the bytes add up."""
     base = os.fsencode(root) + b"/"
     paths = [base + data.rel[i] for i in order.tolist()]
@@ -280,11 +296,20 @@ def read_pass(root: Path, data: Dataset, order: np.ndarray, threads: int, read_s
         top = max((t - threads0.get(tid, 0.0) for tid, t in thread_seconds(daemon).items()), default=0.0)
     if errors:
         raise BenchError(f"reading {root}: {errors[0]!r}")
-    result = PassResult(sum(done), sum(got), wall, cpu1.user + cpu1.system - cpu0.user - cpu0.system, fs_cpu,
-                        (busy1 - busy0) / max(wall, 1e-9), top)  # fmt: skip
+    result = PassResult(
+        sum(done),
+        sum(got),
+        wall,
+        cpu1.user + cpu1.system - cpu0.user - cpu0.system,
+        fs_cpu,
+        (busy1 - busy0) / max(wall, 1e-9),
+        top,
+    )
     if result.files != len(paths) or result.bytes != data.total:
-        raise BenchError(f"reading {root}: {result.files} files and {result.bytes} bytes read, expected "
-                         f"{len(paths)} files and {data.total} bytes")  # fmt: skip
+        raise BenchError(
+            f"reading {root}: {result.files} files and {result.bytes} bytes read, expected "
+            f"{len(paths)} files and {data.total} bytes"
+        )
     return result
 
 
@@ -309,8 +334,9 @@ class Mounted:
 @contextlib.contextmanager
 def tmpfs(path: Path, size: int) -> Iterator[Path]:
     path.mkdir(parents=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         raise BenchError(f"mount -t tmpfs {path}: {res.stderr.strip()}")
     try:
@@ -331,8 +357,13 @@ def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator
     lookahead = 64 << 20
     job = Job(world_size=1, epochs=1 + a.passes, batch_size=32, num_workers=0, val=False)
     tier = int(data.total * 2.1) + lookahead
-    cfg = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache", lookahead=str(lookahead),
-                        tiers=[{"kind": "memory", "bytes": tier, "threads": 8}])  # fmt: skip
+    cfg = seerfs_config(
+        d / "seerfs.yaml",
+        job,
+        cache_dir=d / "cache",
+        lookahead=str(lookahead),
+        tiers=[{"kind": "memory", "bytes": tier, "threads": 8}],
+    )
     mnt = d / "mnt"
     mnt.mkdir()
     extra = ["-o", a.seerfs_o] if a.seerfs_o else []
@@ -427,16 +458,16 @@ def foreground_mounted(cmd: list[str], mnt: Path, what: str, data: Dataset) -> I
 def floor_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
     mnt = work / "pyfuse3-mnt"
     code = "import sys; from tools.bench_ceiling import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
-    return foreground_mounted([sys.executable, "-c", code, str(data.root.parent), str(mnt)], mnt, "pyfuse3 floor",
-                              data)  # fmt: skip
+    return foreground_mounted([sys.executable, "-c", code, str(data.root.parent), str(mnt)], mnt, "pyfuse3 floor", data)
 
 
 def mergerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
     exe = shutil.which("mergerfs")
     assert exe is not None  # main() skips mergerfs when it is not installed
     mnt = work / "mergerfs-mnt"
-    return foreground_mounted([exe, "-f", "-o", MERGERFS_OPTIONS, str(data.root.parent), str(mnt)], mnt, "mergerfs",
-                              data)  # fmt: skip
+    return foreground_mounted(
+        [exe, "-f", "-o", MERGERFS_OPTIONS, str(data.root.parent), str(mnt)], mnt, "mergerfs", data
+    )
 
 
 @contextlib.contextmanager
@@ -465,8 +496,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-MOUNTS = {"direct": direct, "seerfs": seerfs_mounted, "pyfuse3": floor_mounted, "mergerfs": mergerfs_mounted,
-          "rclone": rclone_mounted}  # fmt: skip
+MOUNTS = {
+    "direct": direct,
+    "seerfs": seerfs_mounted,
+    "pyfuse3": floor_mounted,
+    "mergerfs": mergerfs_mounted,
+    "rclone": rclone_mounted,
+}
 
 
 @contextlib.contextmanager
@@ -478,9 +514,24 @@ def profiled(pid: int | None, out: Path | None, name: str) -> Iterator[None]:
         return
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}-warm.txt"
-    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--threads",
-                             "--nonblocking", "--output", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--threads",
+            "--nonblocking",
+            "--output",
+            str(path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.0)  # py-spy attaches within a fraction of a second; the warm passes are several seconds
     try:
         yield
@@ -521,10 +572,12 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
             by = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
             doc = status(m.seerfs_mnt)
             st = doc["prefetch"]["staging"]
-            result.notes += [f"mode {doc['prefetch']['mode']}",
-                             "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
-                             f"warm READ requests {reads}",
-                             f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}"]  # fmt: skip
+            result.notes += [
+                f"mode {doc['prefetch']['mode']}",
+                "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
+                f"warm READ requests {reads}",
+                f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}",
+            ]
     return result
 
 
@@ -545,8 +598,11 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[Data
             base = stack.enter_context(tmpfs(work / "tmpfs", size))
         t0 = time.monotonic()
         data = make_data(base / "train", a)
-        print(f"bench_ceiling: {len(data.rel)} files, {data.total / 1e6:.0f} MB made on tmpfs {base} in "
-              f"{time.monotonic() - t0:.1f}s", file=sys.stderr)  # fmt: skip
+        print(
+            f"bench_ceiling: {len(data.rel)} files, {data.total / 1e6:.0f} MB made on tmpfs {base} in "
+            f"{time.monotonic() - t0:.1f}s",
+            file=sys.stderr,
+        )
         results = []
         for config in configs:
             print(f"bench_ceiling: running {config}", file=sys.stderr)
@@ -586,8 +642,10 @@ def is_default(a: argparse.Namespace) -> bool:
 
 def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, load: list[float]) -> None:
     print(f"parameters: {json.dumps(vars(a))}")
-    print(f"dataset: {len(data.rel)} files, {data.total / 1e6:.1f} MB (mean {data.total / len(data.rel) / 1e3:.1f} KB) "
-          f"on tmpfs; {a.threads} reader threads, reader {a.reader}, random order")  # fmt: skip
+    print(
+        f"dataset: {len(data.rel)} files, {data.total / 1e6:.1f} MB (mean {data.total / len(data.rel) / 1e3:.1f} KB) "
+        f"on tmpfs; {a.threads} reader threads, reader {a.reader}, random order"
+    )
     print(f"mergerfs -o {MERGERFS_OPTIONS}")
     print(f"rclone mount {RCLONE_OPTIONS}")
     print(f"machine: {os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after\n")
@@ -599,23 +657,29 @@ def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespac
     def cores(v: float | None) -> str:
         return f"{v:5.2f}" if v is not None else "    -"
 
-    print(f"{'configuration':<13}  {'cold files/s':>12}  {'MB/s':>6}  {'ratio':>6}  {'warm files/s':>12}  "
-          f"{'MB/s':>6}  {'ratio':>6}  {'warm range':>13}  {'n':>2}  {'rdr CPU':>7}  {'fs CPU':>6}  {'top thr':>7}  "
-          f"{'busy':>5}  {'RA KB':>5}")  # fmt: skip
+    print(
+        f"{'configuration':<13}  {'cold files/s':>12}  {'MB/s':>6}  {'ratio':>6}  {'warm files/s':>12}  "
+        f"{'MB/s':>6}  {'ratio':>6}  {'warm range':>13}  {'n':>2}  {'rdr CPU':>7}  {'fs CPU':>6}  {'top thr':>7}  "
+        f"{'busy':>5}  {'RA KB':>5}"
+    )
     for r in results:
         m, t = r.median, r.warm_total
         lo, hi = min(p.files_per_s for p in r.warm), max(p.files_per_s for p in r.warm)
         ra = str(r.read_ahead_kb) if r.read_ahead_kb is not None else "-"
         cold_x, warm_x = x(rat[r.config]["cold_ratio"]), x(rat[r.config]["warm_ratio"])
-        print(f"{LABELS[r.config]:<13}  {r.cold.files_per_s:12.0f}  {r.cold.mb_per_s:6.0f}  {cold_x}  "
-              f"{m.files_per_s:12.0f}  {m.mb_per_s:6.0f}  {warm_x}  "
-              f"{lo:6.0f}-{hi:<6.0f}  {len(r.warm):2d}  {cores(t.reader_cores):>7}  {cores(t.fs_cores):>6}  "
-              f"{cores(t.fs_top_thread_cores):>7}  {t.busy_cores:5.2f}  {ra:>5}")  # fmt: skip
+        print(
+            f"{LABELS[r.config]:<13}  {r.cold.files_per_s:12.0f}  {r.cold.mb_per_s:6.0f}  {cold_x}  "
+            f"{m.files_per_s:12.0f}  {m.mb_per_s:6.0f}  {warm_x}  "
+            f"{lo:6.0f}-{hi:<6.0f}  {len(r.warm):2d}  {cores(t.reader_cores):>7}  {cores(t.fs_cores):>6}  "
+            f"{cores(t.fs_top_thread_cores):>7}  {t.busy_cores:5.2f}  {ra:>5}"
+        )
     print("\nratios are to direct tmpfs's median warm pass; CPU columns (cores) are over all warm passes; cold CPU:")
     for r in results:
-        print(f"  {LABELS[r.config]:<13} cold: rdr {r.cold.reader_cores:.2f}, fs {cores(r.cold.fs_cores).strip()} "
-              f"(top thread {cores(r.cold.fs_top_thread_cores).strip()}), "
-              f"busy {r.cold.busy_cores:.2f}" + (f"; {'; '.join(r.notes)}" if r.notes else ""))  # fmt: skip
+        print(
+            f"  {LABELS[r.config]:<13} cold: rdr {r.cold.reader_cores:.2f}, fs {cores(r.cold.fs_cores).strip()} "
+            f"(top thread {cores(r.cold.fs_top_thread_cores).strip()}), "
+            f"busy {r.cold.busy_cores:.2f}" + (f"; {'; '.join(r.notes)}" if r.notes else "")
+        )
     print(f"bytes verified: every pass read exactly {data.total} bytes in {len(data.rel)} files")
     busy = {LABELS[r.config]: r.warm_total.others_cores for r in results if r.warm_total.others_cores > OTHERS_WARN}
     if busy:
@@ -662,21 +726,31 @@ def to_json(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, l
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_ceiling", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="bench_ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--files", type=int, default=10_000, help="files in the dataset (default 10000)")
-    p.add_argument("--mean-size", type=parse_size, default=125_000,
-                   help="mean file size, lognormal (default 125KB; units as mkdataset: 125KB, 1MiB)")  # fmt: skip
+    p.add_argument(
+        "--mean-size",
+        type=parse_size,
+        default=125_000,
+        help="mean file size, lognormal (default 125KB; units as mkdataset: 125KB, 1MiB)",
+    )
     p.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma of file sizes (default 0.5)")
     p.add_argument("--classes", type=int, default=10, help="class directories the files are spread over (default 10)")
     p.add_argument("--threads", type=int, default=8, help="reader threads (default 8)")
-    p.add_argument("--reader", choices=("loader", "readv"), default="loader",
-                   help="how each file is read: loader (open().read(), as torchvision's loader) or readv "
-                   "(os.readv into a reused buffer); default loader")  # fmt: skip
+    p.add_argument(
+        "--reader",
+        choices=("loader", "readv"),
+        default="loader",
+        help="how each file is read: loader (open().read(), as torchvision's loader) or readv "
+        "(os.readv into a reused buffer); default loader",
+    )
     p.add_argument("--read-size", type=parse_size, default=1 << 20, help="bytes per readv() (default 1MiB)")
     p.add_argument("--passes", type=int, default=3, help="warm passes at least, after the cold one (default 3)")
-    p.add_argument("--seconds", type=float, default=5.0,
-                   help="warm passes continue until they took this long together (default 5)")  # fmt: skip
+    p.add_argument(
+        "--seconds", type=float, default=5.0, help="warm passes continue until they took this long together (default 5)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the dataset and of the read orders (default 0)")
     p.add_argument("--seerfs-o", metavar="KEY=VAL[,...]", help="config overrides for the seerfs mount (its -o)")
     p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")

@@ -72,10 +72,22 @@ def pfs_emulator(backing: Path, work: Path, meta_ms: float) -> Iterator[Path]:
     mnt = work / "pfs"
     mnt.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.pfsemu", "serve", str(backing), str(mnt), "--fg", "--meta-latency-ms",
-         str(meta_ms), "--control", str(work / "pfs.sock")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tools.pfsemu",
+            "serve",
+            str(backing),
+            str(mnt),
+            "--fg",
+            "--meta-latency-ms",
+            str(meta_ms),
+            "--control",
+            str(work / "pfs.sock"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while not os.path.ismount(mnt):

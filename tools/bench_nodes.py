@@ -44,8 +44,9 @@ def run(source: Path, total: int, work: Path, job: Job, share: float, peers: boo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_nodes", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="bench_nodes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--files", type=int, default=1500, help="training files (default 1500)")
     p.add_argument("--val-files", type=int, default=150, help="validation files (default 150)")
     p.add_argument("--mean-size", type=int, default=30_000, help="mean file size in bytes (default 30000)")
@@ -65,8 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         src = work / "data"
         _digests, total = make_source(src, a.files, a.val_files, mean_size=a.mean_size)
-        job = Job(world_size=3, epochs=a.epochs, batch_size=a.batch, num_workers=a.workers, seed=3,
-                  val=a.val_files > 0, compute_s=a.compute_ms / 1000)  # fmt: skip
+        job = Job(
+            world_size=3,
+            epochs=a.epochs,
+            batch_size=a.batch,
+            num_workers=a.workers,
+            seed=3,
+            val=a.val_files > 0,
+            compute_s=a.compute_ms / 1000,
+        )
         rows = []
         for peers in (True, False):
             d = work / ("on" if peers else "off")
@@ -84,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         cells = "  ".join(f"{t:6.2f}s" for t in r["epoch_s"])
         print(f"{'on' if r['peers'] else 'off':<6}  {cells}  {r['pfs_bytes'] / total:20.2f}x  {r['peer_files']}")
     on, off = rows
-    print(f"\nlater epochs with peers: {sum(off['epoch_s'][1:]) / max(1e-9, sum(on['epoch_s'][1:])):.2f}x faster; "
-          f"PFS bytes {off['pfs_bytes'] / max(1, on['pfs_bytes']):.2f}x fewer")  # fmt: skip
+    print(
+        f"\nlater epochs with peers: {sum(off['epoch_s'][1:]) / max(1e-9, sum(on['epoch_s'][1:])):.2f}x faster; "
+        f"PFS bytes {off['pfs_bytes'] / max(1, on['pfs_bytes']):.2f}x fewer"
+    )
     return 0
 
 

@@ -173,8 +173,9 @@ async def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_peers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="bench_peers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command")
     s = sub.add_parser("serve", help="run a peer server over generated files (token in $SEERFS_PEER_TOKEN)")
     s.add_argument("--host", default="127.0.0.1")

@@ -82,11 +82,17 @@ def synthetic_tree(classes: int, files: int, val_files: int, mean_size: int, sig
     np.cumsum(lens[:-1], out=off[1:])
     n = len(names)
     return TreeArrays(
-        names=np.frombuffer(b"".join(names), np.uint8).copy(), name_off=off, name_len=lens,
-        parent=np.array(parent, np.uint32), kind=np.array(kind, np.uint8), size=np.array(sizes, np.int64),
-        mtime_ns=np.zeros(n, np.int64), child_start=np.array(child_start, np.uint32),
-        child_count=np.array(child_count, np.uint32), link_target=np.full(n, LINK_NONE, np.int32),
-    )  # fmt: skip
+        names=np.frombuffer(b"".join(names), np.uint8).copy(),
+        name_off=off,
+        name_len=lens,
+        parent=np.array(parent, np.uint32),
+        kind=np.array(kind, np.uint8),
+        size=np.array(sizes, np.int64),
+        mtime_ns=np.zeros(n, np.int64),
+        child_start=np.array(child_start, np.uint32),
+        child_count=np.array(child_count, np.uint32),
+        link_target=np.full(n, LINK_NONE, np.int32),
+    )
 
 
 def job_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -214,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"plan of {args.files:,} files (+{args.val_files:,} val), {args.epochs} epochs, "
-          f"{args.nodes} nodes x {args.ranks_per_node} ranks, tiers {args.ram} RAM + {args.ssd} SSD, "
-          f"spread={'off' if args.no_spread else 'on'}")  # fmt: skip
+    print(
+        f"plan of {args.files:,} files (+{args.val_files:,} val), {args.epochs} epochs, "
+        f"{args.nodes} nodes x {args.ranks_per_node} ranks, tiers {args.ram} RAM + {args.ssd} SSD, "
+        f"spread={'off' if args.no_spread else 'on'}"
+    )
     head = (
         f"{'backend':<8}{'catalog':>9}{'pass':>8}{'assign':>8}{'summary':>9}{'total s':>9}{'/15s':>7}"
         f"{'cpu s':>8}{'peak MB':>9}{'/1.5GB':>8}{'load':>11}"
@@ -235,11 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     r = rows[-1]
     print(f"saved plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")
     cov, f = r["coverage"], r["frequency"]
-    print(f"coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
-          f"{r['pfs_bytes_job'] / 1e9:,.1f} GB vs {r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached")  # fmt: skip
+    print(
+        f"coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
+        f"{r['pfs_bytes_job'] / 1e9:,.1f} GB vs {r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached"
+    )
     if f:
-        print(f"files read >= {f['threshold']} times by a node: expected {f['expected_heavy_per_node']:,.0f} "
-              f"(NoPFS 3.1), observed mean {np.mean(f['observed_heavy_per_node']):,.0f}")  # fmt: skip
+        print(
+            f"files read >= {f['threshold']} times by a node: expected {f['expected_heavy_per_node']:,.0f} "
+            f"(NoPFS 3.1), observed mean {np.mean(f['observed_heavy_per_node']):,.0f}"
+        )
     return 0
 
 

@@ -45,8 +45,9 @@ def epoch_times(results: list[dict[str, Any]]) -> list[float]:
 def part1(a: argparse.Namespace, work: Path) -> list[tuple[str, list[float], int]]:
     src = work / "data"
     _digests, total = make_source(src, a.files, a.val_files, mean_size=a.mean_size)
-    job = Job(world_size=2, epochs=a.epochs, batch_size=a.batch, num_workers=a.workers, seed=a.seed,
-              val=a.val_files > 0)  # fmt: skip
+    job = Job(
+        world_size=2, epochs=a.epochs, batch_size=a.batch, num_workers=a.workers, seed=a.seed, val=a.val_files > 0
+    )
     rows: list[tuple[str, list[float], int]] = []
     with running_pfsemu(src) as emu:
         emu.reset()
@@ -55,9 +56,13 @@ def part1(a: argparse.Namespace, work: Path) -> list[tuple[str, list[float], int
         for staging in ("page_cache", "memory"):
             run = work / staging
             run.mkdir()
-            cfg = seerfs_config(run / "seerfs.yaml", job, cache_dir=run / "cache",
-                                tiers=[{"kind": "memory", "bytes": f"{int(total * 1.2) + (64 << 20)}", "threads": 8}],
-                                lookahead="64MiB")  # fmt: skip
+            cfg = seerfs_config(
+                run / "seerfs.yaml",
+                job,
+                cache_dir=run / "cache",
+                tiers=[{"kind": "memory", "bytes": f"{int(total * 1.2) + (64 << 20)}", "threads": 8}],
+                lookahead="64MiB",
+            )
             text = cfg.read_text().replace("prefetch:\n", f"prefetch:\n  staging: {staging}\n")
             cfg.write_text(text)
             mnt = run / "mnt"
@@ -70,8 +75,13 @@ def part1(a: argparse.Namespace, work: Path) -> list[tuple[str, list[float], int
                 res = run_readers(mnt, job, None, run / "run")
                 doc = status(mnt)
                 hit = doc["cursor"]["hit_rate"] if doc.get("cursor") else 0.0
-                rows.append((f"seerfs with the seed, staging={staging} (hit rate {hit:.2%})", epoch_times(res),
-                             emu.counters().bytes))  # fmt: skip
+                rows.append(
+                    (
+                        f"seerfs with the seed, staging={staging} (hit rate {hit:.2%})",
+                        epoch_times(res),
+                        emu.counters().bytes,
+                    )
+                )
             finally:
                 seerfs("umount", str(mnt))
     return rows
@@ -100,8 +110,14 @@ def planning_latency(root: Path, cache: Path, work: Path) -> dict[str, Any]:
     print(f"bench_prefetch: 1,281,000-file tree ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     files = sorted(str(p.relative_to(root)) for p in (root / "train").glob("n0000000*/i000000*.JPEG"))
     job = Job(world_size=64, epochs=90, batch_size=256, num_workers=8, seed=1, val=False)
-    cfg = seerfs_config(work / "big.yaml", job, cache_dir=cache, ranks_per_node=4,
-                        tiers=[{"kind": "memory", "bytes": "256MiB", "threads": 4}], lookahead="64MiB")  # fmt: skip
+    cfg = seerfs_config(
+        work / "big.yaml",
+        job,
+        cache_dir=cache,
+        ranks_per_node=4,
+        tiers=[{"kind": "memory", "bytes": "256MiB", "threads": 4}],
+        lookahead="64MiB",
+    )
     mnt = work / "bigmnt"
     mnt.mkdir()
     t0 = time.monotonic()
@@ -145,8 +161,9 @@ def planning_latency(root: Path, cache: Path, work: Path) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_prefetch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="bench_prefetch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--files", type=int, default=2000, help="training files (default 2000)")
     p.add_argument("--val-files", type=int, default=200, help="validation files (default 200)")
     p.add_argument("--mean-size", type=int, default=110_000, help="mean file size in bytes (default 110000)")
@@ -194,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nlater epochs, page-cache push / in-memory serving: {later[0] / later[1]:.2f}x the time")
     if "planning_latency" in out:
         pl = out["planning_latency"]
-        print(f"\nplanning 1,281,000 files (16 nodes x 4 ranks, 90 epochs) took {pl['plan_s']:.1f}s; "
-              f"{pl['opens']} opens meanwhile: p50 {pl['p50_ms']:.2f} ms, p99 {pl['p99_ms']:.2f} ms, "
-              f"max {pl['max_ms']:.2f} ms (target p99 < 20 ms); mount took {pl['mount_s']:.1f}s")  # fmt: skip
+        print(
+            f"\nplanning 1,281,000 files (16 nodes x 4 ranks, 90 epochs) took {pl['plan_s']:.1f}s; "
+            f"{pl['opens']} opens meanwhile: p50 {pl['p50_ms']:.2f} ms, p99 {pl['p99_ms']:.2f} ms, "
+            f"max {pl['max_ms']:.2f} ms (target p99 < 20 ms); mount took {pl['mount_s']:.1f}s"
+        )
     return 0
 
 

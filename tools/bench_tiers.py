@@ -140,8 +140,9 @@ def fmt_size(n: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_tiers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="bench_tiers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dir", type=Path, default=Path.cwd(), help="where directory tiers go (default: .)")
     p.add_argument("--sizes", default="128KiB,4MiB", help="file sizes (default: %(default)s)")
     p.add_argument("--threads", default="1,2,4,8", help="thread counts p (default: 1,2,4,8)")
@@ -166,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dir.is_dir():
         p.error(f"--dir {args.dir}: not a directory")
 
-    print(f"bench_tiers: {total / MB:.0f} MB per point, directory tiers under {args.dir.resolve()}"
-          f"{' (page cache kept)' if args.keep_cache else ''}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print(f"{'tier':<10} {'size':>7} {'p':>3} {'files':>6} {'write MB/s':>11} {'w/w(1)':>7} "
-          f"{'read MB/s':>10} {'r/r(1)':>7}")  # fmt: skip
+    print(
+        f"bench_tiers: {total / MB:.0f} MB per point, directory tiers under {args.dir.resolve()}"
+        f"{' (page cache kept)' if args.keep_cache else ''}; load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'tier':<10} {'size':>7} {'p':>3} {'files':>6} {'write MB/s':>11} {'w/w(1)':>7} "
+        f"{'read MB/s':>10} {'r/r(1)':>7}"
+    )
     points: list[Point] = []
     for kind in kinds:
         for size in sizes:
@@ -178,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
                 pt = run_point(kind, size, t, total, args.dir, not args.keep_cache)
                 first = first or pt
                 points.append(pt)
-                print(f"{kind:<10} {fmt_size(size):>7} {t:>3} {pt.files:>6} {pt.write_mbps:>11.0f} "
-                      f"{pt.write_mbps / first.write_mbps:>7.2f} {pt.read_mbps:>10.0f} "
-                      f"{pt.read_mbps / first.read_mbps:>7.2f}", flush=True)  # fmt: skip
+                print(
+                    f"{kind:<10} {fmt_size(size):>7} {t:>3} {pt.files:>6} {pt.write_mbps:>11.0f} "
+                    f"{pt.write_mbps / first.write_mbps:>7.2f} {pt.read_mbps:>10.0f} "
+                    f"{pt.read_mbps / first.read_mbps:>7.2f}",
+                    flush=True,
+                )
     if "directory" in kinds:
         print("\n# measured r_j(p), w_j(p) of the directory tier, for seerfs.yaml (per file size):")
         for size in sizes:

@@ -45,8 +45,21 @@ from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
 
 # The parameters the targets are set for; output options (--png, --json, --configs) do not count.
-SIZING = ("files", "val_files", "classes", "mean_size", "sigma", "curve", "open_ms", "read_ms", "compute_ms",
-          "world_size", "batch", "workers", "epochs")  # fmt: skip
+SIZING = (
+    "files",
+    "val_files",
+    "classes",
+    "mean_size",
+    "sigma",
+    "curve",
+    "open_ms",
+    "read_ms",
+    "compute_ms",
+    "world_size",
+    "batch",
+    "workers",
+    "epochs",
+)
 CONFIGS = ("lower bound", "direct", "staging", "rclone", "seerfs", "seerfs+seed")
 
 
@@ -89,8 +102,9 @@ def timed_readers(config: str, root: Path | list[Path], job: Job, run_dir: Path,
     res = run_readers(root, job, None, run_dir)
     wall = time.monotonic() - t
     setup = max(r["setup_s"] for r in res)
-    return Result(config, epoch_times(res), wait_s=epoch_waits(res), reader_cpu=reader_cpu(res, wall), setup_s=setup,
-                  **extra)  # fmt: skip
+    return Result(
+        config, epoch_times(res), wait_s=epoch_waits(res), reader_cpu=reader_cpu(res, wall), setup_s=setup, **extra
+    )
 
 
 def measured(emu: RunningEmulator, run: Callable[[], Result]) -> Result:
@@ -129,10 +143,23 @@ def rclone_mount(src: Path, mnt: Path, cache: Path) -> subprocess.Popen[bytes]:
     if exe is None:
         raise FileNotFoundError("rclone")
     proc = subprocess.Popen(
-        [exe, "mount", str(src), str(mnt), "--vfs-cache-mode", "full", "--cache-dir", str(cache),
-         "--dir-cache-time", "1h", "--attr-timeout", "1h"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            exe,
+            "mount",
+            str(src),
+            str(mnt),
+            "--vfs-cache-mode",
+            "full",
+            "--cache-dir",
+            str(cache),
+            "--dir-cache-time",
+            "1h",
+            "--attr-timeout",
+            "1h",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what="rclone mount")
     if proc.poll() is not None:
         raise RuntimeError(f"rclone mount exited {proc.returncode}")
@@ -157,9 +184,15 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
     d.mkdir()
     # RAM as tier_bytes says.  32 fetch threads keep the emulated PFS at its best aggregate rate even
     # though each small file spends a third of its time in open latency.
-    cfg = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache", lookahead=str(LOOKAHEAD),
-                        tiers=[{"kind": "memory", "bytes": tier_bytes(total), "threads": 8}],
-                        prefetch_threads=PREFETCH_THREADS, fuse={"io_threads": 32})  # fmt: skip
+    cfg = seerfs_config(
+        d / "seerfs.yaml",
+        job,
+        cache_dir=d / "cache",
+        lookahead=str(LOOKAHEAD),
+        tiers=[{"kind": "memory", "bytes": tier_bytes(total), "threads": 8}],
+        prefetch_threads=PREFETCH_THREADS,
+        fuse={"io_threads": 32},
+    )
     mnt = d / "mnt"
     mnt.mkdir()
     seerfs("mount", str(emu.mountpoint), str(mnt), "-c", str(cfg), check=True)
@@ -194,9 +227,16 @@ def seerfs_nodes_run(emu: RunningEmulator, work: Path, job: Job, total: int, nod
     """
     d = work / f"seerfs_seed_x{nodes}"
     per_node = job.world_size // nodes
-    with mpi_group(emu.mountpoint, d, job, tier_bytes=tier_bytes(total), n=nodes, ranks_per_node=per_node,
-                   prefetch={"lookahead_bytes": LOOKAHEAD, "threads": PREFETCH_THREADS},
-                   fuse={"io_threads": 32}) as mnts:  # fmt: skip
+    with mpi_group(
+        emu.mountpoint,
+        d,
+        job,
+        tier_bytes=tier_bytes(total),
+        n=nodes,
+        ranks_per_node=per_node,
+        prefetch={"lookahead_bytes": LOOKAHEAD, "threads": PREFETCH_THREADS},
+        fuse={"io_threads": 32},
+    ) as mnts:
         roots = [mnts[r // per_node] for r in range(job.world_size)]
         result = timed_readers(f"seerfs+seed x{nodes}", roots, replace(job, write_seed=True), d / "run")
         docs = [status(m) for m in mnts]
@@ -250,10 +290,20 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
     src = work / "pfs-backing"
     t0 = time.monotonic()
     _digests, total = make_source(src, a.files, a.val_files, mean_size=a.mean_size, sigma=a.sigma, classes=a.classes)
-    print(f"bench_train: dataset of {a.files}+{a.val_files} files, {total / 1e6:.0f} MB made in "
-          f"{time.monotonic() - t0:.1f}s", file=sys.stderr)  # fmt: skip
-    job = Job(world_size=a.world_size, epochs=a.epochs, batch_size=a.batch, num_workers=a.workers, seed=a.seed,
-              val=a.val_files > 0, compute_s=a.compute_ms / 1000)  # fmt: skip
+    print(
+        f"bench_train: dataset of {a.files}+{a.val_files} files, {total / 1e6:.0f} MB made in "
+        f"{time.monotonic() - t0:.1f}s",
+        file=sys.stderr,
+    )
+    job = Job(
+        world_size=a.world_size,
+        epochs=a.epochs,
+        batch_size=a.batch,
+        num_workers=a.workers,
+        seed=a.seed,
+        val=a.val_files > 0,
+        compute_s=a.compute_ms / 1000,
+    )
     runners = {"lower bound": run_lower, "direct": run_direct, "staging": run_staging, "rclone": run_rclone}
     results: list[Result] = []
     with running_pfsemu(src, curve=a.curve, open_latency_ms=a.open_ms, read_latency_ms=a.read_ms) as emu:
@@ -285,16 +335,24 @@ def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tu
     later = [t / c for t, c in zip(seed.epoch_s[1:], lower.epoch_s[1:], strict=True)]
     fastest = min(results, key=lambda r: r.total_s if r.config != "lower bound" else float("inf"))
     return [
-        ("seerfs with the seed is the fastest configuration", fastest.config.startswith("seerfs+seed"),
-         fastest.config),
-        ("epoch 0 <= 1.10x max(compute-only, dataset / best PFS throughput)", seed.epoch_s[0] <= 1.10 * floor0,
-         f"{seed.epoch_s[0] / floor0:.3f}x (floor {floor0:.2f}s)"),
-        ("every later epoch <= 1.05x compute-only", all(x <= 1.05 for x in later),
-         ", ".join(f"{x:.3f}x" for x in later)),
+        ("seerfs with the seed is the fastest configuration", fastest.config.startswith("seerfs+seed"), fastest.config),
+        (
+            "epoch 0 <= 1.10x max(compute-only, dataset / best PFS throughput)",
+            seed.epoch_s[0] <= 1.10 * floor0,
+            f"{seed.epoch_s[0] / floor0:.3f}x (floor {floor0:.2f}s)",
+        ),
+        (
+            "every later epoch <= 1.05x compute-only",
+            all(x <= 1.05 for x in later),
+            ", ".join(f"{x:.3f}x" for x in later),
+        ),
         ("PFS bytes <= 1.05x the dataset", seed.pfs_bytes <= 1.05 * total, f"{seed.pfs_bytes / total:.3f}x"),
-        ("total >= 1.8x faster than direct", direct.total_s >= 1.8 * seed.total_s,
-         f"{direct.total_s / seed.total_s:.2f}x"),
-    ]  # fmt: skip
+        (
+            "total >= 1.8x faster than direct",
+            direct.total_s >= 1.8 * seed.total_s,
+            f"{direct.total_s / seed.total_s:.2f}x",
+        ),
+    ]
 
 
 def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_params: dict[str, Any]) -> None:
@@ -304,8 +362,10 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     print(f"dataset: {a.files} train + {a.val_files} val files, {total / 1e6:.1f} MB\n")
     epochs = len(results[0].epoch_s)
     head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
-    print(f"{'configuration':<14}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
-          f"{'rdr CPU':>7}  {'steal':>5}  notes")  # fmt: skip
+    print(
+        f"{'configuration':<14}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
+        f"{'rdr CPU':>7}  {'steal':>5}  notes"
+    )
     for r in results:
         base = lower.epoch_s if lower else [1.0] * epochs
         cells = "  ".join(f"{t:6.2f}s ({t / b:4.2f}x)" for t, b in zip(r.epoch_s, base, strict=True))
@@ -315,9 +375,11 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
             notes += f", hit rate {r.hit_rate:.2%}"
         if r.sources:
             notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
-        print(f"{r.config:<14}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
-              f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {r.steal:5.1%}  "
-              f"{notes.strip(', ')}")  # fmt: skip
+        print(
+            f"{r.config:<14}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
+            f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {r.steal:5.1%}  "
+            f"{notes.strip(', ')}"
+        )
     checks = targets(results, total, a)
     if checks:
         defaults = {k: v for k, v in vars(build_parser().parse_args([])).items() if k in SIZING}
@@ -371,8 +433,9 @@ def save(fig: Any, ax: Any, ylabel: str, title: str, path: Path) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="bench_train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--files", type=int, default=4000, help="training files (default 4000)")
     p.add_argument("--val-files", type=int, default=400, help="validation files (default 400)")
     p.add_argument("--classes", type=int, default=10, help="class directories (default 10)")
@@ -422,9 +485,18 @@ def main(argv: list[str] | None = None) -> int:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
     if a.json:
-        print(json.dumps({"parameters": vars(a), "emulator": emu_params, "dataset_bytes": total,
-                          "results": [{**vars(r), "total_s": r.total_s} for r in results],
-                          "targets": targets(results, total, a)}, indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "parameters": vars(a),
+                    "emulator": emu_params,
+                    "dataset_bytes": total,
+                    "results": [{**vars(r), "total_s": r.total_s} for r in results],
+                    "targets": targets(results, total, a),
+                },
+                indent=1,
+            )
+        )
     else:
         print_table(results, total, a, emu_params)
     if a.show_status:

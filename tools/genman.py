@@ -73,12 +73,15 @@ def seerfs_1() -> str:
     for name, p in sub.choices.items():
         out += [".nf", esc(_usage(name, p)), ".fi"]
     out += [
-        ".nf", esc("seerfs SOURCE MOUNTPOINT -o OPTIONS") + "    (as run by mount(8) and fstab)", ".fi",
+        ".nf",
+        esc("seerfs SOURCE MOUNTPOINT -o OPTIONS") + "    (as run by mount(8) and fstab)",
+        ".fi",
         ".SH DESCRIPTION",
         "seerfs mounts a dataset directory that lives on a shared parallel filesystem (the PFS) on a "
         "per\\-node mountpoint and shows its tree unchanged and read\\-only.  Training code is not "
         "modified: it points torchvision ImageFolder at the mountpoint.  The job writes its sampler's "
-        "shuffle seed to", ".IR MOUNTPOINT /.control/seed ;",
+        "shuffle seed to",
+        ".IR MOUNTPOINT /.control/seed ;",
         "from it the placement planner knows which node reads which file in which epoch, prefetches "
         "files ahead of use into local tiers (RAM, local disk) and serves every read from the fastest "
         "of local cache, a peer node and the PFS.",
@@ -87,38 +90,48 @@ def seerfs_1() -> str:
         "directory; a later mount of an unchanged source reuses it.  A file whose size or mtime changed "
         "after the mount fails to read with EIO and is named in the status.",
         ".SH COMMANDS",
-    ]  # fmt: skip
+    ]
     for name, p in sub.choices.items():
         helptext = next((c.help for c in sub._choices_actions if c.dest == name), "") or ""
         out += [".SS " + esc(name), esc(_usage(name, p)), ".PP", esc(p.description or helptext)]
         out += _positional_lines(p) + _option_lines(p)
     out += [
         ".SH MOUNT(8) AND FSTAB",
-        "mount.fuse3 runs", ".B seerfs SOURCE MOUNTPOINT \\-o OPTIONS",
-        "for filesystems of type", ".BR fuse.seerfs .",
+        "mount.fuse3 runs",
+        ".B seerfs SOURCE MOUNTPOINT \\-o OPTIONS",
+        "for filesystems of type",
+        ".BR fuse.seerfs .",
         "Generic options (rw, ro, dev, nodev, suid, nosuid, exec, noexec, auto, noauto, user, _netdev, "
-        "nofail, defaults, atime options) are ignored;", ".B config=FILE",
-        "names the configuration and", ".B key=value", "overrides a configuration key.  mount(8) "
+        "nofail, defaults, atime options) are ignored;",
+        ".B config=FILE",
+        "names the configuration and",
+        ".B key=value",
+        "overrides a configuration key.  mount(8) "
         "searches /usr/local/bin, where tools/setup links the command.  Example fstab line:",
-        ".PP", ".nf",
+        ".PP",
+        ".nf",
         esc("/lustre/imagenet  /tmp/imagenet  fuse.seerfs  noauto,config=/etc/seerfs.yaml  0 0"),
         ".fi",
         ".SH EXIT STATUS",
-    ]  # fmt: skip
+    ]
     for code in ExitCode:
         out += [".TP", f".B {int(code)}", esc(EXIT_MEANINGS[code])]
     out += [
         ".SH FILES",
-        ".TP", ".I CACHE_DIR/snapshots/",
+        ".TP",
+        ".I CACHE_DIR/snapshots/",
         "persisted metadata snapshots, one per source (cache_dir defaults to ~/.cache/seerfs)",
-        ".TP", ".I CACHE_DIR/log/",
+        ".TP",
+        ".I CACHE_DIR/log/",
         "daemon logs, one per mountpoint",
-        ".TP", ".I /run/seerfs/",
+        ".TP",
+        ".I /run/seerfs/",
         "per\\-mount runtime records (pid, source) used by umount; $XDG_RUNTIME_DIR/seerfs or "
         "/tmp/seerfs\\-UID for other users",
         ".SH EXAMPLES",
         "Slurm job: one daemon per node for the whole job, then training, then the epilogue:",
-        ".PP", ".nf",
+        ".PP",
+        ".nf",
         esc("srun --overlap --ntasks-per-node=1 seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
         esc("srun --ntasks-per-node=1 seerfs wait /tmp/imagenet"),
         esc("echo 0 > /tmp/imagenet/.control/seed"),
@@ -130,7 +143,7 @@ def seerfs_1() -> str:
         ".BR seerfs\\-control (7),",
         ".BR mount.fuse3 (8),",
         ".BR fusermount3 (1)",
-    ]  # fmt: skip
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -170,11 +183,17 @@ def seerfs_yaml_5() -> str:
         ".SH NAME",
         "seerfs.yaml \\- configuration of a seerfs mount and of the job that reads it",
         ".SH DESCRIPTION",
-        "A YAML mapping given with", ".B seerfs mount \\-c FILE", "(or", ".B \\-o config=FILE", "from "
+        "A YAML mapping given with",
+        ".B seerfs mount \\-c FILE",
+        "(or",
+        ".B \\-o config=FILE",
+        "from "
         "mount(8)).  Every key is optional.  Every node of a job uses the same file: which training ranks "
         "a node hosts, and the epoch a resumed job is at, are inferred from the files it opens, never "
         "configured per node.  Keys are given below with their dotted names;",
-        ".B \\-o key=value", "overrides any of them (list items by index, e.g.", ".BR tiers.0.bytes=8G ).",
+        ".B \\-o key=value",
+        "overrides any of them (list items by index, e.g.",
+        ".BR tiers.0.bytes=8G ).",
         "An unknown key or a bad value is an error naming the key and what was expected (exit status 3).",
         ".PP",
         "Byte sizes accept plain integers or a number with a unit: K, M, G, T, KiB, MiB, GiB, TiB (binary) "
@@ -182,21 +201,22 @@ def seerfs_yaml_5() -> str:
         "interpolated linearly between their points.",
         ".PP",
         ".B seerfs config \\-\\-defaults",
-        "prints every key with its default; the effective configuration of a running mount is "
-        "in", ".IR MOUNTPOINT /.control/config .",
+        "prints every key with its default; the effective configuration of a running mount is in",
+        ".IR MOUNTPOINT /.control/config .",
         ".SH KEYS",
-    ]  # fmt: skip
+    ]
     _keys(config.Config, config.Config(), "", out)
     out += [
         ".SH EXAMPLE",
         "ImageNet with validation after every epoch, two nodes with four ranks each:",
-        ".PP", ".nf",
+        ".PP",
+        ".nf",
         *[esc(line) for line in EXAMPLE.strip().splitlines()],
         ".fi",
         ".SH SEE ALSO",
         ".BR seerfs (1),",
         ".BR seerfs\\-control (7)",
-    ]  # fmt: skip
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -216,8 +236,22 @@ tiers:
 peers: {discovery: mpi, bind: ib0}
 """
 
-TOOLS = ("bench_train", "bench_ceiling", "bench_nodes", "bench_prefetch", "bench_mount", "bench_plan", "bench_streams",
-         "bench_tiers", "bench_peers", "bench_pfsemu", "simulate", "pfsemu", "mkdataset", "genman")  # fmt: skip
+TOOLS = (
+    "bench_train",
+    "bench_ceiling",
+    "bench_nodes",
+    "bench_prefetch",
+    "bench_mount",
+    "bench_plan",
+    "bench_streams",
+    "bench_tiers",
+    "bench_peers",
+    "bench_pfsemu",
+    "simulate",
+    "pfsemu",
+    "mkdataset",
+    "genman",
+)
 """The programs under tools/ that take options (tools/demo passes its own to bench_train)."""
 
 
@@ -254,7 +288,7 @@ def seerfs_tools_7() -> str:
         "Each program's",
         ".B \\-\\-help",
         "prints the text below; tools/RESULTS.md has the measured tables and the exact commands.",
-    ]  # fmt: skip
+    ]
     for name, p in tool_parsers().items():
         usage = " ".join(p.format_usage().strip().removeprefix("usage: ").split())
         out += [

@@ -41,8 +41,9 @@ class Job:
     write_seed: bool = False  # rank 0 writes the seed to ROOT/.control/seed first thing, as a job script does
 
 
-def make_source(root: Path, files: int, val_files: int, mean_size: int = 16_000, sigma: float = 0.5,
-                classes: int = 6) -> tuple[dict[str, str], int]:  # fmt: skip
+def make_source(
+    root: Path, files: int, val_files: int, mean_size: int = 16_000, sigma: float = 0.5, classes: int = 6
+) -> tuple[dict[str, str], int]:
     """A train/val ImageFolder tree; returns per-file sha1 (computed now, before any mount) and total bytes."""
     spec = Spec(classes=classes, files=files, val_files=val_files, mean_size=mean_size, sigma=sigma, seed=3)
     written = make_dataset(root if val_files else root / "train", spec)  # always a train/ (and val/) tree
@@ -50,18 +51,33 @@ def make_source(root: Path, files: int, val_files: int, mean_size: int = 16_000,
     return digests, sum(p.stat().st_size for p in written)
 
 
-def seerfs_config(path: Path, job: Job, *, cache_dir: Path, tiers: list[dict[str, Any]], lookahead: str = "4MiB",
-                  ranks_per_node: int | None = None, prefetch_threads: int = 8, **extra: Any) -> Path:  # fmt: skip
+def seerfs_config(
+    path: Path,
+    job: Job,
+    *,
+    cache_dir: Path,
+    tiers: list[dict[str, Any]],
+    lookahead: str = "4MiB",
+    ranks_per_node: int | None = None,
+    prefetch_threads: int = 8,
+    **extra: Any,
+) -> Path:
     cfg: dict[str, Any] = {
         "cache_dir": str(cache_dir),
         "datasets": [{"root": "train"}, {"root": "val", "follows": "train", "sampler": {"shuffle": False}}]
-        if job.val else [{"root": "train"}],
-        "job": {"world_size": job.world_size, "ranks_per_node": ranks_per_node or job.world_size,
-                "epochs": job.epochs, "batch_size": job.batch_size, "num_workers": job.num_workers},
+        if job.val
+        else [{"root": "train"}],
+        "job": {
+            "world_size": job.world_size,
+            "ranks_per_node": ranks_per_node or job.world_size,
+            "epochs": job.epochs,
+            "batch_size": job.batch_size,
+            "num_workers": job.num_workers,
+        },
         "tiers": tiers,
         "prefetch": {"lookahead_bytes": lookahead, "threads": prefetch_threads},
         **extra,
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(cfg))
     return path
 

@@ -23,26 +23,38 @@ import yaml
 from tools.jobs import Job
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,tcp",
-           "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}  # fmt: skip
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_btl": "self,tcp",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+}
 
 
-def node_config(work: Path, k: int, job: Job, *, tier_bytes: int, peers: dict[str, Any], ranks_per_node: int = 1,
-                **sections: Any) -> Path:  # fmt: skip
+def node_config(
+    work: Path, k: int, job: Job, *, tier_bytes: int, peers: dict[str, Any], ranks_per_node: int = 1, **sections: Any
+) -> Path:
     """Node ``k``'s config; ``sections`` replace whole top-level sections (e.g. ``prefetch``, ``fuse``)."""
     d = work / f"node{k}"
     d.mkdir(parents=True, exist_ok=True)
     cfg = {
         "cache_dir": str(d / "cache"),
         "datasets": [{"root": "train"}, {"root": "val", "follows": "train", "sampler": {"shuffle": False}}]
-        if job.val else [{"root": "train"}],
-        "job": {"world_size": job.world_size, "ranks_per_node": ranks_per_node, "epochs": job.epochs,
-                "batch_size": job.batch_size, "num_workers": job.num_workers},
+        if job.val
+        else [{"root": "train"}],
+        "job": {
+            "world_size": job.world_size,
+            "ranks_per_node": ranks_per_node,
+            "epochs": job.epochs,
+            "batch_size": job.batch_size,
+            "num_workers": job.num_workers,
+        },
         "tiers": [{"kind": "memory", "bytes": tier_bytes + (2 << 20), "threads": 4}],
         "prefetch": {"lookahead_bytes": "2MiB", "threads": 8},
         "peers": {"bind": f"127.0.0.{k + 1}", **peers},
         **sections,
-    }  # fmt: skip
+    }
     path = d / "seerfs.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -65,12 +77,18 @@ def _teardown(mnts: list[Path]) -> None:
 
 
 @contextlib.contextmanager
-def rendezvous_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, timeout: float = 1.0,
-                     alone: bool = False) -> Iterator[list[Path]]:  # fmt: skip
+def rendezvous_group(
+    source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, timeout: float = 1.0, alone: bool = False
+) -> Iterator[list[Path]]:
     """``n`` daemonised mounts that find each other through a rendezvous directory (``alone``: that do not)."""
     mnts = mountpoints(work, n)
-    peers: dict[str, Any] = {"discovery": "rendezvous", "rendezvous_dir": str(work / "rendezvous"), "expect": n,
-                             "timeout": timeout, "retry_down_after": 60.0}  # fmt: skip
+    peers: dict[str, Any] = {
+        "discovery": "rendezvous",
+        "rendezvous_dir": str(work / "rendezvous"),
+        "expect": n,
+        "timeout": timeout,
+        "retry_down_after": 60.0,
+    }
     if alone:
         peers = {"discovery": "none"}
     try:
@@ -85,20 +103,35 @@ def rendezvous_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: 
 
 
 @contextlib.contextmanager
-def mpi_group(source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, ranks_per_node: int = 1,
-              **sections: Any) -> Iterator[list[Path]]:  # fmt: skip
+def mpi_group(
+    source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, ranks_per_node: int = 1, **sections: Any
+) -> Iterator[list[Path]]:
     """``mpirun -np n seerfs mount --fg``: one process per node, each with its own mountpoint."""
     mnts = mountpoints(work, n)
     for k in range(n):
-        node_config(work, k, job, tier_bytes=tier_bytes, peers={"discovery": "mpi", "timeout": 1.0},
-                    ranks_per_node=ranks_per_node, **sections)  # fmt: skip
-    rank_cmd = (f'k=$OMPI_COMM_WORLD_RANK; exec {sys.executable} -m fusefs mount --fg {source} '
-                f'{work}/node$k/mnt -c {work}/node$k/seerfs.yaml')  # fmt: skip
+        node_config(
+            work,
+            k,
+            job,
+            tier_bytes=tier_bytes,
+            peers={"discovery": "mpi", "timeout": 1.0},
+            ranks_per_node=ranks_per_node,
+            **sections,
+        )
+    rank_cmd = (
+        f"k=$OMPI_COMM_WORLD_RANK; exec {sys.executable} -m fusefs mount --fg {source} "
+        f"{work}/node$k/mnt -c {work}/node$k/seerfs.yaml"
+    )
     mpirun = shutil.which("mpirun")
     assert mpirun, "mpirun not found (install openmpi-bin: tools/setup does)"
-    proc = subprocess.Popen([mpirun, "-np", str(n), "--oversubscribe", "sh", "-c", rank_cmd],
-                            env={**os.environ, **MPI_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    proc = subprocess.Popen(
+        [mpirun, "-np", str(n), "--oversubscribe", "sh", "-c", rank_cmd],
+        env={**os.environ, **MPI_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     try:
         for mnt in mnts:
             wait_for(partial(_mounted_or_exited, mnt, proc), timeout=120, what=f"{mnt} mounted")

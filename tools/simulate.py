@@ -190,8 +190,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates = hit_rates(trace)
         if args.json:
             rows = [asdict(h) | {"rate": h.rate, "byte_rate": h.byte_rate} for h in rates]
-            doc = {"files": args.files, "epochs": args.epochs, "nodes": args.trace_nodes,
-                   "cache_fraction": args.cache_fraction, "seed": args.seed, "hit_rates": rows}  # fmt: skip
+            doc = {
+                "files": args.files,
+                "epochs": args.epochs,
+                "nodes": args.trace_nodes,
+                "cache_fraction": args.cache_fraction,
+                "seed": args.seed,
+                "hit_rates": rows,
+            }
             print(json.dumps(doc, indent=1))
         else:
             print(trace_table(rates, args.files, args.epochs, args.trace_nodes, args.cache_fraction))
@@ -214,8 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"simulate: cannot write {args.png}: {exc.strerror}", file=sys.stderr)
             return 1
     if args.json:
-        doc = {"system": asdict(system), "speedup": args.speedup, "epochs": args.epochs, "seed": args.seed,
-               "scenarios": [r.to_json() for r in results]}  # fmt: skip
+        doc = {
+            "system": asdict(system),
+            "speedup": args.speedup,
+            "epochs": args.epochs,
+            "seed": args.seed,
+            "scenarios": [r.to_json() for r in results],
+        }
         print(json.dumps(doc, indent=1))
     else:
         print("\n\n".join(scenario_table(r) for r in results))

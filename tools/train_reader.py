@@ -79,14 +79,21 @@ def main() -> int:
     loader_fn = raw_timed if spec.get("time_reads") else raw
     train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=loader_fn)
     sampler: Any = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
-    loader = DataLoader(train, batch_size=spec["batch_size"], sampler=sampler, num_workers=spec["num_workers"],
-                        collate_fn=collate, persistent_workers=False)  # fmt: skip
+    loader = DataLoader(
+        train,
+        batch_size=spec["batch_size"],
+        sampler=sampler,
+        num_workers=spec["num_workers"],
+        collate_fn=collate,
+        persistent_workers=False,
+    )
     val_loader = None
     if spec.get("val"):
         val = tv.datasets.ImageFolder(os.path.join(root, "val"), loader=loader_fn)
         val_sampler: Any = DistributedSampler(val, num_replicas=world, rank=rank, shuffle=False)
-        val_loader = DataLoader(val, batch_size=spec["batch_size"], sampler=val_sampler,
-                                num_workers=spec["num_workers"], collate_fn=collate)  # fmt: skip
+        val_loader = DataLoader(
+            val, batch_size=spec["batch_size"], sampler=val_sampler, num_workers=spec["num_workers"], collate_fn=collate
+        )
     if spec.get("in_memory"):  # the no-I/O lower bound: the same loop, samples made in RAM
         for ds in (train, *([val_loader.dataset] if val_loader is not None else [])):
             for path, _label in ds.samples:
@@ -133,8 +140,9 @@ def main() -> int:
         waited = consume(train, loader, list(sampler))
         if val_loader is not None:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
-        result["epochs"].append({"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited,
-                                 "read_s": sum(read_times[before:])})  # fmt: skip
+        result["epochs"].append(
+            {"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited, "read_s": sum(read_times[before:])}
+        )
         result["wait_s"] += waited
     result["cpu_s"] = _cpu_seconds() - cpu0  # this rank and its loader workers
     if read_times:

@@ -25,8 +25,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     req = check_request(args.source, args.mountpoint, cfg, args.rescan)
     if not args.fg and detect_mode(cfg) == "mpi":
-        raise SeerfsError("launched by mpirun/srun: use 'seerfs mount --fg' (forking after MPI_Init is unsafe)",
-                          ExitCode.USAGE)  # fmt: skip
+        raise SeerfsError(
+            "launched by mpirun/srun: use 'seerfs mount --fg' (forking after MPI_Init is unsafe)", ExitCode.USAGE
+        )
     if args.fg:
         return run_daemon(req, foreground=True)
     mount_background(req, args.timeout)

@@ -21,9 +21,11 @@ SUBCOMMANDS = ("mount", "wait", "umount", "status", "config", "plan")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="seerfs", description="Clairvoyant per-node FUSE cache for deep-learning datasets.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        prog="seerfs",
+        description="Clairvoyant per-node FUSE cache for deep-learning datasets.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"seerfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -234,8 +234,7 @@ class Rendezvous:
         tmp = self.file.with_suffix(".tmp")
         tmp.write_text(json.dumps({**asdict(self.me), "job": self.fingerprint}))
         os.replace(tmp, self.file)
-        self.group = Group("rendezvous", 0, [self.me], token, inputs, state="forming",
-                           expect=max(1, cfg.peers.expect))  # fmt: skip
+        self.group = Group("rendezvous", 0, [self.me], token, inputs, state="forming", expect=max(1, cfg.peers.expect))
         self.scan()
 
     def scan(self) -> bool:
@@ -256,8 +255,10 @@ class Rendezvous:
         ordered = sorted(found.values(), key=lambda m: m.label)
         members = [Member(i, m.host, m.port, m.label, m.inputs) for i, m in enumerate(ordered)]
         if not any(m.label == self.me.label for m in members):  # our own file went missing: keep counting us
-            members = [Member(i, m.host, m.port, m.label, m.inputs) for i, m in
-                       enumerate(sorted([*ordered, self.me], key=lambda m: m.label))]  # fmt: skip
+            members = [
+                Member(i, m.host, m.port, m.label, m.inputs)
+                for i, m in enumerate(sorted([*ordered, self.me], key=lambda m: m.label))
+            ]
         changed = members != self.group.members
         self.group.members = members
         self.group.me = next(m.index for m in members if m.label == self.me.label)

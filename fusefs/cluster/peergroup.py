@@ -53,8 +53,17 @@ class PeerView:
 
 
 class PeerGroup:
-    def __init__(self, group: Group, cfg: Config, prefetcher: Prefetcher, fetcher: Fetcher, staging: Staging,
-                 seed: SeedState, counters: ReadCounters, rendezvous: Rendezvous | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        group: Group,
+        cfg: Config,
+        prefetcher: Prefetcher,
+        fetcher: Fetcher,
+        staging: Staging,
+        seed: SeedState,
+        counters: ReadCounters,
+        rendezvous: Rendezvous | None = None,
+    ) -> None:
         self.group = group
         self.cfg = cfg
         self.prefetcher = prefetcher
@@ -79,9 +88,16 @@ class PeerGroup:
         for m in self.group.members:
             if m.index == self.group.me or m.index in self.clients:
                 continue
-            self.clients[m.index] = PeerClient(m.index, m.host, m.port, self.group.token, timeout=p.timeout,
-                                               max_requests=p.max_requests, down_after=p.down_after,
-                                               retry_down_after=p.retry_down_after)  # fmt: skip
+            self.clients[m.index] = PeerClient(
+                m.index,
+                m.host,
+                m.port,
+                self.group.token,
+                timeout=p.timeout,
+                max_requests=p.max_requests,
+                down_after=p.down_after,
+                retry_down_after=p.retry_down_after,
+            )
             self.views.setdefault(m.index, PeerView())
 
     # ------------------------------------------------------------------ serving
@@ -141,8 +157,9 @@ class PeerGroup:
             return None
         dataset, index = plan.dataset_of(gid)
         try:
-            return await client.fetch(dataset, index, bytes.fromhex(plan.digest),
-                                      expect_size=int(self.fetcher.snapshot.tree.size[entry]))  # fmt: skip
+            return await client.fetch(
+                dataset, index, bytes.fromhex(plan.digest), expect_size=int(self.fetcher.snapshot.tree.size[entry])
+            )
         except PeerDown:
             return None
 
@@ -151,15 +168,17 @@ class PeerGroup:
     def my_note(self) -> bytes:
         plan = self.prefetcher.plan
         seed = self.seed
-        return json.dumps({
-            "m": self.group.me,
-            # Also the presumed node: peers can ask before our first opens confirm it (a wrong guess
-            # only costs them a not-owned answer and a PFS read).
-            "node": self.prefetcher.view.node if self.prefetcher.view.state in ("tracking", "presumed") else None,
-            "plan": plan.digest if plan is not None else None,
-            "plan_seed": plan.seed if plan is not None else None,
-            "seed": [seed.value, seed.generation, seed.writer] if seed.origin != "assumed" else None,
-        }).encode()  # fmt: skip
+        return json.dumps(
+            {
+                "m": self.group.me,
+                # Also the presumed node: peers can ask before our first opens confirm it (a wrong guess
+                # only costs them a not-owned answer and a PFS read).
+                "node": self.prefetcher.view.node if self.prefetcher.view.state in ("tracking", "presumed") else None,
+                "plan": plan.digest if plan is not None else None,
+                "plan_seed": plan.seed if plan is not None else None,
+                "seed": [seed.value, seed.generation, seed.writer] if seed.origin != "assumed" else None,
+            }
+        ).encode()
 
     def on_note(self, body: bytes) -> bytes:
         self._absorb(body)
@@ -192,8 +211,12 @@ class PeerGroup:
             and view.plan_seed == mine.seed == self.seed.value
         ):
             if member not in self.digest_mismatch:
-                log.error("peer %d plans %s for the same seed, this node %s: config or dataset differ", member,
-                          view.plan, mine.digest)  # fmt: skip
+                log.error(
+                    "peer %d plans %s for the same seed, this node %s: config or dataset differ",
+                    member,
+                    view.plan,
+                    mine.digest,
+                )
             self.digest_mismatch[member] = view.plan
         else:
             self.digest_mismatch.pop(member, None)

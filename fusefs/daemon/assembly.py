@@ -91,8 +91,9 @@ class Daemon:
         self._build_cache()
         self._join_group()
         self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
-        self.control = ControlFiles(self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(),
-                                    time.time_ns(), cfg.fuse.entry_timeout)  # fmt: skip
+        self.control = ControlFiles(
+            self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
+        )
         attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
         self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
         self.board.add("snapshot", self._snapshot_status)
@@ -135,8 +136,16 @@ class Daemon:
     def _join_group(self) -> None:
         self.peering: PeerGroup | None = None
         if self.sock is not None:
-            self.peering = PeerGroup(self.group, self.cfg, self.prefetcher, self.fetcher, self.staging, self.seed,
-                                     self.counters, self.rendezvous)  # fmt: skip
+            self.peering = PeerGroup(
+                self.group,
+                self.cfg,
+                self.prefetcher,
+                self.fetcher,
+                self.staging,
+                self.seed,
+                self.counters,
+                self.rendezvous,
+            )
             self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
 
     def _build_cache(self) -> None:
@@ -155,8 +164,9 @@ class Daemon:
         self.staging = Staging(self.budget, min(lookahead, self.budget.limit), cfg.prefetch.staging)
         self.fetcher = Fetcher(self.reader, self.tiers, self.counters)
         capacities = [t["bytes"] for t in planning_config(cfg)["tiers"]]
-        self.prefetcher = Prefetcher(self.snapshot, cfg, self.fetcher, self.staging, self.tiers, self.counters,
-                                     capacities)  # fmt: skip
+        self.prefetcher = Prefetcher(
+            self.snapshot, cfg, self.fetcher, self.staging, self.tiers, self.counters, capacities
+        )
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"

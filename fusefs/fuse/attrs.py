@@ -21,10 +21,17 @@ class AttrFactory:
         s = self.snapshot
         t = s.tree
         rows = zip(
-            range(inode_of(lo), inode_of(hi)), s.mode[lo:hi].tolist(), s.nlink[lo:hi].tolist(),
-            s.uid[lo:hi].tolist(), s.gid[lo:hi].tolist(), t.size[lo:hi].tolist(), s.atime_ns[lo:hi].tolist(),
-            t.mtime_ns[lo:hi].tolist(), s.ctime_ns[lo:hi].tolist(), strict=True,
-        )  # fmt: skip
+            range(inode_of(lo), inode_of(hi)),
+            s.mode[lo:hi].tolist(),
+            s.nlink[lo:hi].tolist(),
+            s.uid[lo:hi].tolist(),
+            s.gid[lo:hi].tolist(),
+            t.size[lo:hi].tolist(),
+            s.atime_ns[lo:hi].tolist(),
+            t.mtime_ns[lo:hi].tolist(),
+            s.ctime_ns[lo:hi].tolist(),
+            strict=True,
+        )
         out = []
         for ino, mode, nlink, uid, gid, size, atime, mtime, ctime in rows:
             a = pyfuse3.EntryAttributes()

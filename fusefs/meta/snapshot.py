@@ -180,16 +180,27 @@ class Snapshot:
         np.cumsum([len(t) for t in link_targets], out=link_off[1:])
         link_blob = np.frombuffer(b"".join(link_targets), np.uint8).copy()
         tree = TreeArrays(
-            names=names, name_off=name_off, name_len=lens, parent=parent, kind=kind,
-            size=col["size"].copy(), mtime_ns=col["mtime_ns"].copy(), child_start=child_start,
-            child_count=child_count, link_target=np.full(n, LINK_NONE, np.int32),
-        )  # fmt: skip
+            names=names,
+            name_off=name_off,
+            name_len=lens,
+            parent=parent,
+            kind=kind,
+            size=col["size"].copy(),
+            mtime_ns=col["mtime_ns"].copy(),
+            child_start=child_start,
+            child_count=child_count,
+            link_target=np.full(n, LINK_NONE, np.int32),
+        )
         extra: dict[str, Any] = {name: col[name].astype(dtype) for name, dtype in _EXTRA_COLUMNS.items()}
         snap = cls(
-            source=root, tree=tree, **extra,
-            link_index=link_index, link_off=link_off, link_blob=link_blob,
+            source=root,
+            tree=tree,
+            **extra,
+            link_index=link_index,
+            link_off=link_off,
+            link_blob=link_blob,
             errors=[c.error for c in chunks if c.error],
-        )  # fmt: skip
+        )
         snap._resolve_links()
         return snap
 
@@ -273,10 +284,13 @@ class Snapshot:
         """Persist atomically: a crash mid-write never leaves a snapshot that loads as valid."""
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {
-            "format": FORMAT_VERSION, "source": os.fsdecode(self.source), "fingerprint": self.fingerprint,
-            "external_links": self.external_links, "errors": self.errors,
+            "format": FORMAT_VERSION,
+            "source": os.fsdecode(self.source),
+            "fingerprint": self.fingerprint,
+            "external_links": self.external_links,
+            "errors": self.errors,
             "build_seconds": self.build_seconds,
-        }  # fmt: skip
+        }
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         with open(tmp, "wb") as fh:
             meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
@@ -294,10 +308,14 @@ class Snapshot:
         cols["names"] = np.frombuffer(cols["names"].tobytes(), np.uint8)  # see TreeArrays.blob
         tree = TreeArrays(**{k: cols.pop(k) for k in _TREE_COLUMNS})
         return cls(
-            source=os.fsencode(meta["source"]), tree=tree, fingerprint=meta["fingerprint"],
-            external_links=meta["external_links"], errors=meta["errors"], build_seconds=meta["build_seconds"],
+            source=os.fsencode(meta["source"]),
+            tree=tree,
+            fingerprint=meta["fingerprint"],
+            external_links=meta["external_links"],
+            errors=meta["errors"],
+            build_seconds=meta["build_seconds"],
             **cols,
-        )  # fmt: skip
+        )
 
 
 def _fingerprint(root: bytes, dir_paths: list[bytes], threads: int) -> str:

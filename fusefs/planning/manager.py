@@ -92,8 +92,13 @@ class PlanManager:
         self.plan = plan
         self.state, self.phase = "ready", "done"
         self.seconds = time.monotonic() - self.started
-        log.info("plan for seed %d ready (digest %s, %.2fs%s)", seed, plan.digest, self.seconds,
-                 ", reused" if self.reused else "")  # fmt: skip
+        log.info(
+            "plan for seed %d ready (digest %s, %.2fs%s)",
+            seed,
+            plan.digest,
+            self.seconds,
+            ", reused" if self.reused else "",
+        )
         self._prune(keep=out)
         self._notify(plan)
 
@@ -114,13 +119,16 @@ class PlanManager:
     async def _build(self, seed: int, out: Path) -> Plan:
         out.parent.mkdir(parents=True, exist_ok=True)
         request = out.with_suffix(".request.json")
-        request.write_text(json.dumps({"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed,
-                                       "out": str(out)}))  # fmt: skip
+        request.write_text(
+            json.dumps({"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)})
+        )
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "fusefs.planning.worker", str(request)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         last: dict[str, Any] = {}
         stderr: bytes = b""
         try:
@@ -153,8 +161,11 @@ class PlanManager:
             raise PlanFailed(str(exc)) from None
 
     def _prune(self, keep: Path) -> None:
-        dirs = sorted((p for p in self.plans_dir.iterdir() if p.is_dir() and p != keep),
-                      key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
+        dirs = sorted(
+            (p for p in self.plans_dir.iterdir() if p.is_dir() and p != keep),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
         for old in dirs[KEEP_PLANS - 1 :]:
             shutil.rmtree(old, ignore_errors=True)
 

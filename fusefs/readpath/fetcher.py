@@ -96,8 +96,9 @@ class Fetcher:
 
     # ------------------------------------------------------------------ fetching
 
-    def start(self, entry: int, keep_in: Tier | None = None, use_peer: bool = True, why: str = "open",
-              pfs: bool = True) -> Inflight:  # fmt: skip
+    def start(
+        self, entry: int, keep_in: Tier | None = None, use_peer: bool = True, why: str = "open", pfs: bool = True
+    ) -> Inflight:
         """The in-flight fetch of ``entry`` (started now unless one is running)."""
         running = self.inflight.get(entry)
         if running is not None:

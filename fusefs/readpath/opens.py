@@ -39,8 +39,9 @@ class OpenFile:
 
 
 class CachedFiles:
-    def __init__(self, fetcher: Fetcher, staging: Staging, prefetcher: Prefetcher, counters: ReadCounters,
-                 whole_file_max: int) -> None:  # fmt: skip
+    def __init__(
+        self, fetcher: Fetcher, staging: Staging, prefetcher: Prefetcher, counters: ReadCounters, whole_file_max: int
+    ) -> None:
         self.fetcher = fetcher
         self.pfs = fetcher.pfs
         self.tree = fetcher.snapshot.tree

@@ -68,8 +68,16 @@ class CursorView:
 
 
 class Prefetcher:
-    def __init__(self, snapshot: Snapshot, cfg: Config, fetcher: Fetcher, staging: Staging,
-                 tiers: Sequence[Tier], counters: ReadCounters, tier_capacities: list[int]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        cfg: Config,
+        fetcher: Fetcher,
+        staging: Staging,
+        tiers: Sequence[Tier],
+        counters: ReadCounters,
+        tier_capacities: list[int],
+    ) -> None:
         self.snapshot = snapshot
         self.cfg = cfg
         self.fetcher = fetcher
@@ -188,8 +196,9 @@ class Prefetcher:
             observed, predicted = cursor.observe_while_quick(batch)
             view = self._carried_view(cursor, predicted) if observed == len(batch) else None
             if view is None:
-                view = await trio.to_thread.run_sync(self._advance, cursor, batch[observed:], predicted,
-                                                     limiter=self._cursor_lock)  # fmt: skip
+                view = await trio.to_thread.run_sync(
+                    self._advance, cursor, batch[observed:], predicted, limiter=self._cursor_lock
+                )
             if generation != self.generation:
                 continue  # a new plan replaced this cursor meanwhile
             for entry in self.plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if self.plan else ():
@@ -199,9 +208,14 @@ class Prefetcher:
                 else:
                     self._unplaced.pop(entry, None)
             if view.state != self.view.state:
-                log.info("cursor: %s -> %s (node %s, epoch %s)%s", self.view.state, view.state, view.node,
-                         view.epoch, f": {view.status['mismatch_reason']}" if view.status.get("mismatch_reason")
-                         else "")  # fmt: skip
+                log.info(
+                    "cursor: %s -> %s (node %s, epoch %s)%s",
+                    self.view.state,
+                    view.state,
+                    view.node,
+                    view.epoch,
+                    f": {view.status['mismatch_reason']}" if view.status.get("mismatch_reason") else "",
+                )
             self.predicted_opens += view.predicted
             previous, self.view = self.view, view
             if view.fresh:  # a recomputed window knows every open it was given; later ones it does not
@@ -221,8 +235,13 @@ class Prefetcher:
             if cursor.observe(gid):
                 predicted += 1
             elif log.isEnabledFor(logging.DEBUG):
-                log.debug("unpredicted open: gid %d (%s, epoch %d, positions %s)", gid, cursor.state, cursor.epoch,
-                          {r: (t.epoch, t.low, t.high) for r, t in cursor.tracks.items()})  # fmt: skip
+                log.debug(
+                    "unpredicted open: gid %d (%s, epoch %d, positions %s)",
+                    gid,
+                    cursor.state,
+                    cursor.epoch,
+                    {r: (t.epoch, t.low, t.high) for r, t in cursor.tracks.items()},
+                )
         return self._carried_view(cursor, predicted) or self._fresh_view(cursor, predicted)
 
     def _where(self, cursor: NodeCursor) -> tuple[Any, ...]:

@@ -75,8 +75,14 @@ def _kernel_invalidate(inode: int) -> None:
 
 
 class Staging:
-    def __init__(self, budget: BudgetLike, limit: int, mode: str, push: Push = _kernel_push,
-                 invalidate: Invalidate = _kernel_invalidate) -> None:  # fmt: skip
+    def __init__(
+        self,
+        budget: BudgetLike,
+        limit: int,
+        mode: str,
+        push: Push = _kernel_push,
+        invalidate: Invalidate = _kernel_invalidate,
+    ) -> None:
         self.budget = budget
         self.limit = limit  # bytes the staging window may hold (a share of the budget)
         self.mode = mode  # "page_cache" or "memory"

@@ -197,9 +197,16 @@ class DirectoryTier:
             "over_budget": over_budget,
             "seconds": round(time.monotonic() - t0, 3),
         }
-        log.info("%s: %s start at %s (%s): kept %d files, %d bytes; removed %d files",
-                 self.name, "warm" if loaded is not None else "cold", self.path, reason,
-                 idx.count, idx.data_bytes, len(remove))  # fmt: skip
+        log.info(
+            "%s: %s start at %s (%s): kept %d files, %d bytes; removed %d files",
+            self.name,
+            "warm" if loaded is not None else "cold",
+            self.path,
+            reason,
+            idx.count,
+            idx.data_bytes,
+            len(remove),
+        )
         if self.base_bytes > self.budget.limit:
             log.warning(
                 "%s: budget %d is below the tier's fixed overhead %d; nothing will be cached",

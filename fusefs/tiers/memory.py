@@ -172,9 +172,10 @@ class MemoryTier:
         """Drop copies whose source no longer matches the snapshot's size/mtime; returns how many."""
         n = len(sizes)
         stale = [
-            e for e, h in self._held.items()
+            e
+            for e, h in self._held.items()
             if e >= n or int(sizes[e]) != len(h.data) or int(mtimes_ns[e]) != h.mtime_ns
-        ]  # fmt: skip
+        ]
         for e in stale:
             self.drop(e)
         self.counters.stale += len(stale)
