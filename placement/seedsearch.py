@@ -499,9 +499,15 @@ class SearchProgress:
 
 
 @dataclass(frozen=True)
-class _Stage1:
-    per_rank: int  # entries per local rank (or of the shared order) looked up
-    need: int  # of which at least this many must be opened
+class _Filter:
+    """Stage 1 for one sampler kind: a cheap look-up over every candidate (1a), then a count over the
+    first outputs of mt19937 for the few that pass it (1b)."""
+
+    rank_positions: I64  # 1a: entries of each local rank's stream looked up
+    need: int  # 1a: of the ranks_per_node * len(rank_positions) look-ups, at least this many opened
+    outputs: int  # 1b: mt19937 outputs computed per candidate
+    depths: tuple[int, ...]  # 1b: entries per local rank counted
+    need_at: tuple[int, ...]  # 1b: opened files needed at each depth (tail chance within the budget)
 
 
 @dataclass(frozen=True)
@@ -564,8 +570,8 @@ class SeedSearch:
         self.reason = ""
         self.kinds: tuple[Kind, ...] = ()
         self.hypotheses: list[_Hypothesis] = []
-        self.stage1: dict[Kind, _Stage1] = {}
-        self.outputs = 0  # mt19937 outputs computed per candidate in stage 1
+        self.filters: dict[Kind, _Filter] = {}
+        self.outputs = 0  # mt19937 outputs computed per candidate in stage 1a
         self.status: Status | None = None
         if self.n >= THRESHOLD_64BIT:
             self.status = "not_searchable"
@@ -656,15 +662,30 @@ class SeedSearch:
             return
         self.hypotheses = hyps
         self.kinds = tuple(k for k in KINDS if any(h.kind == k for h in hyps))
-        q = self.opened.shape[0] / self.n
-        budget = SURVIVORS_PER_MILLION * 1e-6
         for kind in self.kinds:
-            pairs = self.shape.nodes if kind == "distributed" else 1
-            unit = self.shape.ranks_per_node if kind == "distributed" else 1
+            self.filters[kind] = f = self._filter(kind)
             stride, offset = self._layout(kind)
-            st = _stage1_plan(self._per_rank_opens(kind), unit, stride, offset, self.n, q, pairs, budget)
-            self.stage1[kind] = st
-            self.outputs = max(self.outputs, offset + st.per_rank * stride)
+            self.outputs = max(self.outputs, offset + (int(f.rank_positions.max()) + 1) * stride)
+
+    def _filter(self, kind: Kind) -> _Filter:
+        """Stage 1's look-ups and thresholds for one kind (see :func:`_lookups`)."""
+        k = int(self.opened.shape[0])
+        q = k / self.n
+        stride, offset = self._layout(kind)
+        unit = self.shape.ranks_per_node if kind == "distributed" else 1
+        pairs = self.shape.nodes if kind == "distributed" else 1
+        rank_positions, need = _lookups(
+            self._per_rank_opens(kind), self.shape.batch_size, unit, stride, offset, self.n, q, pairs
+        )
+        # 1b: the statistic of the exact check, on the entries ignoring swap collisions, as deep as
+        # the first few thousand outputs reach; a wrong candidate passes with the survivor budget
+        cap = min(max(MT_N, 16 * stride + offset), 4 * MT_N)
+        deepest = max(h.depth for h in self.hypotheses if h.kind == kind)
+        reach = max(1, min(deepest, (cap - offset) // stride, (self.n - 1) // stride))
+        depths = sorted({h.depth for h in self.hypotheses if h.kind == kind and h.depth <= reach} | {reach})
+        beta = SURVIVORS_PER_MILLION * 1e-6 / (pairs * len(depths))
+        need_at = tuple(_least_hits(self.n, k, unit * d, beta) for d in depths)
+        return _Filter(rank_positions, need, offset + reach * stride, tuple(depths), need_at)
 
     def _layout(self, kind: Kind) -> tuple[int, int]:
         """(entries of the order per step of one rank, draws before the permutation starts)."""
@@ -676,25 +697,57 @@ class SeedSearch:
         """Stage 1 on a chunk: value -> the (kind, node) pairs worth an exact check."""
         draws = mt19937_outputs(values, self.outputs)
         out: dict[int, set[tuple[Kind, int | None]]] = {}
-        c = values.shape[0]
-        for kind, st in self.stage1.items():
+        for kind, f in self.filters.items():
             stride, offset = self._layout(kind)
-            count = st.per_rank * stride
-            steps = np.arange(count, dtype=np.uint32)[:, None]
-            z = draws[offset : offset + count] % (np.uint32(self.n) - steps)
-            z += steps  # the entry at that position unless an earlier swap moved it (rare)
-            hit = self.member.take(z)
-            if kind == "random":
-                counts = hit.sum(axis=0, dtype=np.uint16)
-                for i in np.flatnonzero(counts >= st.need).tolist():
-                    out.setdefault(int(values[i]), set()).add(("random", None))
-                continue
-            per_rank = hit.reshape(st.per_rank, stride, c).sum(axis=0, dtype=np.uint16)
-            per_node = per_rank[self._node_ranks].sum(axis=1, dtype=np.uint16)  # (nodes, c)
-            node_idx, cand_idx = np.nonzero(per_node >= st.need)
-            for k, i in zip(node_idx.tolist(), cand_idx.tolist(), strict=True):
-                out.setdefault(int(values[i]), set()).add(("distributed", k))
+            # 1a: the global positions of the looked-up entries of every rank
+            t = (f.rank_positions[:, None] * stride + np.arange(stride)[None, :]).reshape(-1)
+            hit = self._naive_hits(draws[offset + t], t)
+            counts = self._per_node(
+                kind, hit.reshape(f.rank_positions.shape[0], stride, -1).sum(axis=0, dtype=np.uint16)
+            )
+            passed = np.flatnonzero((counts >= f.need).any(axis=0))
+            for lo in range(0, passed.shape[0], max(1, _WORK_BYTES // (12 * f.outputs))):
+                sel = passed[lo : lo + max(1, _WORK_BYTES // (12 * f.outputs))]
+                for k, i in self._deep_count(kind, f, values[sel]):
+                    out.setdefault(int(values[sel[i]]), set()).add((kind, k))
         return out
+
+    def _naive_hits(self, draws: U32, t: I64) -> npt.NDArray[np.uint8]:
+        """Whether the file at permutation position t (rows) was opened, per candidate (columns).
+
+        The file is taken as ``t + draw % (n - t)``: exact unless an earlier swap moved it (for the
+        first few entries of a large dataset, rare; a true seed only loses a hit or two to it).
+        """
+        steps = t.astype(np.uint32)[:, None]
+        z = draws % (np.uint32(self.n) - steps)
+        z += steps
+        hit: npt.NDArray[np.uint8] = self.member.take(z)
+        return hit
+
+    def _per_node(self, kind: Kind, per_rank: npt.NDArray[np.uint16]) -> npt.NDArray[np.uint16]:
+        """(ranks, c) counts -> (nodes, c) (distributed); the shared order's (1, c) as it is."""
+        if kind == "random":
+            return per_rank
+        out: npt.NDArray[np.uint16] = per_rank[self._node_ranks].sum(axis=1, dtype=np.uint16)
+        return out
+
+    def _deep_count(self, kind: Kind, f: _Filter, values: U32) -> list[tuple[int | None, int]]:
+        """1b: (node, index into values) of those whose count at some depth reaches its threshold."""
+        if values.shape[0] == 0:
+            return []
+        stride, offset = self._layout(kind)
+        draws = mt19937_outputs(values, f.outputs)
+        reach = f.depths[-1]
+        t = np.arange(reach * stride, dtype=np.int64)
+        hit = self._naive_hits(draws[offset : offset + t.shape[0]], t).reshape(reach, stride, -1)
+        cum = np.cumsum(hit, axis=0, dtype=np.uint16)  # (depth, rank, c): opened among the first entries
+        ok = np.zeros((self.shape.nodes if kind == "distributed" else 1, values.shape[0]), dtype=np.bool_)
+        for d, need in zip(f.depths, f.need_at, strict=True):
+            ok |= self._per_node(kind, cum[d - 1]) >= need
+        nodes, idx = np.nonzero(ok)
+        return [
+            (None if kind == "random" else int(k), int(i)) for k, i in zip(nodes.tolist(), idx.tolist(), strict=True)
+        ]
 
     # ---- stage 2 -----------------------------------------------------------------------------
 
@@ -810,26 +863,50 @@ class SeedSearch:
         )
 
 
-def _stage1_plan(
-    per_rank_opens: int, unit: int, stride: int, offset: int, n: int, q: float, pairs: int, budget: float
-) -> _Stage1:
-    """How many entries per local rank stage 1 looks up and how many must be opened.
+PASS_1A = 0.05  # share of wrong candidates stage 1a may let through to 1b
 
-    The fewest entries (cheapest) for which a wrong candidate survives at most ``budget`` per
-    candidate while a true one may miss up to half of them (opens reordered by workers, a rank
-    started late, an entry moved by a swap that stage 1 ignores).  Entries stay within the opens
-    seen per rank, within mt19937's first 227 outputs where the world allows, and within n - 1.
+
+def _lookups(
+    per_rank_opens: int, batch: int, unit: int, stride: int, offset: int, n: int, q: float, pairs: int
+) -> tuple[I64, int]:
+    """Stage 1a: which entries of each local rank to look up, and how many must have been opened.
+
+    The first J entries of the rank's first and (where its draws come early enough) second batch:
+    DataLoader workers fetch batch i on worker i % W, each opening its batch in order, so these are
+    opened first whatever W is; a rank that opened ``per_rank_opens`` files in order has opened
+    them too.  The fewest look-ups for which a wrong candidate passes at most PASS_1A of the time
+    while a true one may miss three in four (workers far apart, a late rank, a moved entry); the
+    look-ups stay within mt19937's first 227 outputs where the world allows.
     """
-    cap_outputs = LOW_OUTPUTS if stride + offset <= LOW_OUTPUTS else max(MT_N, stride + offset)
-    cap = max(1, min(per_rank_opens, (cap_outputs - offset) // stride, (n - 1) // stride))
-    choices = sorted({j for j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192) if j <= cap} | {cap})
-    fallback: _Stage1 | None = None
-    for j in choices:
-        checks = j * unit
-        need = next((h for h in range(1, checks + 1) if pairs * binom_sf(h, checks, q) <= budget), None)
-        if need is None:
-            continue
-        if need <= (checks + 1) // 2:
-            return _Stage1(j, need)
-        fallback = _Stage1(j, need)
-    return fallback if fallback is not None else _Stage1(cap, cap * unit)
+    cap = LOW_OUTPUTS if stride + offset <= LOW_OUTPUTS else max(MT_N, stride + offset)
+    batches = min(2, max(1, math.ceil(per_rank_opens / batch)))
+    fallback: tuple[I64, int] | None = None
+    for j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192):
+        if j > max(1, min(batch, per_rank_opens)):
+            break
+        heads = max((k for k in range(1, batches + 1) if ((k - 1) * batch + j) * stride + offset <= cap), default=0)
+        if heads == 0 or ((heads - 1) * batch + j) * stride > n - 1:
+            break
+        positions = (np.arange(heads, dtype=np.int64)[:, None] * batch + np.arange(j)[None, :]).reshape(-1)
+        positions = _distinct(positions)
+        checks = unit * int(positions.shape[0])
+        need = next((h for h in range(1, checks + 1) if pairs * binom_sf(h, checks, q) <= PASS_1A), checks)
+        fallback = (positions, need)
+        if need <= max(1, checks // 4):
+            break
+    if fallback is None:  # even one entry per rank lies past the world's first outputs
+        return np.zeros(1, dtype=np.int64), 1
+    return fallback
+
+
+def _least_hits(n: int, opened: int, predicted: int, beta: float) -> int:
+    """The fewest opened files among ``predicted`` ones whose tail chance is at most ``beta``
+    (``min(opened, predicted) + 1`` when no count is that unlikely)."""
+    lo, hi = 0, min(opened, predicted) + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hypergeom_sf(mid, n, opened, predicted) <= beta:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -193,6 +193,18 @@ def test_finds_distributed_sampler_seed_plus_epoch(
     assert m.false_match_chance < ss.FALSE_LOCK and result.candidates_tried <= result.candidates_planned
 
 
+def test_finds_seed_with_eight_workers_racing_on_small_batches() -> None:
+    """8 workers and batches of 8: a rank's first 16 opens are 2 files from each of 8 batches, so a
+    check of its first entries alone would miss; the batch heads and the deep count do not."""
+    n = 20_000
+    shape = JobShape(4, 2, BATCH, False)
+    plan = ss.Candidates(ranges=[(0, 1 << 16)])
+    for seed in (11, 4242, 60_000):
+        streams = [distributed_stream(n, 4, r, seed, 0) for r in shape.ranks_of_node(1)]
+        result = ss.SeedSearch(n, node_opens(streams, workers=8, seed=seed), shape, candidates=plan).run()
+        assert result.match is not None and (result.match.value, result.match.node) == (seed, 1), result.reason
+
+
 def test_finds_the_top_of_a_range() -> None:
     """2**24 - 1, the last value of the default range, from a plan of that range's last 65536 values
     (the whole default plan runs in the slow tests)."""

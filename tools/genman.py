@@ -217,7 +217,8 @@ peers: {discovery: mpi, bind: ib0}
 """
 
 TOOLS = ("bench_train", "bench_ceiling", "bench_nodes", "bench_prefetch", "bench_mount", "bench_plan", "bench_streams",
-         "bench_tiers", "bench_peers", "bench_pfsemu", "simulate", "pfsemu", "mkdataset", "genman")  # fmt: skip
+         "bench_seedsearch", "bench_tiers", "bench_peers", "bench_pfsemu", "simulate", "pfsemu", "mkdataset",
+         "genman")  # fmt: skip
 """The programs under tools/ that take options (tools/demo passes its own to bench_train)."""
 
 
