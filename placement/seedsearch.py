@@ -14,14 +14,22 @@ A job whose seed is unknown (not written to ``.control/seed``, or mistyped) stil
   So each candidate seed costs ~400 steps of the seeding recurrence, vectorised over 64k seeds at
   once, instead of a permutation of n.
 
-Two stages.  Stage 1 runs over every candidate: the first few entries of each local rank's stream
-(without the rare swap collisions, so approximately) are looked up in the set of opened files; a
-candidate survives when enough of them were opened.  Its threshold is set so that wrong candidates
-survive rarely (a few per million), while a true one survives even when half of the checked
-entries are not opened yet (DataLoader workers reorder opens by up to about (W - 1) x batch).
-Stage 2 computes each survivor's exact streams and counts how many distinct opened files its node
-would open within the first D entries per rank.  Sets, not order: workers and interleaved local
-ranks shuffle the order, never the set.
+Samplers searched: ``DistributedSampler(shuffle=True, seed=s)`` on any world size, either
+``drop_last``, on whichever node hosts the opens (its node is found too); and
+``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(s))`` without one, in epoch 0
+(two draws for the workers' base seed come first; epoch 0 is the same with persistent_workers;
+later epochs start 2n draws on, out of reach of a vectorised search).  Every rank of such a
+loader reads the same order.
+
+Stages.  Stage 1a runs over every candidate: the first entries of each local rank's first two
+batches (what DataLoader workers open first, whatever their number; taken without the rare swap
+collisions, so approximately) are looked up in the set of opened files, with a threshold a true
+seed meets even when three in four are not opened yet and that lets a few per cent of wrong ones
+through.  Stage 1b counts, for those, the opened files among the first few hundred entries per
+rank, at the depths stage 2 uses, and keeps the ones whose count would be that unlikely by chance
+(a few per million).  Stage 2 computes each survivor's exact streams and counts how many distinct
+opened files its node would open within the first D entries per rank.  Sets, not order: workers
+and interleaved local ranks shuffle the order, never the set.
 
 Acceptance: under a wrong seed the predicted files are a uniform random subset of the dataset, so
 the count of opened files among them is hypergeometric.  The false-match chance is that tail
@@ -469,6 +477,10 @@ class SeedMatch:
 
 @dataclass(frozen=True)
 class SearchResult:
+    """How a search ended.  ``status``: ``found`` (``match`` set), ``not_found`` (the whole plan
+    tried), ``not_searchable`` (a dataset torch permutes with 64-bit draws, or of one file) or
+    ``too_few_opens`` (not even a perfect fit could be told from chance yet: search again later)."""
+
     status: Status
     match: SeedMatch | None
     candidates_tried: int
