@@ -65,6 +65,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 def read_status(mountpoint: str, timeout: float) -> dict[str, Any]:
     """Read .control/status in a thread so a hung daemon costs a timeout, not a hung CLI."""
     from fusefs import mountinfo
+    from fusefs.daemon.lifecycle import DEAD_ERRNOS, dead_mount
     from fusefs.errors import NotMounted
 
     if not mountinfo.is_seerfs(mountpoint):
@@ -85,6 +86,8 @@ def read_status(mountpoint: str, timeout: float) -> dict[str, Any]:
         raise TimeoutExpired(f"{mountpoint}: daemon not answering after {timeout:g}s (hung?)")
     if "error" in result:
         err = result["error"]
+        if isinstance(err, OSError) and err.errno in DEAD_ERRNOS:
+            raise dead_mount(mountpoint)
         raise SeerfsError(f"{mountpoint}: cannot read status: {getattr(err, 'strerror', None) or err}")
     doc: dict[str, Any] = result["doc"]
     return doc
