@@ -180,8 +180,34 @@ def form_static(cfg: Config, host: str, port: int, inputs: str) -> Group:
     return Group("static", me, members, token, inputs, expect=len(members))
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically, readable by this user only from its first byte.
+
+    The file is born 0600 (O_CREAT|O_EXCL with that mode on a fresh temporary name), never
+    created with the default mode and narrowed afterwards: another local user watching the
+    directory could open it in between and keep the descriptor.  Then renamed over ``path``.
+    """
+    tmp = path.with_name(f".{path.name}.{label()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def read_or_create_token(path: Path | None) -> bytes:
-    """The job token from ``path``, created atomically by whichever daemon comes first."""
+    """The job token from ``path``, created atomically by whichever daemon comes first.
+
+    Created under a temporary name with mode 0600 and O_EXCL, written whole, then hard-linked to
+    ``path``: link fails when another daemon's token is already there (exactly one wins, and a
+    reader never sees a half-written token), and the file is never readable by others.
+    """
     if path is None:
         raise GroupError("peers.token_file: needed to share a job token without MPI")
     for _ in range(100):
@@ -193,10 +219,13 @@ def read_or_create_token(path: Path | None) -> bytes:
                     return token
                 raise GroupError(f"peers.token_file: {path} holds a token shorter than 16 bytes")
         except FileNotFoundError:
-            tmp = path.with_name(f".{path.name}.{label()}")
+            tmp = path.with_name(f".{path.name}.{label()}.{secrets.token_hex(4)}")
             try:
-                tmp.write_text(secrets.token_bytes(TOKEN_BYTES).hex() + "\n")
-                tmp.chmod(0o600)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(fd, (secrets.token_bytes(TOKEN_BYTES).hex() + "\n").encode())
+                finally:
+                    os.close(fd)
                 with contextlib.suppress(FileExistsError):
                     os.link(tmp, path)  # atomic: exactly one daemon's token wins
             except OSError as exc:
@@ -204,6 +233,7 @@ def read_or_create_token(path: Path | None) -> bytes:
             finally:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
+            continue
         except ValueError:
             raise GroupError(f"peers.token_file: {path} does not hold a hex token") from None
         except OSError as exc:
@@ -223,7 +253,7 @@ class Rendezvous:
         assert cfg.peers.rendezvous_dir is not None
         self.dir = Path(os.path.expanduser(cfg.peers.rendezvous_dir))
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise GroupError(f"peers.rendezvous_dir: {self.dir}: {exc.strerror}") from None
         token_path = Path(os.path.expanduser(cfg.peers.token_file)) if cfg.peers.token_file else self.dir / "token"
@@ -231,9 +261,7 @@ class Rendezvous:
         self.fingerprint = hmac.new(token, b"seerfs-rendezvous", "sha256").hexdigest()[:16]
         self.me = Member(-1, host, port, label(), inputs)
         self.file = self.dir / f"node-{self.me.label}.json"
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**asdict(self.me), "job": self.fingerprint}))
-        os.replace(tmp, self.file)
+        write_private(self.file, json.dumps({**asdict(self.me), "job": self.fingerprint}).encode())
         self.group = Group("rendezvous", 0, [self.me], token, inputs, state="forming", expect=max(1, cfg.peers.expect))
         self.scan()
 
