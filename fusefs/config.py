@@ -187,6 +187,17 @@ class PeersConfig:
         None,
     )
     max_requests: int = doc("concurrent requests to one peer", 8)
+    server_connections: int = doc("peer connections this daemon serves at once (more are told busy)", 256)
+    server_memory: ByteSize = doc(
+        "file data all replies to peers may hold at once; a request that finds no room within 0.5 s "
+        "is answered busy and its asker reads the PFS",
+        ByteSize(512 << 20),
+    )
+    server_connection_memory: ByteSize = doc(
+        "file data one peer connection may hold at once, so the largest file served to a peer (larger "
+        "files are answered busy); a request itself is at most 1 KiB",
+        ByteSize(256 << 20),
+    )
     spread: bool = doc("assign every file an owner when aggregate storage allows", True)
 
 
@@ -382,6 +393,9 @@ def check(cfg: Config) -> Config:
         ("job.prefetch_factor", cfg.job.prefetch_factor),
         ("prefetch.threads", cfg.prefetch.threads),
         ("peers.max_requests", cfg.peers.max_requests),
+        ("peers.server_connections", cfg.peers.server_connections),
+        ("peers.server_memory", cfg.peers.server_memory),
+        ("peers.server_connection_memory", cfg.peers.server_connection_memory),
         ("peers.down_after", cfg.peers.down_after),
     ):
         _check_positive(key, ivalue)
