@@ -145,3 +145,25 @@ def test_the_dead_mount_exit_status_is_documented() -> None:
     assert f"{int(DEAD)}  the mount's {meaning}" in res.stdout
     assert meaning in (REPO / "man" / "seerfs.1").read_text()
     assert f"{int(DEAD)} mount whose daemon is gone" in (REPO / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "job.epochs=" + "9" * 5000,  # Python's int() refuses above 4,300 digits with a plain ValueError
+        "tiers.0.bytes=" + "9" * 5000,
+        "tiers.0.bytes=" + "9" * 400 + "G",  # a float of inf
+        "datasets=" + "[" * 3000 + "]" * 3000,  # nested deeper than the YAML parser recurses
+    ],
+)
+def test_config_values_of_any_size_are_configuration_errors(override: str) -> None:
+    """Before: a traceback and exit 1 for the first three."""
+    res = seerfs("config", "-o", override)
+    one_line_error(res, ExitCode.CONFIG)
+    assert len(res.stderr) < 300
+
+
+def test_a_config_file_with_a_huge_number_is_a_configuration_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("job:\n  epochs: " + "9" * 5000 + "\n")
+    one_line_error(seerfs("config", "-c", str(cfg)), ExitCode.CONFIG, "c.yaml")
