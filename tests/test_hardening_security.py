@@ -131,3 +131,25 @@ def test_racing_daemons_agree_on_one_token_and_it_is_never_readable_by_others(tm
 
 def _create(path: Path, out: list[bytes]) -> None:
     out.append(read_or_create_token(path))
+
+
+@pytest.mark.mount
+def test_a_token_file_other_users_can_read_is_refused_at_mount(tmp_path: Path, mountpoint: Path) -> None:
+    from test_cli_errors import one_line_error
+
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    (src / "c" / "a").write_bytes(b"x")
+    token = tmp_path / "token"
+    token.write_text("ab" * 32 + "\n")
+    os.chmod(token, 0o644)
+    opts = (
+        f"cache_dir={tmp_path / 'cache'},peers.discovery=rendezvous,peers.rendezvous_dir={tmp_path / 'rdv'},"
+        f"peers.expect=1,peers.token_file={token}"
+    )
+    try:
+        one_line_error(seerfs("mount", str(src), str(mountpoint), "-o", opts), 3, str(token), "chmod 600")
+    finally:
+        force_unmount(mountpoint)
+    os.chmod(token, 0o600)
+    assert read_or_create_token(token) == bytes.fromhex("ab" * 32)

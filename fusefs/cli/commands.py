@@ -22,6 +22,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from fusefs.daemon.checks import check_request
     from fusefs.daemon.lifecycle import mount_background, run_daemon
 
+    os.umask(0o077)  # the cache directory and everything the daemon makes in it are this user's alone
     cfg = load_config(args)
     req = check_request(args.source, args.mountpoint, cfg, args.rescan)
     if not args.fg and detect_mode(cfg) == "mpi":
@@ -123,6 +124,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from fusefs.cli import plan_report
 
+    os.umask(0o077)  # the snapshot it may persist in cache_dir is private, as the daemon's are
     return plan_report.run(args)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.config import Config
-from fusefs.errors import GroupError
+from fusefs.errors import ExitCode, GroupError, SeerfsError
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,16 @@ def write_private(path: Path, data: bytes) -> None:
         raise
 
 
+def _check_private_file(path: Path) -> None:
+    """Refuse a token others can read or write: anyone holding it can serve this job wrong bytes."""
+    st = path.stat()
+    if st.st_mode & 0o077:
+        raise SeerfsError(
+            f"peers.token_file: {path} is open to other users (mode {st.st_mode & 0o777:04o}); chmod 600 it",
+            ExitCode.CONFIG,
+        )
+
+
 def read_or_create_token(path: Path | None) -> bytes:
     """The job token from ``path``, created atomically by whichever daemon comes first.
 
@@ -235,6 +245,7 @@ def read_or_create_token(path: Path | None) -> bytes:
     for _ in range(100):
         try:
             text = path.read_text().strip()
+            _check_private_file(path)
             if text:
                 token = bytes.fromhex(text)
                 if len(token) >= 16:
