@@ -301,11 +301,11 @@ class Rendezvous:
     """Address files in a shared directory; the member list grows as daemons arrive.
 
     Files name the token by a fingerprint, so a directory reused across jobs never mixes them;
-    a daemon removes its file when it stops.  A crashed daemon's file stays until it is known to
-    be stale: a daemon joining removes entries on its own host whose port refuses connections (its
-    predecessor's, or any dead one's at its own address), and members remove an entry whose port
-    their client found refusing (:meth:`forget`).  Until then the dead member is marked down by
-    health and requests go to the live member that answers for its training node.
+    a daemon removes its file when it stops.  A crashed daemon's file stays (its member is marked
+    down by health, and requests go to the live member that answers for its training node) until a
+    daemon joins on its host: that one removes the entries of its host whose port refuses
+    connections or is its own, so a restarted daemon never counts its predecessor and takes its
+    place and index.
     """
 
     def __init__(self, cfg: Config, host: str, port: int, inputs: str) -> None:
@@ -386,16 +386,6 @@ class Rendezvous:
     def scan(self) -> bool:
         """Re-read the directory (blocking); True when the member list changed."""
         return self.apply(self.read())
-
-    def forget(self, member: Member) -> None:
-        """Remove a member's entry that is known stale (its port refused this daemon's connections)."""
-        path = self.dir / f"node-{member.label}.json"
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
-        if isinstance(info, dict) and (info.get("host"), info.get("port")) == (member.host, member.port):
-            self._remove(path, member.label, "its port refuses connections")
 
     def _remove(self, path: Path, who: str, why: str) -> None:
         try:

@@ -176,7 +176,6 @@ class PeerClient:
         self.last_error = ""
         self._down_since: float | None = None  # trio.current_time() when marked down (or last probe failed)
         self._probing = False
-        self._refused = False  # the last connect was refused (nothing listens there)
         self._closed = False
         self._limiter = trio.CapacityLimiter(max_requests)
         self._idle: list[_Conn] = []
@@ -232,17 +231,11 @@ class PeerClient:
         out["mean_seconds"] = round(c.ok_seconds / c.ok, 6) if c.ok else None
         out["consecutive_failures"] = self.consecutive_failures
         out["last_error"] = self.last_error
-        out["down_for_seconds"] = (
-            round(_now() - self._down_since, 3) if self._down_since is not None and _now() else None
-        )
+        now, since = _now(), self._down_since
+        out["down_for_seconds"] = round(now - since, 3) if now is not None and since is not None else None
         out["connections"] = len(self._open)
         out["idle_connections"] = len(self._idle)
         return out
-
-    @property
-    def refusing(self) -> bool:
-        """Down, and nothing listens at its address (connections refused): its daemon is gone."""
-        return self._refused and self._down_since is not None
 
     def close_now(self) -> None:
         """Like :meth:`aclose` without a checkpoint (its member left the group)."""
@@ -510,9 +503,7 @@ class PeerClient:
         try:
             stream = await trio.open_tcp_stream(self.host, self.port)
         except OSError as exc:
-            self._refused = _refused(exc)
             raise _Failed(f"cannot connect: {exc.strerror or exc}") from None
-        self._refused = False
         self._open.add(stream)
         conn = _Conn(stream, Receiver(stream, _RECEIVE_CHUNK), trio.current_time())
         try:
@@ -548,22 +539,9 @@ class PeerClient:
             raise _Failed("peer refused this daemon's job token")
 
 
-def _now() -> float:
-    """trio's clock, or 0.0 when called outside a trio run (status read after the loop ended)."""
+def _now() -> float | None:
+    """trio's clock, or None when called outside a trio run (status read after the loop ended)."""
     try:
         return trio.current_time()
     except RuntimeError:
-        return 0.0
-
-
-def _refused(exc: BaseException) -> bool:
-    """Whether a failed connect was refused outright (trio may wrap the attempts' errors)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return True
-        group = getattr(seen, "exceptions", None)
-        if group:
-            return all(_refused(e) for e in group)
-        seen = seen.__cause__
-    return False
+        return None

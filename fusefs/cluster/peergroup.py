@@ -330,13 +330,13 @@ class PeerGroup:
         if expect is not None and key != expect:
             # The address we asked is answered by another daemon: the entry we hold is stale.
             self._refuse_note(f"{expect[1]}:{expect[2]} answered as {note.label} at {note.address}")
-            self._rescan = True
+            self._rescan = self.rendezvous is not None
             return
         view = self.views.get(key)
         client = self.clients.get(key)
         if view is None or client is None:
             self.notes_unknown += 1
-            self._rescan = True  # a member we have not scanned yet (rendezvous): look again soon
+            self._rescan = self.rendezvous is not None  # one we have not scanned yet: look again soon
             return
         client.heard_from()
         view.node = note.node
@@ -391,22 +391,18 @@ class PeerGroup:
             self._nursery = nursery
             await nursery.start(self._serve, sock)
             while True:
+                self._rescan = False
                 if self.rendezvous is not None:
                     await self._follow_rendezvous(self.rendezvous)
                 await self._tell_all()
                 with trio.move_on_after(STATE_INTERVAL):
+                    await trio.sleep(0.5)  # at most two rounds a second, however many notes ask
                     while not self._rescan:  # a note from an unknown member: scan again now
                         await trio.sleep(0.1)
 
     async def _follow_rendezvous(self, rendezvous: Rendezvous) -> None:
-        """Forget members whose port refuses connections, re-read the directory, follow it."""
-        self._rescan = False
-        stale = [
-            m
-            for i, m in enumerate(self.group.members)
-            if i != self.group.me and (client := self.clients.get(m.key)) is not None and client.refusing
-        ]
-        entries = await trio.to_thread.run_sync(_forget_and_read, rendezvous, stale)
+        """Re-read the directory (in a worker thread: a shared filesystem can be slow), follow it."""
+        entries = await trio.to_thread.run_sync(rendezvous.read)
         if rendezvous.apply(entries):
             self._sync_clients()
             log.info(
@@ -453,10 +449,3 @@ class PeerGroup:
             "last_bad_note": self.last_bad_note or None,
             "removed_stale": list(self.rendezvous.removed) if self.rendezvous is not None else [],
         }
-
-
-def _forget_and_read(rendezvous: Rendezvous, stale: list[Member]) -> tuple[list[Member], dict[str, str]]:
-    """In a worker thread: remove the stale entries, then read the directory."""
-    for member in stale:
-        rendezvous.forget(member)
-    return rendezvous.read()
