@@ -159,6 +159,8 @@ class SlurmCluster:
             info = self.job(job_id)
             if info["job_state"] in states:
                 return info
+            if info["job_state"] == "PENDING" and info["state_reason"].startswith("JobHeld"):  # a failed prolog
+                raise AssertionError(f"job {job_id} held ({info['state_reason']})\n" + self.log_tail())
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"job {job_id} still {info['job_state']} after {timeout}s (reason {info['state_reason']})\n"
@@ -418,13 +420,12 @@ def running_slurm(
     cgroup: bool = False,
     extra_conf: Sequence[str] = (),
     cgroup_conf: str | None = None,
-    node_env: dict[str, str] | None = None,
     start_timeout: float = 60,
 ) -> Iterator[SlurmCluster]:
     """A running cluster for the block; raises :class:`SlurmUnavailable` when it cannot start.
 
     ``cgroup`` switches TaskPlugin to task/cgroup with ``cgroup_conf`` (written as cgroup.conf next to
-    slurm.conf).  ``node_env`` is added to slurmd's environment, which Prolog and Epilog inherit.
+    slurm.conf).
     """
     reason = slurm_unavailable_reason()
     if reason is not None:
@@ -467,15 +468,13 @@ def running_slurm(
         )
         _wait(lambda: "UP" in cluster.run("scontrol", "ping", check=False).stdout, start_timeout,
               "scontrol ping", cluster)  # fmt: skip
-        denv = {**env, **(node_env or {})}
-        for k, node in enumerate(node_list):
+        for node in node_list:
             argv = [_which("slurmd"), "-D", "-N", node.name, "-f", str(conf)]
             if node.netns is not None:
                 assert netns is not None
                 # ip netns exec also gives slurmd a private mount namespace: the node's own mounts.
                 argv = ["ip", "netns", "exec", node.netns, *argv]
-                denv = {**denv, "SEERFS_TEST_NODE_IFNAME": netns.node_interface(k)}
-            node.proc = _start(argv, root / "log" / f"slurmd-{node.name}.out", denv)
+            node.proc = _start(argv, root / "log" / f"slurmd-{node.name}.out", env)
         _wait(lambda: all(s == "idle" for s in cluster.node_states().values()) and len(cluster.node_states()) == nodes,
               start_timeout, "every node idle", cluster)  # fmt: skip
         yield cluster

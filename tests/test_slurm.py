@@ -15,10 +15,11 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 from e2e import Job, expected_opens, free_port, make_source, seerfs_config
 from mounting import wait_for
 from pfsemu_fixture import RunningEmulator, requires_fuse, running_pfsemu
-from slurm_cluster import SlurmCluster, requires_slurm
+from slurm_cluster import SlurmCluster, SlurmUnavailable, job_user, requires_slurm, running_slurm
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.slurm, requires_fuse, requires_slurm]
 
@@ -71,7 +72,7 @@ class JobFiles:
     spec: Path
     out: Path  # train_reader results: out.rankN.json
     status: Path  # seerfs status --json, taken before the unmount
-    mounts: Path  # how many mounts the job's node had on the mountpoint before the unmount
+    mounts: Path  # the job node's mountinfo lines for the mountpoint, before the unmount
     log: Path  # the job's stdout+stderr
 
 
@@ -83,7 +84,7 @@ def job_files(cluster: SlurmCluster, name: str, job: Job, *, tiers_bytes: str = 
     mnt.mkdir()
     config = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache",
                            tiers=[{"kind": "memory", "bytes": tiers_bytes, "threads": 4}], **cfg)  # fmt: skip
-    return JobFiles(d, mnt, config, d / "spec.json", d / "train", d / "status.json", d / "mounts.txt", d / "job.out")
+    return JobFiles(d, mnt, config, d / "spec.json", d / "train", d / "status.json", d / "mountinfo.txt", d / "job.out")
 
 
 def write_spec(files: JobFiles, job: Job, digests: dict[str, str]) -> None:
@@ -91,37 +92,77 @@ def write_spec(files: JobFiles, job: Job, digests: dict[str, str]) -> None:
     files.spec.write_text(json.dumps(spec))
 
 
-def environment(files: JobFiles) -> list[str]:
+def environment(files: JobFiles, bin_dir: Path = VENV_BIN, pythonpath: str = str(ROOT)) -> list[str]:
     """The job script's environment lines: what a user's ~/.bashrc or module load would set up."""
     return [
-        f"export PATH={shlex.quote(str(VENV_BIN))}:$PATH",  # python and seerfs, as installed
-        f"export PYTHONPATH={shlex.quote(str(ROOT))}",  # this checkout's seerfs, not the venv's editable copy
+        f"export PATH={shlex.quote(str(bin_dir))}:$PATH",  # python and seerfs, as installed
+        f"export PYTHONPATH={shlex.quote(pythonpath)}",  # this checkout's seerfs, not the venv's editable copy
         f"export SEERFS_TRAIN_SPEC={shlex.quote(str(files.spec))}",
         f"export MASTER_PORT={free_port()}",
     ]
 
 
-def recipe_script(files: JobFiles, source: Path) -> str:
-    """README's recipe with its paths substituted; ``seerfs status --json`` saved before the unmount."""
+def user_python(cluster: SlurmCluster, user: str) -> tuple[Path, str]:
+    """``python`` and ``seerfs`` the job user can run: (directory for PATH, PYTHONPATH).
+
+    The venv's interpreter may be a link into a directory other users cannot enter (a pyenv build
+    under /root): then the system's python3 of the same version runs with the venv's packages, as a
+    cluster's shared Python module would.
+    """
+    probe = "import torch, fusefs; from tools import torchvision_cpu; torchvision_cpu.load()"
+    if cluster.run(str(VENV_BIN / "python"), "-c", probe, user=user, check=False).returncode == 0:
+        return VENV_BIN, str(ROOT)
+    site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)]
+    system = Path(f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}")
+    bin_dir = cluster.root / "user-bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir(mode=0o755)
+        (bin_dir / "python").symlink_to(system)
+        (bin_dir / "seerfs").write_text('#!/bin/sh\nexec python -m fusefs "$@"\n')
+        (bin_dir / "seerfs").chmod(0o755)
+    pythonpath = ":".join([str(ROOT), *site])
+    env = {**cluster.env, "PYTHONPATH": pythonpath}
+    res = subprocess.run(["runuser", "-u", user, "--", str(bin_dir / "python"), "-c", probe], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    if res.returncode != 0:
+        pytest.skip(f"no Python the job user {user} can run with torch: {res.stderr.strip()[-300:]}")
+    return bin_dir, pythonpath
+
+
+def recipe_script(files: JobFiles, source: Path, *, mnt: str | None = None, prolog_form: bool = False,
+                  env: list[str] | None = None) -> str:  # fmt: skip
+    """README's recipe with its paths substituted; ``seerfs status --json`` saved before the unmount.
+
+    ``prolog_form`` keeps only the job's own lines (the seed and the training): the prolog mounted and
+    the epilog unmounts.  ``mnt`` is the mountpoint as the script names it (it may use $SLURM_JOB_ID).
+    """
+    mnt = mnt or str(files.mnt)
     subs = {
         "/lustre/imagenet": str(source),
-        "/tmp/imagenet": str(files.mnt),
+        "/tmp/imagenet": mnt,
         "seerfs.yaml": str(files.config),
         "train.py": str(ROOT / "tests" / "slurm_train.py"),
     }
     recipe = readme_recipe()
     for old in subs:
         assert any(old in line for line in recipe), f"README's recipe no longer names {old}"
+    snapshot = [  # what the test reads before the unmount: status, and the mount table's lines for the mountpoint
+        f'seerfs status --json "{mnt}" > {files.status}',
+        f"awk -v m=\"{mnt}\" '$5 == m' /proc/self/mountinfo > {files.mounts}",
+    ]
     lines = []
     for line in recipe:
+        if prolog_form and re.search(r"seerfs (mount|wait|umount)", line):
+            continue
         for old, new in subs.items():
             line = line.replace(old, new)
-        if "seerfs umount" in line:  # what the test reads before the unmount: status, and how many mounts
-            lines.append(f"seerfs status --json {files.mnt} > {files.status}")
-            lines.append(f"awk -v m={files.mnt} '$5 == m' /proc/self/mountinfo | wc -l > {files.mounts}")
+        if "seerfs umount" in line:
+            lines += snapshot
         lines.append(line)
-    body = "\n".join(lines)
-    return "#!/bin/bash\nset -euo pipefail\n" + "\n".join(environment(files)) + "\n" + body + "\n"
+    if prolog_form:
+        lines += snapshot
+    env = env if env is not None else environment(files)
+    return "#!/bin/bash\nset -euo pipefail\n" + "\n".join(env) + "\n" + "\n".join(lines) + "\n"
 
 
 def job_output(files: JobFiles) -> str:
@@ -172,19 +213,161 @@ def pfs(dataset: Dataset) -> Iterator[RunningEmulator]:
         yield emu
 
 
+def submit_recipe(cluster: SlurmCluster, ds: Dataset, emu: RunningEmulator, job: Job, name: str,
+                  *options: str) -> tuple[int, JobFiles]:  # fmt: skip
+    files = job_files(cluster, name, job)
+    write_spec(files, job, ds.digests)
+    script = files.dir / "job.sh"
+    script.write_text(recipe_script(files, emu.mountpoint))
+    job_id = cluster.sbatch(script, f"--output={files.log}", f"--chdir={files.dir}", *options)
+    return job_id, files
+
+
 def test_readme_recipe_under_sbatch(slurm_cluster: SlurmCluster, dataset: Dataset, pfs: RunningEmulator) -> None:
     """README's recipe as an sbatch job of 2 tasks: predicted, PFS read once, bytes right, nothing left."""
     job = Job(world_size=2, epochs=2, batch_size=16, num_workers=2, seed=SEED, val=False)
-    files = job_files(slurm_cluster, "recipe", job)
-    write_spec(files, job, dataset.digests)
-    script = files.dir / "job.sh"
-    script.write_text(recipe_script(files, pfs.mountpoint))
     t0 = time.monotonic()
-    job_id = slurm_cluster.sbatch(script, "--nodes=1", "--ntasks=2", f"--output={files.log}", f"--chdir={files.dir}")
+    job_id, files = submit_recipe(slurm_cluster, dataset, pfs, job, "recipe", "--nodes=1", "--ntasks=2")
     info = slurm_cluster.wait_job(job_id, timeout=240)
     print(f"job {job_id}: {info['job_state']} in {time.monotonic() - t0:.1f}s")
     assert info["job_state"] == "COMPLETED" and info["exit_code"] == 0, job_output(files)
     doc = json.loads(files.status.read_text())
-    assert files.mounts.read_text().split() == ["1"], "not one daemon per node: mounts stacked on the mountpoint"
+    assert len(files.mounts.read_text().splitlines()) == 1, "not one daemon per node: mounts stacked on the mountpoint"
     check_job(files, dataset, job, pfs, [doc])
     assert_nothing_left(slurm_cluster, files.mnt, [doc["pid"]])
+
+
+def daemon_log(files: JobFiles) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((files.dir / "cache" / "log").glob("*.log")))
+
+
+@pytest.mark.slow
+def test_scancel_of_the_recipe_job_leaves_nothing(
+    slurm_cluster: SlurmCluster, dataset: Dataset, pfs: RunningEmulator
+) -> None:
+    """scancel mid-training: Slurm's SIGTERM makes the daemon unmount and exit within KillWait, not SIGKILL."""
+    job = Job(world_size=2, epochs=200, batch_size=16, num_workers=2, seed=SEED, val=False, compute_s=0.002)
+    job_id, files = submit_recipe(slurm_cluster, dataset, pfs, job, "scancel", "--nodes=1", "--ntasks=2")
+    slurm_cluster.wait_job(job_id, timeout=60, states=frozenset({"RUNNING"}))
+    ctl = files.mnt / ".control" / "status"
+
+    def training_reads() -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = json.loads(ctl.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return doc if doc["reads"]["opens"] > 200 else None
+
+    doc = wait_for(training_reads, timeout=120, what="training to read through the mount")
+    pid = int(doc["pid"])
+    steps = slurm_cluster.steps(job_id)
+    assert any(s.endswith(".0") for s in steps) and len(steps) >= 3, steps  # mount step, training, batch
+    t0 = time.monotonic()
+    slurm_cluster.run("scancel", str(job_id))
+    wait_for(lambda: not alive(pid), timeout=slurm_cluster.kill_wait + 20, what="the daemon to exit")
+    exited = time.monotonic() - t0
+    info = slurm_cluster.wait_job(job_id, timeout=slurm_cluster.kill_wait + 30)
+    print(f"daemon exited {exited:.2f}s after scancel (KillWait {slurm_cluster.kill_wait}s)")
+    assert info["job_state"] == "CANCELLED", info["job_state"]
+    log = daemon_log(files)
+    assert f"signal {int(signal.SIGTERM)}: unmounting" in log, log[-2000:]
+    assert "stopped" in log.split(f"signal {int(signal.SIGTERM)}: unmounting", 1)[1], log[-2000:]
+    assert exited < slurm_cluster.kill_wait, f"daemon took {exited:.2f}s: it was SIGKILLed, not unmounted"
+    assert_nothing_left(slurm_cluster, files.mnt, [pid])
+
+
+# --------------------------------------------------------------------------- the root prolog form
+
+PROLOG, EPILOG = ROOT / "tools" / "slurm" / "prolog", ROOT / "tools" / "slurm" / "epilog"
+
+
+@dataclass
+class PrologCluster:
+    cluster: SlurmCluster
+    env_file: Path  # seerfs.env beside slurm.conf: what the prolog and epilog source
+    user: str
+    uid: int
+
+
+@pytest.fixture(scope="module")
+def prolog_cluster() -> Iterator[PrologCluster]:
+    """A cluster whose Prolog/Epilog are tools/slurm/prolog and epilog, installed as their comment says."""
+    try:
+        user, uid, _gid = job_user()
+        with running_slurm(prolog=PROLOG, epilog=EPILOG) as cluster:
+            yield PrologCluster(cluster, cluster.conf.parent / "seerfs.env", user, uid)
+    except SlurmUnavailable as exc:
+        pytest.skip(f"Slurm daemons did not start: {exc}")
+
+
+def submit_prolog_job(pc: PrologCluster, ds: Dataset, emu: RunningEmulator, job: Job, name: str) -> tuple[int, JobFiles]:
+    """The job's part of README's recipe, submitted by the unprivileged user with --comment=seerfs."""
+    files = job_files(pc.cluster, name, job)
+    files.mnt.rmdir()  # the prolog makes the job's mountpoint
+    mnt = f"{files.dir}/mnt-$SLURM_JOB_ID"
+    pc.env_file.write_text(
+        f"export PYTHONPATH={shlex.quote(str(ROOT))}\n"  # this checkout's seerfs, as in the job
+        f"SEERFS={shlex.quote(str(VENV_BIN / 'seerfs'))}\n"
+        f"SEERFS_SOURCE={shlex.quote(str(emu.mountpoint))}\n"
+        f"SEERFS_MOUNT={mnt}\n"
+        f"SEERFS_CONFIG={shlex.quote(str(files.config))}\n"
+        "SEERFS_JOBS=comment\n"
+    )
+    write_spec(files, job, ds.digests)
+    script = files.dir / "job.sh"
+    bin_dir, pythonpath = user_python(pc.cluster, pc.user)
+    env = environment(files, bin_dir, pythonpath)
+    script.write_text(recipe_script(files, emu.mountpoint, mnt=mnt, prolog_form=True, env=env))
+    script.chmod(0o755)
+    job_id = pc.cluster.sbatch(script, "--comment=seerfs", "--nodes=1", "--ntasks=2", f"--output={files.log}",
+                               f"--chdir={files.dir}", user=pc.user)  # fmt: skip
+    return job_id, replace(files, mnt=files.dir / f"mnt-{job_id}")
+
+
+@pytest.mark.slow
+def test_root_prolog_form(prolog_cluster: PrologCluster, dataset: Dataset, pfs: RunningEmulator) -> None:
+    """Prolog mounts as root with allow_other, the user's job writes the seed and trains, the epilog unmounts."""
+    pc = prolog_cluster
+    job = Job(world_size=2, epochs=2, batch_size=16, num_workers=2, seed=SEED, val=False)
+    job_id, files = submit_prolog_job(pc, dataset, pfs, job, "prolog")
+    info = pc.cluster.wait_job(job_id, timeout=240)
+    assert info["job_state"] == "COMPLETED" and info["exit_code"] == 0, job_output(files) + pc.cluster.log_tail()
+    assert info["user_id"] == pc.uid
+    mount_lines = files.mounts.read_text().splitlines()
+    assert len(mount_lines) == 1, mount_lines
+    assert "user_id=0" in mount_lines[0] and "allow_other" in mount_lines[0], mount_lines  # root's, shared
+    ranks = [files.out.with_suffix(f".rank{r}.json") for r in range(job.world_size)]
+    assert all(p.stat().st_uid == pc.uid for p in ranks)  # training ran as the user
+    doc = json.loads(files.status.read_text())
+    assert doc["seed"]["origin"] == "written", doc["seed"]  # the user's seed write was taken
+    check_job(files, dataset, job, pfs, [doc])
+    assert_nothing_left(pc.cluster, files.mnt, [doc["pid"]])
+    assert not files.mnt.exists()  # the epilog removed the job's mountpoint
+
+
+@pytest.mark.slow
+def test_root_prolog_form_scancel(prolog_cluster: PrologCluster, dataset: Dataset, pfs: RunningEmulator) -> None:
+    """scancel mid-training in the prolog form: the epilog still runs and unmounts; nothing is left."""
+    pc = prolog_cluster
+    job = Job(world_size=2, epochs=200, batch_size=16, num_workers=2, seed=SEED, val=False, compute_s=0.002)
+    job_id, files = submit_prolog_job(pc, dataset, pfs, job, "prolog-scancel")
+    pc.cluster.wait_job(job_id, timeout=60, states=frozenset({"RUNNING"}))
+    ctl = files.mnt / ".control" / "status"
+
+    def training_reads() -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = json.loads(ctl.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return doc if doc["reads"]["opens"] > 200 else None
+
+    pid = int(wait_for(training_reads, timeout=120, what="training to read through the mount")["pid"])
+    t0 = time.monotonic()
+    pc.cluster.run("scancel", str(job_id))
+    info = pc.cluster.wait_job(job_id, timeout=pc.cluster.kill_wait + 60)
+    wait_for(lambda: not alive(pid), timeout=30, what="the daemon to exit")
+    print(f"job {info['job_state']} and daemon gone {time.monotonic() - t0:.2f}s after scancel")
+    assert info["job_state"] == "CANCELLED", info["job_state"]
+    assert_nothing_left(pc.cluster, files.mnt, [pid])
+    assert not files.mnt.exists()  # the epilog ran to its end
+    assert pc.cluster.node_states() == {pc.cluster.nodes[0].name: "idle"}  # no failed epilog drained the node
