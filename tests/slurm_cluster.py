@@ -9,8 +9,8 @@ directory so nothing of the machine's own ``/etc/slurm`` or ``/etc/munge`` is re
   ports, state, spool and log files in the directory, the machine's real CPUs and memory as reported
   by ``slurmd -C``, one partition, ``KillWait`` small, ``Prolog``/``Epilog`` as the test asks;
 * ``nodes=1`` runs one slurmd on the host.  ``nodes=2`` (or more) runs each slurmd in a network
-  namespace of its own (``ip netns``, a veth pair on a bridge, its own 10.x address), started through
-  ``ip netns exec``, which also gives it a private mount namespace: Debian's slurmd is not built with
+  namespace of its own (``ip netns``, a veth pair on a bridge, its own 10.x address on an interface
+  named ``slurmnet0`` on every node) and a private mount namespace: Debian's slurmd is not built with
   ``--enable-multiple-slurmd``, so two slurmd on one host need two network stacks, and two nodes that
   each mount the dataset on the same path need two mount tables.  A mount made by a job on node k
   lives only in that node's mount namespace (see :meth:`SlurmCluster.fuse_mounts`); mounts of the
@@ -58,6 +58,7 @@ from fusefs import mountinfo
 
 __all__ = [
     "JOB_USER",
+    "NODE_IFNAME",
     "TERMINAL_STATES",
     "SlurmCluster",
     "SlurmUnavailable",
@@ -70,6 +71,7 @@ __all__ = [
 
 BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 MARKER = "SEERFS_TEST_SLURM"  # in the environment of every daemon and job of a test cluster: teardown finds them
+NODE_IFNAME = "slurmnet0"  # each node's interface in a multi-node cluster (its own network namespace)
 JOB_USER = "seerfs-slurm-job"  # the unprivileged user jobs of the prolog test run as
 TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -134,7 +136,7 @@ class SlurmCluster:
         if user is not None:
             argv = ["runuser", "-u", user, "--", *argv]
         if node is not None and self.nodes[node].netns is not None:
-            argv = ["ip", "netns", "exec", str(self.nodes[node].netns), *argv]
+            argv = [*_enter(str(self.nodes[node].netns)), *argv]
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.root)
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.strip()}")
@@ -283,12 +285,12 @@ def _slurm_conf(
         "SlurmUser=root",
         "SlurmdUser=root",
         f"StateSaveLocation={root}/state",
-        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmdSpoolDir={root}/spool/{'node' if len(nodes) > 1 else nodes[0].name}",
         f"SlurmctldPidFile={root}/run/slurmctld.pid",
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
         f"SlurmdLogFile={root}/log/slurmd-%n.log",
-        "SlurmctldDebug=info",
+        f"SlurmctldDebug={'debug' if os.environ.get('SEERFS_SLURM_DEBUG') else 'info'}",
         "SlurmdDebug=info",
         "MailProg=/bin/true",
         "MpiDefault=none",  # Debian's shipped default; a step asks for PMIx with --mpi=pmix
@@ -350,20 +352,40 @@ class _Netns:
             self._ip("link", "set", host_end, "master", self.bridge)
             self._ip("link", "set", host_end, "up")
             self._ip("link", "set", node_end, "netns", ns)
+            # One name on every node, as clusters have (ib0): configs name it (peers.bind, GLOO_SOCKET_IFNAME).
+            self._ip("-n", ns, "link", "set", node_end, "name", NODE_IFNAME)
             addr = f"{self.subnet}.{k + 2}"
-            self._ip("-n", ns, "addr", "add", f"{addr}/24", "dev", node_end)
-            self._ip("-n", ns, "link", "set", node_end, "up")
+            self._ip("-n", ns, "addr", "add", f"{addr}/24", "dev", NODE_IFNAME)
+            self._ip("-n", ns, "link", "set", NODE_IFNAME, "up")
             self._ip("-n", ns, "link", "set", "lo", "up")
             addrs.append(addr)
         return addrs
-
-    def node_interface(self, k: int) -> str:
-        return f"{self.prefix}c{k}"
 
     def destroy(self) -> None:
         for args in reversed(self.created):
             subprocess.run(["ip", *args], capture_output=True, timeout=30)
         self.created.clear()
+
+
+def _enter(netns: str) -> list[str]:
+    """Run in the node's network namespace and a mount namespace of its own (the node's mount table).
+
+    Not ``ip netns exec``: it remounts /sys for the namespace, which hides /sys/fs/cgroup, and slurmd
+    will not start without its cgroup plugin.  Propagation is slave: the host's mounts made before
+    the node started (the emulated PFS) are there, the node's own mounts stay on the node.
+    """
+    return ["nsenter", f"--net=/run/netns/{netns}", "unshare", "--mount", "--propagation", "slave"]
+
+
+def _node_spool(root: Path, node: str, argv: list[str]) -> list[str]:
+    """slurmd with ``root/spool/node`` bound to its own ``root/spool/NODE`` inside the node's mount namespace.
+
+    Each slurmd needs a spool directory of its own, but SlurmdSpoolDir's ``%n`` is not expanded by
+    the mpi/pmix plugin, which then looks for its sockets under a literal ``%n``: one path for every
+    node, holding each node's own directory, is what a real cluster's local /var/spool is.
+    """
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return ["sh", "-c", script, "sh", str(root / "spool" / node), str(root / "spool" / "node"), *argv]
 
 
 def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -447,12 +469,17 @@ def running_slurm(
             ctld_addr = "127.0.0.1"
         for node in node_list:
             (root / "spool" / node.name).mkdir()
+        if netns is not None:
+            (root / "spool" / "node").mkdir()
         key, sock = _write_munge(root)
         conf = root / "slurm.conf"
         conf.write_text(_slurm_conf(root, sock, node_list, ctld_addr, prolog=prolog, epilog=epilog,
                                     kill_wait=kill_wait, cgroup=cgroup, extra=extra_conf))  # fmt: skip
         if cgroup_conf is not None:
             (root / "cgroup.conf").write_text(cgroup_conf)
+        if netns is not None:
+            # PMIx's client directories default to /tmp, which the nodes here share: the node's own spool.
+            (root / "mpi.conf").write_text(f"PMIxCliTmpDirBase={root}/spool/node\n")
         env = {**os.environ, "SLURM_CONF": str(conf), MARKER: str(root)}
         cluster = SlurmCluster(root, conf, env, node_list, kill_wait)
         m = root / "munge"
@@ -472,8 +499,7 @@ def running_slurm(
             argv = [_which("slurmd"), "-D", "-N", node.name, "-f", str(conf)]
             if node.netns is not None:
                 assert netns is not None
-                # ip netns exec also gives slurmd a private mount namespace: the node's own mounts.
-                argv = ["ip", "netns", "exec", node.netns, *argv]
+                argv = [*_enter(node.netns), *_node_spool(root, node.name, argv)]
             node.proc = _start(argv, root / "log" / f"slurmd-{node.name}.out", env)
         _wait(lambda: all(s == "idle" for s in cluster.node_states().values()) and len(cluster.node_states()) == nodes,
               start_timeout, "every node idle", cluster)  # fmt: skip

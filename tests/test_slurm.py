@@ -10,6 +10,7 @@ table for what was left behind; the only seerfs figure used is its status for wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import pytest
 from e2e import Job, expected_opens, free_port, make_source, seerfs_config
 from mounting import wait_for
 from pfsemu_fixture import RunningEmulator, requires_fuse, running_pfsemu
-from slurm_cluster import SlurmCluster, SlurmUnavailable, job_user, requires_slurm, running_slurm
+from slurm_cluster import NODE_IFNAME, SlurmCluster, SlurmUnavailable, job_user, requires_slurm, running_slurm
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.slurm, requires_fuse, requires_slurm]
 
@@ -71,9 +72,16 @@ class JobFiles:
     config: Path
     spec: Path
     out: Path  # train_reader results: out.rankN.json
-    status: Path  # seerfs status --json, taken before the unmount
-    mounts: Path  # the job node's mountinfo lines for the mountpoint, before the unmount
     log: Path  # the job's stdout+stderr
+
+    def status(self, node: int = 0) -> dict[str, Any]:
+        """Node ``node``'s ``seerfs status --json``, taken by the job before the unmount."""
+        doc: dict[str, Any] = json.loads((self.dir / f"status.{node}.json").read_text())
+        return doc
+
+    def mount_lines(self, node: int = 0) -> list[str]:
+        """Node ``node``'s mountinfo lines for the mountpoint, taken by the job before the unmount."""
+        return (self.dir / f"mountinfo.{node}.txt").read_text().splitlines()
 
 
 def job_files(cluster: SlurmCluster, name: str, job: Job, *, tiers_bytes: str = "64MiB", **cfg: Any) -> JobFiles:
@@ -84,7 +92,13 @@ def job_files(cluster: SlurmCluster, name: str, job: Job, *, tiers_bytes: str = 
     mnt.mkdir()
     config = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache",
                            tiers=[{"kind": "memory", "bytes": tiers_bytes, "threads": 4}], **cfg)  # fmt: skip
-    return JobFiles(d, mnt, config, d / "spec.json", d / "train", d / "status.json", d / "mountinfo.txt", d / "job.out")
+    snapshot = d / "snapshot.sh"  # run on every node by the job before the unmount (see recipe_script)
+    snapshot.write_text(
+        '#!/bin/bash\n# What the test reads: this node\'s seerfs status and its mount table lines for MOUNT ($1).\n'
+        f'seerfs status --json "$1" > {d}/status.$SLURM_NODEID.json\n'
+        f"awk -v m=\"$1\" '$5 == m' /proc/self/mountinfo > {d}/mountinfo.$SLURM_NODEID.txt\n"
+    )
+    return JobFiles(d, mnt, config, d / "spec.json", d / "train", d / "job.out")
 
 
 def write_spec(files: JobFiles, job: Job, digests: dict[str, str]) -> None:
@@ -146,10 +160,7 @@ def recipe_script(files: JobFiles, source: Path, *, mnt: str | None = None, prol
     recipe = readme_recipe()
     for old in subs:
         assert any(old in line for line in recipe), f"README's recipe no longer names {old}"
-    snapshot = [  # what the test reads before the unmount: status, and the mount table's lines for the mountpoint
-        f'seerfs status --json "{mnt}" > {files.status}',
-        f"awk -v m=\"{mnt}\" '$5 == m' /proc/self/mountinfo > {files.mounts}",
-    ]
+    snapshot = [f'srun -N $SLURM_NNODES -n $SLURM_NNODES bash {files.dir}/snapshot.sh "{mnt}"']
     lines = []
     for line in recipe:
         if prolog_form and re.search(r"seerfs (mount|wait|umount)", line):
@@ -231,8 +242,8 @@ def test_readme_recipe_under_sbatch(slurm_cluster: SlurmCluster, dataset: Datase
     info = slurm_cluster.wait_job(job_id, timeout=240)
     print(f"job {job_id}: {info['job_state']} in {time.monotonic() - t0:.1f}s")
     assert info["job_state"] == "COMPLETED" and info["exit_code"] == 0, job_output(files)
-    doc = json.loads(files.status.read_text())
-    assert len(files.mounts.read_text().splitlines()) == 1, "not one daemon per node: mounts stacked on the mountpoint"
+    doc = files.status()
+    assert len(files.mount_lines()) == 1, "not one daemon per node: mounts stacked on the mountpoint"
     check_job(files, dataset, job, pfs, [doc])
     assert_nothing_left(slurm_cluster, files.mnt, [doc["pid"]])
 
@@ -333,12 +344,12 @@ def test_root_prolog_form(prolog_cluster: PrologCluster, dataset: Dataset, pfs: 
     info = pc.cluster.wait_job(job_id, timeout=240)
     assert info["job_state"] == "COMPLETED" and info["exit_code"] == 0, job_output(files) + pc.cluster.log_tail()
     assert info["user_id"] == pc.uid
-    mount_lines = files.mounts.read_text().splitlines()
+    mount_lines = files.mount_lines()
     assert len(mount_lines) == 1, mount_lines
     assert "user_id=0" in mount_lines[0] and "allow_other" in mount_lines[0], mount_lines  # root's, shared
     ranks = [files.out.with_suffix(f".rank{r}.json") for r in range(job.world_size)]
     assert all(p.stat().st_uid == pc.uid for p in ranks)  # training ran as the user
-    doc = json.loads(files.status.read_text())
+    doc = files.status()
     assert doc["seed"]["origin"] == "written", doc["seed"]  # the user's seed write was taken
     check_job(files, dataset, job, pfs, [doc])
     assert_nothing_left(pc.cluster, files.mnt, [doc["pid"]])
@@ -371,3 +382,39 @@ def test_root_prolog_form_scancel(prolog_cluster: PrologCluster, dataset: Datase
     assert_nothing_left(pc.cluster, files.mnt, [pid])
     assert not files.mnt.exists()  # the epilog ran to its end
     assert pc.cluster.node_states() == {pc.cluster.nodes[0].name: "idle"}  # no failed epilog drained the node
+
+
+# --------------------------------------------------------------------------- two nodes
+
+
+@pytest.mark.slow
+def test_readme_recipe_on_two_nodes(dataset: Dataset) -> None:
+    """README's recipe on 2 nodes (network and mount namespaces, one slurmd each), one rank per node.
+
+    The daemons must form one group, so each file is read from the PFS once for the whole job and the
+    other node gets it from its owner over TCP: PFS bytes == 1.00x the dataset, not 2x.
+    """
+    job = Job(world_size=2, epochs=2, batch_size=16, num_workers=2, seed=SEED, val=False)
+    # The emulator first: a node's mount namespace copies the host's mounts when the node starts.
+    with running_pfsemu(dataset.backing) as emu, contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(running_slurm(nodes=2))
+        except SlurmUnavailable as exc:
+            pytest.skip(f"two Slurm nodes did not start: {exc}")
+        files = job_files(cluster, "two-nodes", job, ranks_per_node=1, peers={"bind": NODE_IFNAME})
+        write_spec(files, job, dataset.digests)
+        env = [*environment(files), f"export GLOO_SOCKET_IFNAME={NODE_IFNAME}"]  # gloo: the node's interface
+        script = files.dir / "job.sh"
+        script.write_text(recipe_script(files, emu.mountpoint, env=env))
+        t0 = time.monotonic()
+        job_id = cluster.sbatch(script, "--nodes=2", "--ntasks=2", f"--output={files.log}", f"--chdir={files.dir}")
+        info = cluster.wait_job(job_id, timeout=300)
+        print(f"job {job_id}: {info['job_state']} in {time.monotonic() - t0:.1f}s")
+        assert info["job_state"] == "COMPLETED" and info["exit_code"] == 0, job_output(files)
+        docs = [files.status(k) for k in range(2)]
+        assert [len(files.mount_lines(k)) for k in range(2)] == [1, 1]
+        groups = [d["group"] for d in docs]
+        assert all(g["size"] == 2 for g in groups), groups
+        check_job(files, dataset, job, emu, docs)
+        for k in range(2):
+            assert_nothing_left(cluster, files.mnt, [docs[k]["pid"]], node=k)
