@@ -224,8 +224,11 @@ class SlurmCluster:
     def cancel_all(self, timeout: float) -> None:
         """scancel every job and wait until none is left running or completing (epilogues ran)."""
         res = self.run("squeue", "-h", "-o", "%i %T", check=False)
-        active = [line.split()[0] for line in res.stdout.splitlines() if line.split()[1:] and line.split()[1] in
-                  ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING", "SUSPENDED")]  # fmt: skip
+        active = [
+            line.split()[0]
+            for line in res.stdout.splitlines()
+            if line.split()[1:] and line.split()[1] in ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+        ]
         if active:
             self.run("scancel", *active, check=False)
         deadline = time.monotonic() + timeout
@@ -253,8 +256,11 @@ def _node_hardware() -> str:
     """The machine's real CPUs, sockets, cores and memory, as slurmd itself reports them."""
     out = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True, timeout=30).stdout
     first = out.splitlines()[0] if out else ""
-    keep = [w for w in first.split() if w.split("=")[0] in
-            ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")]  # fmt: skip
+    keep = [
+        w
+        for w in first.split()
+        if w.split("=")[0] in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
+    ]
     if not keep:
         raise SlurmUnavailable(f"slurmd -C said nothing usable: {out!r}")
     return " ".join(keep)
@@ -390,8 +396,9 @@ def _node_spool(root: Path, node: str, argv: list[str]) -> list[str]:
 
 def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
@@ -410,8 +417,9 @@ def _wait(cond: Any, timeout: float, what: str, cluster: SlurmCluster) -> None:
     while not cond():
         for name, proc in [*cluster.procs.items(), *((n.name, n.proc) for n in cluster.nodes if n.proc)]:
             if proc is not None and proc.poll() is not None:
-                raise SlurmUnavailable(f"{name} exited ({proc.returncode}) while waiting for {what}\n"
-                                       + cluster.log_tail())  # fmt: skip
+                raise SlurmUnavailable(
+                    f"{name} exited ({proc.returncode}) while waiting for {what}\n" + cluster.log_tail()
+                )
         if time.monotonic() > deadline:
             raise SlurmUnavailable(f"timed out after {timeout}s waiting for {what}\n" + cluster.log_tail())
         time.sleep(0.1)
@@ -424,8 +432,12 @@ def job_user() -> tuple[str, int, int]:
     try:
         pw = pwd.getpwnam(JOB_USER)
     except KeyError:
-        res = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", JOB_USER],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        res = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", JOB_USER],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if res.returncode != 0:
             raise SlurmUnavailable(f"useradd {JOB_USER}: {res.stderr.strip()}") from None
         pw = pwd.getpwnam(JOB_USER)
@@ -473,8 +485,19 @@ def running_slurm(
             (root / "spool" / "node").mkdir()
         key, sock = _write_munge(root)
         conf = root / "slurm.conf"
-        conf.write_text(_slurm_conf(root, sock, node_list, ctld_addr, prolog=prolog, epilog=epilog,
-                                    kill_wait=kill_wait, cgroup=cgroup, extra=extra_conf))  # fmt: skip
+        conf.write_text(
+            _slurm_conf(
+                root,
+                sock,
+                node_list,
+                ctld_addr,
+                prolog=prolog,
+                epilog=epilog,
+                kill_wait=kill_wait,
+                cgroup=cgroup,
+                extra=extra_conf,
+            )
+        )
         if cgroup_conf is not None:
             (root / "cgroup.conf").write_text(cgroup_conf)
         if netns is not None:
@@ -484,8 +507,15 @@ def running_slurm(
         cluster = SlurmCluster(root, conf, env, node_list, kill_wait)
         m = root / "munge"
         cluster.procs["munged"] = _start(
-            [_which("munged"), "-F", f"--socket={sock}", f"--key-file={key}", f"--pid-file={m}/munged.pid",
-             f"--log-file={root}/log/munged.log", f"--seed-file={m}/key/seed"],  # fmt: skip
+            [
+                _which("munged"),
+                "-F",
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--pid-file={m}/munged.pid",
+                f"--log-file={root}/log/munged.log",
+                f"--seed-file={m}/key/seed",
+            ],
             root / "log" / "munged.out",
             env,
         )
@@ -493,16 +523,21 @@ def running_slurm(
         cluster.procs["slurmctld"] = _start(
             [_which("slurmctld"), "-D", "-c", "-i", "-f", str(conf)], root / "log" / "slurmctld.out", env
         )
-        _wait(lambda: "UP" in cluster.run("scontrol", "ping", check=False).stdout, start_timeout,
-              "scontrol ping", cluster)  # fmt: skip
+        _wait(
+            lambda: "UP" in cluster.run("scontrol", "ping", check=False).stdout, start_timeout, "scontrol ping", cluster
+        )
         for node in node_list:
             argv = [_which("slurmd"), "-D", "-N", node.name, "-f", str(conf)]
             if node.netns is not None:
                 assert netns is not None
                 argv = [*_enter(node.netns), *_node_spool(root, node.name, argv)]
             node.proc = _start(argv, root / "log" / f"slurmd-{node.name}.out", env)
-        _wait(lambda: all(s == "idle" for s in cluster.node_states().values()) and len(cluster.node_states()) == nodes,
-              start_timeout, "every node idle", cluster)  # fmt: skip
+        _wait(
+            lambda: all(s == "idle" for s in cluster.node_states().values()) and len(cluster.node_states()) == nodes,
+            start_timeout,
+            "every node idle",
+            cluster,
+        )
         yield cluster
     finally:
         if cluster is not None:
@@ -522,6 +557,15 @@ def running_slurm(
                     os.kill(pid, signal.SIGKILL)
             if "munged" in cluster.procs:
                 _stop(cluster.procs["munged"])
+            if cgroup:  # task/cgroup leaves its empty slurm_NODE hierarchy behind: remove it, deepest first
+                for top in Path("/sys/fs/cgroup").glob("*/slurm*"):
+                    if top.name in {f"slurm_{n.name}" for n in cluster.nodes} | {"slurm"}:
+                        below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+                        for sub in below:
+                            with contextlib.suppress(OSError):
+                                sub.rmdir()
+                        with contextlib.suppress(OSError):
+                            top.rmdir()
             for mp in [m.mountpoint for m in mountinfo.mounts()]:
                 if mp.startswith(str(root) + "/"):
                     subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, timeout=30)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools import train_reader  # noqa: E402  (after the path: the repository root)
+from tools import train_reader
 
 
 def main() -> int:

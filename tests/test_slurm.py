@@ -11,6 +11,7 @@ table for what was left behind; the only seerfs figure used is its status for wh
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -90,11 +91,16 @@ def job_files(cluster: SlurmCluster, name: str, job: Job, *, tiers_bytes: str = 
     d.chmod(0o777)  # the job may run as another user
     mnt = d / "mnt"
     mnt.mkdir()
-    config = seerfs_config(d / "seerfs.yaml", job, cache_dir=d / "cache",
-                           tiers=[{"kind": "memory", "bytes": tiers_bytes, "threads": 4}], **cfg)  # fmt: skip
+    config = seerfs_config(
+        d / "seerfs.yaml",
+        job,
+        cache_dir=d / "cache",
+        tiers=[{"kind": "memory", "bytes": tiers_bytes, "threads": 4}],
+        **cfg,
+    )
     snapshot = d / "snapshot.sh"  # run on every node by the job before the unmount (see recipe_script)
     snapshot.write_text(
-        '#!/bin/bash\n# What the test reads: this node\'s seerfs status and its mount table lines for MOUNT ($1).\n'
+        "#!/bin/bash\n# What the test reads: this node's seerfs status and its mount table lines for MOUNT ($1).\n"
         f'seerfs status --json "$1" > {d}/status.$SLURM_NODEID.json\n'
         f"awk -v m=\"$1\" '$5 == m' /proc/self/mountinfo > {d}/mountinfo.$SLURM_NODEID.txt\n"
     )
@@ -136,15 +142,27 @@ def user_python(cluster: SlurmCluster, user: str) -> tuple[Path, str]:
         (bin_dir / "seerfs").chmod(0o755)
     pythonpath = ":".join([str(ROOT), *site])
     env = {**cluster.env, "PYTHONPATH": pythonpath}
-    res = subprocess.run(["runuser", "-u", user, "--", str(bin_dir / "python"), "-c", probe], env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        ["runuser", "-u", user, "--", str(bin_dir / "python"), "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if res.returncode != 0:
         pytest.skip(f"no Python the job user {user} can run with torch: {res.stderr.strip()[-300:]}")
     return bin_dir, pythonpath
 
 
-def recipe_script(files: JobFiles, source: Path, *, mnt: str | None = None, prolog_form: bool = False,
-                  env: list[str] | None = None) -> str:  # fmt: skip
+def recipe_script(
+    files: JobFiles,
+    source: Path,
+    *,
+    mnt: str | None = None,
+    prolog_form: bool = False,
+    env: list[str] | None = None,
+    before_umount: list[str] | None = None,
+) -> str:
     """README's recipe with its paths substituted; ``seerfs status --json`` saved before the unmount.
 
     ``prolog_form`` keeps only the job's own lines (the seed and the training): the prolog mounted and
@@ -160,7 +178,7 @@ def recipe_script(files: JobFiles, source: Path, *, mnt: str | None = None, prol
     recipe = readme_recipe()
     for old in subs:
         assert any(old in line for line in recipe), f"README's recipe no longer names {old}"
-    snapshot = [f'srun -N $SLURM_NNODES -n $SLURM_NNODES bash {files.dir}/snapshot.sh "{mnt}"']
+    snapshot = [f'srun -N $SLURM_NNODES -n $SLURM_NNODES bash {files.dir}/snapshot.sh "{mnt}"', *(before_umount or [])]
     lines = []
     for line in recipe:
         if prolog_form and re.search(r"seerfs (mount|wait|umount)", line):
@@ -185,7 +203,7 @@ def job_output(files: JobFiles) -> str:
 
 def check_job(files: JobFiles, ds: Dataset, job: Job, emu: RunningEmulator, opens_from: list[dict[str, Any]]) -> None:
     """What every recipe test proves: all opens predicted, PFS read once, every byte right."""
-    expected = expected_opens(job, TRAIN_FILES, 0)
+    expected = expected_opens(job, len(ds.digests), 0)
     ranks = [json.loads(files.out.with_suffix(f".rank{r}.json").read_text()) for r in range(job.world_size)]
     assert all(not r["bad"] for r in ranks), [r["bad"][:3] for r in ranks]  # bytes == the source's, by sha1
     assert sum(r["samples"] for r in ranks) == expected
@@ -209,10 +227,14 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
+def gone(pid: int) -> bool:
+    return not alive(pid)
+
+
 def assert_nothing_left(cluster: SlurmCluster, mnt: Path, daemon_pids: list[int], node: int = 0) -> None:
     """No seerfs daemon alive, no FUSE mount on the mountpoint, no process of the job left."""
     for pid in daemon_pids:
-        wait_for(lambda pid=pid: not alive(pid), timeout=cluster.kill_wait + 10, what=f"daemon {pid} to exit")
+        wait_for(functools.partial(gone, pid), timeout=cluster.kill_wait + 10, what=f"daemon {pid} to exit")
     assert str(mnt) not in cluster.fuse_mounts(node), cluster.fuse_mounts(node)
     left = {pid: what for pid, what in cluster.marked_processes().items() if "slurmscriptd" not in what}
     assert not left, left
@@ -224,8 +246,9 @@ def pfs(dataset: Dataset) -> Iterator[RunningEmulator]:
         yield emu
 
 
-def submit_recipe(cluster: SlurmCluster, ds: Dataset, emu: RunningEmulator, job: Job, name: str,
-                  *options: str) -> tuple[int, JobFiles]:  # fmt: skip
+def submit_recipe(
+    cluster: SlurmCluster, ds: Dataset, emu: RunningEmulator, job: Job, name: str, *options: str
+) -> tuple[int, JobFiles]:
     files = job_files(cluster, name, job)
     write_spec(files, job, ds.digests)
     script = files.dir / "job.sh"
@@ -311,7 +334,9 @@ def prolog_cluster() -> Iterator[PrologCluster]:
         pytest.skip(f"Slurm daemons did not start: {exc}")
 
 
-def submit_prolog_job(pc: PrologCluster, ds: Dataset, emu: RunningEmulator, job: Job, name: str) -> tuple[int, JobFiles]:
+def submit_prolog_job(
+    pc: PrologCluster, ds: Dataset, emu: RunningEmulator, job: Job, name: str
+) -> tuple[int, JobFiles]:
     """The job's part of README's recipe, submitted by the unprivileged user with --comment=seerfs."""
     files = job_files(pc.cluster, name, job)
     files.mnt.rmdir()  # the prolog makes the job's mountpoint
@@ -330,8 +355,15 @@ def submit_prolog_job(pc: PrologCluster, ds: Dataset, emu: RunningEmulator, job:
     env = environment(files, bin_dir, pythonpath)
     script.write_text(recipe_script(files, emu.mountpoint, mnt=mnt, prolog_form=True, env=env))
     script.chmod(0o755)
-    job_id = pc.cluster.sbatch(script, "--comment=seerfs", "--nodes=1", "--ntasks=2", f"--output={files.log}",
-                               f"--chdir={files.dir}", user=pc.user)  # fmt: skip
+    job_id = pc.cluster.sbatch(
+        script,
+        "--comment=seerfs",
+        "--nodes=1",
+        "--ntasks=2",
+        f"--output={files.log}",
+        f"--chdir={files.dir}",
+        user=pc.user,
+    )
     return job_id, replace(files, mnt=files.dir / f"mnt-{job_id}")
 
 
@@ -418,3 +450,131 @@ def test_readme_recipe_on_two_nodes(dataset: Dataset) -> None:
         check_job(files, dataset, job, emu, docs)
         for k in range(2):
             assert_nothing_left(cluster, files.mnt, [docs[k]["pid"]], node=k)
+
+
+# --------------------------------------------------------------------------- a memory cgroup limit
+
+# Slurm's task/cgroup with ConstrainRAMSpace puts each job in a memory cgroup limited to its --mem:
+# the daemon runs as a step of the job, so its memory tier and the pages it pushes into the page cache
+# are charged to the job.  cgroup/v1 here: this kernel's memory controller is bound to the v1
+# hierarchy (/sys/fs/cgroup/memory); the v2 one (/sys/fs/cgroup/unified) has no memory controller.
+CGROUP_CONF = """CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainRAMSpace=yes
+ConstrainSwapSpace=no
+ConstrainCores=no
+ConstrainDevices=no
+"""
+MEMCG = Path("/sys/fs/cgroup/memory")
+DAEMON_ALLOWANCE = 160 << 20  # the daemon's interpreter, numpy, trio and plan (about 110 MB RSS measured here)
+TIER_BYTES = 256 << 20
+# Read by the batch step before the unmount: the job's memory cgroup (two levels above this task's)
+# and the cgroup the daemon (pid in status.0.json) was charged in.
+CGROUP_REPORT = r"""
+cg=/sys/fs/cgroup/memory$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)
+job=${cg%/step_*}
+daemon=${DAEMON_PID:-$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['pid'])" DIR/status.0.json)}
+dcg=/sys/fs/cgroup/memory$(awk -F: '$2 == "memory" {print $3}' /proc/$daemon/cgroup)
+{
+  echo "job_cgroup $job"
+  echo "daemon_cgroup $dcg"
+  for f in limit_in_bytes max_usage_in_bytes failcnt; do echo "job_$f $(cat $job/memory.$f)"; done
+  awk '$1 == "oom_kill" {print "job_oom_kill", $2}' $job/memory.oom_control
+  awk '$1 == "total_cache" || $1 == "total_rss" {print "job_" $1, $2}' $job/memory.stat
+  awk '$1 == "total_cache" || $1 == "total_rss" {print "daemon_" $1, $2}' $dcg/memory.stat
+} > DIR/cgroup.txt
+"""
+
+
+def memory_cgroup_reason() -> str | None:
+    if not (MEMCG / "memory.limit_in_bytes").exists():
+        unified = Path("/sys/fs/cgroup/cgroup.controllers")
+        if unified.exists() and "memory" in unified.read_text().split():
+            return "cgroup v2 memory controller only: Slurm 22.05's cgroup/v2 needs systemd (dbus) to delegate"
+        return "no cgroup v1 memory controller at /sys/fs/cgroup/memory"
+    try:
+        probe = MEMCG / f"seerfs-slurm-probe-{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        return f"memory cgroup not writable: {exc.strerror}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def big_dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """150 MB: the memory tier and the page cache it fills are a real part of the job's limit."""
+    backing = tmp_path_factory.mktemp("slurm-pfs-big") / "backing"
+    digests, total = make_source(backing, TRAIN_FILES, 0, mean_size=250_000)
+    return Dataset(backing, digests, total)
+
+
+def job_memory_peak(cluster: SlurmCluster, ds: Dataset, emu: RunningEmulator) -> int:
+    """Peak memory of the job's training alone (no seerfs: it reads the PFS directly), from its cgroup."""
+    job = Job(world_size=2, epochs=1, batch_size=16, num_workers=2, seed=SEED, val=False)
+    files = job_files(cluster, "calibrate", job)
+    write_spec(files, job, ds.digests)
+    script = files.dir / "job.sh"
+    script.write_text(
+        "#!/bin/bash\nset -euo pipefail\n" + "\n".join(environment(files)) + "\n"
+        f"srun python {ROOT / 'tests' / 'slurm_train.py'} --data {emu.mountpoint}/train\n"
+        + "DAEMON_PID=$$\n"  # no daemon: the batch shell stands in
+        + CGROUP_REPORT.replace("DIR", str(files.dir))
+    )
+    job_id = cluster.sbatch(script, "--nodes=1", "--ntasks=2", f"--output={files.log}", f"--chdir={files.dir}")
+    info = cluster.wait_job(job_id, timeout=300)
+    assert info["job_state"] == "COMPLETED", job_output(files)
+    report = dict(line.split(" ", 1) for line in (files.dir / "cgroup.txt").read_text().splitlines())
+    return int(report["job_max_usage_in_bytes"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_recipe_under_a_memory_cgroup_limit(big_dataset: Dataset) -> None:
+    """--mem = the training's own peak + the memory tier + the daemon: no OOM kill, the cache is the job's."""
+    reason = memory_cgroup_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    ds = big_dataset
+    with running_pfsemu(ds.backing) as emu, contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(running_slurm(cgroup=True, cgroup_conf=CGROUP_CONF))
+        except SlurmUnavailable as exc:
+            pytest.skip(f"Slurm with task/cgroup did not start: {exc}")
+        peak = job_memory_peak(cluster, ds, emu)
+        emu.reset()  # the calibration read the PFS directly: count only the seerfs job
+        limit = peak + TIER_BYTES + DAEMON_ALLOWANCE
+        job = Job(world_size=2, epochs=2, batch_size=16, num_workers=2, seed=SEED, val=False)
+        files = job_files(cluster, "memcg", job, tiers_bytes=str(TIER_BYTES), lookahead="32MiB")
+        write_spec(files, job, ds.digests)
+        script = files.dir / "job.sh"
+        report = [line for line in CGROUP_REPORT.replace("DIR", str(files.dir)).splitlines() if line]
+        script.write_text(recipe_script(files, emu.mountpoint, before_umount=report))
+        job_id = cluster.sbatch(
+            script, "--nodes=1", "--ntasks=2", f"--mem={limit >> 20}M", f"--output={files.log}", f"--chdir={files.dir}"
+        )
+        info = cluster.wait_job(job_id, timeout=400)
+        out = job_output(files)
+        assert info["job_state"] == "COMPLETED" and info["exit_code"] == 0, out
+        assert "oom" not in out.lower(), out
+        cg = dict(line.split(" ", 1) for line in (files.dir / "cgroup.txt").read_text().splitlines())
+        doc = files.status()
+        print(
+            json.dumps(
+                {
+                    "dataset": ds.total,
+                    "training_peak": peak,
+                    "limit": limit,
+                    **cg,
+                    "page_cache_bytes": doc["prefetch"]["staging"]["page_cache_bytes"],
+                }
+            )
+        )
+        assert int(cg["job_limit_in_bytes"]) == (limit >> 20) << 20  # the limit is the job's --mem
+        assert int(cg["job_oom_kill"]) == 0
+        assert cg["daemon_cgroup"].startswith(cg["job_cgroup"] + "/"), cg  # the daemon is charged to the job
+        # The pages the mount holds are charged to the job (the daemon's pushes to its own step).
+        assert int(cg["job_total_cache"]) >= 0.9 * doc["prefetch"]["staging"]["page_cache_bytes"], cg
+        assert doc["prefetch"]["staging"]["pushes"] > 0 and int(cg["daemon_total_cache"]) > 0, cg  # pushed: the job's
+        check_job(files, ds, job, emu, [doc])
+        assert_nothing_left(cluster, files.mnt, [doc["pid"]])

@@ -120,7 +120,7 @@ def seerfs_1() -> str:
         "Slurm job: one daemon per node for the whole job, then training, then the epilogue:",
         ".PP", ".nf",
         esc("N=$SLURM_NNODES"),
-        esc("srun --overlap -N $N -n $N seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
+        esc("srun --overlap --mpi=pmix -N $N -n $N seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
         esc("srun -N $N -n $N seerfs wait /tmp/imagenet"),
         esc("echo 0 > /tmp/imagenet/.control/seed"),
         esc("srun python train.py --data /tmp/imagenet/train"),
