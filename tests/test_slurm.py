@@ -295,7 +295,7 @@ def test_scancel_of_the_recipe_job_leaves_nothing(
     doc = wait_for(training_reads, timeout=120, what="training to read through the mount")
     pid = int(doc["pid"])
     steps = slurm_cluster.steps(job_id)
-    assert any(s.endswith(".0") for s in steps) and len(steps) >= 3, steps  # mount step, training, batch
+    assert len(steps) >= 3, steps  # the mount step, the training step and the batch script, all running
     t0 = time.monotonic()
     slurm_cluster.run("scancel", str(job_id))
     wait_for(lambda: not alive(pid), timeout=slurm_cluster.kill_wait + 20, what="the daemon to exit")
