@@ -14,7 +14,15 @@ directory so nothing of the machine's own ``/etc/slurm`` or ``/etc/munge`` is re
   ``--enable-multiple-slurmd``, so two slurmd on one host need two network stacks, and two nodes that
   each mount the dataset on the same path need two mount tables.  A mount made by a job on node k
   lives only in that node's mount namespace (see :meth:`SlurmCluster.fuse_mounts`); mounts of the
-  host made before the cluster starts (the emulated PFS) are copied into every node.
+  host made before the cluster starts (the emulated PFS) are copied into every node.  Every node
+  sees its own spool directory on one path, and PMIx keeps its files there (mpi.conf), not in the
+  /tmp the nodes share here: ``srun --mpi=pmix`` across nodes works as on a cluster.
+* ``cgroup=True``: TaskPlugin=task/cgroup with the given cgroup.conf, so ``--mem`` is a job's memory
+  cgroup limit.
+
+The job user of the prolog tests is :data:`JOB_USER` (``job_user()`` creates it with useradd).
+``SEERFS_SLURM_KEEP=1`` keeps the directory (logs, job files) after teardown; ``SEERFS_SLURM_DEBUG=1``
+logs step-level detail.
 
 Usage::
 
@@ -279,6 +287,7 @@ def _slurm_conf(
     extra: Sequence[str],
 ) -> str:
     hw = _node_hardware()
+    debug = bool(os.environ.get("SEERFS_SLURM_DEBUG"))
     host = socket.gethostname()
     lines = [
         "ClusterName=seerfstest",
@@ -296,8 +305,12 @@ def _slurm_conf(
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
         f"SlurmdLogFile={root}/log/slurmd-%n.log",
-        f"SlurmctldDebug={'debug' if os.environ.get('SEERFS_SLURM_DEBUG') else 'info'}",
-        "SlurmdDebug=info",
+        # SEERFS_SLURM_DEBUG=1: step-level detail in both daemons' logs (keep them with SEERFS_SLURM_KEEP=1).
+        *(
+            ["SlurmctldDebug=debug2", "SlurmdDebug=debug2", "DebugFlags=Steps"]
+            if debug
+            else ["SlurmctldDebug=info", "SlurmdDebug=info"]
+        ),
         "MailProg=/bin/true",
         "MpiDefault=none",  # Debian's shipped default; a step asks for PMIx with --mpi=pmix
         "ProctrackType=proctrack/linuxproc",

@@ -220,11 +220,11 @@ def check_job(files: JobFiles, ds: Dataset, job: Job, emu: RunningEmulator, open
 
 
 def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited daemon not yet reaped by init is gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def gone(pid: int) -> bool:
