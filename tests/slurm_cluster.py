@@ -10,8 +10,9 @@ directory so nothing of the machine's own ``/etc/slurm`` or ``/etc/munge`` is re
   by ``slurmd -C``, one partition, ``KillWait`` small, ``Prolog``/``Epilog`` as the test asks;
 * ``nodes=1`` runs one slurmd on the host.  ``nodes=2`` (or more) runs each slurmd in a network
   namespace of its own (``ip netns``, a veth pair on a bridge, its own 10.x address on an interface
-  named ``slurmnet0`` on every node) and a private mount namespace: Debian's slurmd is not built with
-  ``--enable-multiple-slurmd``, so two slurmd on one host need two network stacks, and two nodes that
+  named ``slurmnet0`` on every node; slurmctld in node 0's) and a private mount namespace: Debian's
+  slurmd is not built with ``--enable-multiple-slurmd``, so two slurmd on one host need two network
+  stacks, and two nodes that
   each mount the dataset on the same path need two mount tables.  A mount made by a job on node k
   lives only in that node's mount namespace (see :meth:`SlurmCluster.fuse_mounts`); mounts of the
   host made before the cluster starts (the emulated PFS) are copied into every node.  Every node
@@ -488,7 +489,12 @@ def running_slurm(
         if netns is not None:
             addrs = netns.create()
             node_list = [Node(f"n{k}", addrs[k], netns.names[k]) for k in range(nodes)]
-            ctld_addr = netns.host_addr
+            # slurmctld lives on node 0 (its network namespace), where batch scripts and their sruns
+            # run: srun tells slurmctld it listens on 0.0.0.0, and slurmctld's "your step can start
+            # now" reaches it only from the same network stack.  From the host's namespace that call
+            # was refused, and an srun that asked while the previous step was completing slept
+            # about 2 minutes before asking again.
+            ctld_addr = addrs[0]
         else:
             node_list = [Node(socket.gethostname().split(".")[0], "127.0.0.1", None)]
             ctld_addr = "127.0.0.1"
@@ -533,9 +539,10 @@ def running_slurm(
             env,
         )
         _wait(lambda: sock.exists(), start_timeout, "the munge socket", cluster)
-        cluster.procs["slurmctld"] = _start(
-            [_which("slurmctld"), "-D", "-c", "-i", "-f", str(conf)], root / "log" / "slurmctld.out", env
-        )
+        ctld = [_which("slurmctld"), "-D", "-c", "-i", "-f", str(conf)]
+        if netns is not None:
+            ctld = ["nsenter", f"--net=/run/netns/{netns.names[0]}", *ctld]
+        cluster.procs["slurmctld"] = _start(ctld, root / "log" / "slurmctld.out", env)
         _wait(
             lambda: "UP" in cluster.run("scontrol", "ping", check=False).stdout, start_timeout, "scontrol ping", cluster
         )
