@@ -439,6 +439,25 @@ def _wait(cond: Any, timeout: float, what: str, cluster: SlurmCluster) -> None:
         time.sleep(0.1)
 
 
+def _remove_slurm_cgroups(names: set[str], timeout: float = 15) -> None:
+    """task/cgroup leaves its slurm_NODE hierarchy behind: remove it, deepest first.
+
+    A group can be removed only once its last process is gone; killed steps take a moment to exit.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        tops = [t for t in Path("/sys/fs/cgroup").glob("*/slurm*") if t.name in names]
+        for top in tops:
+            for sub in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+        if not any(t.exists() for t in tops) or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
 def job_user() -> tuple[str, int, int]:
     """The unprivileged job user (created once with useradd, kept: a second useradd would fail)."""
     import pwd
@@ -577,15 +596,8 @@ def running_slurm(
                     os.kill(pid, signal.SIGKILL)
             if "munged" in cluster.procs:
                 _stop(cluster.procs["munged"])
-            if cgroup:  # task/cgroup leaves its empty slurm_NODE hierarchy behind: remove it, deepest first
-                for top in Path("/sys/fs/cgroup").glob("*/slurm*"):
-                    if top.name in {f"slurm_{n.name}" for n in cluster.nodes} | {"slurm"}:
-                        below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-                        for sub in below:
-                            with contextlib.suppress(OSError):
-                                sub.rmdir()
-                        with contextlib.suppress(OSError):
-                            top.rmdir()
+            if cgroup:
+                _remove_slurm_cgroups({f"slurm_{n.name}" for n in cluster.nodes} | {"slurm"})
             for mp in [m.mountpoint for m in mountinfo.mounts()]:
                 if mp.startswith(str(root) + "/"):
                     subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, timeout=30)
