@@ -21,7 +21,7 @@ directory so nothing of the machine's own ``/etc/slurm`` or ``/etc/munge`` is re
 * ``cgroup=True``: TaskPlugin=task/cgroup with the given cgroup.conf, so ``--mem`` is a job's memory
   cgroup limit.
 
-The job user of the prolog tests is :data:`JOB_USER` (``job_user()`` creates it with useradd).
+The job user of the prolog tests is :data:`JOB_USER` (``with job_user()`` creates it, then removes it).
 ``SEERFS_SLURM_KEEP=1`` keeps the directory (logs, job files) after teardown; ``SEERFS_SLURM_DEBUG=1``
 logs step-level detail.
 
@@ -458,23 +458,30 @@ def _remove_slurm_cgroups(names: set[str], timeout: float = 15) -> None:
         time.sleep(0.2)
 
 
-def job_user() -> tuple[str, int, int]:
-    """The unprivileged job user (created once with useradd, kept: a second useradd would fail)."""
+@contextlib.contextmanager
+def job_user() -> Iterator[tuple[str, int]]:
+    """An unprivileged user for jobs, (name, uid): created with useradd and removed after if it was not there.
+
+    Also removes what torch leaves under /tmp for that user (its inductor cache directory).
+    """
     import pwd
 
+    created = False
     try:
         pw = pwd.getpwnam(JOB_USER)
     except KeyError:
-        res = subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", JOB_USER],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        argv = ["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", JOB_USER]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         if res.returncode != 0:
             raise SlurmUnavailable(f"useradd {JOB_USER}: {res.stderr.strip()}") from None
+        created = True
         pw = pwd.getpwnam(JOB_USER)
-    return pw.pw_name, pw.pw_uid, pw.pw_gid
+    try:
+        yield pw.pw_name, pw.pw_uid
+    finally:
+        if created:
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"torchinductor_{JOB_USER}", ignore_errors=True)
+            subprocess.run(["userdel", JOB_USER], capture_output=True, timeout=30)
 
 
 @contextlib.contextmanager

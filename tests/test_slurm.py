@@ -327,8 +327,7 @@ class PrologCluster:
 def prolog_cluster() -> Iterator[PrologCluster]:
     """A cluster whose Prolog/Epilog are tools/slurm/prolog and epilog, installed as their comment says."""
     try:
-        user, uid, _gid = job_user()
-        with running_slurm(prolog=PROLOG, epilog=EPILOG) as cluster:
+        with job_user() as (user, uid), running_slurm(prolog=PROLOG, epilog=EPILOG) as cluster:
             yield PrologCluster(cluster, cluster.conf.parent / "seerfs.env", user, uid)
     except SlurmUnavailable as exc:
         pytest.skip(f"Slurm daemons did not start: {exc}")
