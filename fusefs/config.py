@@ -264,6 +264,11 @@ class Config:
         "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless mounting as root)",
         False,
     )
+    control_owner: int | None = doc(
+        "uid that owns .control and may write the seed besides root (default: the mounting user; "
+        "a root Slurm prolog gives the job's user)",
+        None,
+    )
     fuse: FuseSettings = doc("kernel interface", factory=FuseSettings)
     snapshot: SnapshotSettings = doc("metadata snapshot", factory=SnapshotSettings)
     datasets: list[DatasetConfig] = doc("datasets inside the mount and how they are sampled", factory=_default_datasets)
@@ -418,6 +423,8 @@ def check(cfg: Config) -> Config:
             f"job.ranks_per_node: expected a divisor of job.world_size ({cfg.job.world_size}), "
             f"got {cfg.job.ranks_per_node}"
         )
+    if cfg.control_owner is not None and cfg.control_owner < 0:
+        raise ConfigError(f"control_owner: expected a uid (0 or more), got {cfg.control_owner}")
     if not 0 <= cfg.peers.port <= 65535:
         raise ConfigError(f"peers.port: expected 0..65535, got {cfg.peers.port}")
     for i, item in enumerate(cfg.peers.static):

@@ -91,8 +91,9 @@ class Daemon:
         self._build_cache()
         self._join_group()
         self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
+        owner = os.getuid() if cfg.control_owner is None else cfg.control_owner  # who may write the seed
         self.control = ControlFiles(
-            self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
+            self.seed, self.board, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
         )
         attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
         self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
