@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount SOURCE (a dataset directory on the PFS) on MOUNTPOINT. Daemonises and "
-        "returns once the mount answers, unless --fg.",
+        "returns once the mount answers, unless --fg. The walk of SOURCE shows its progress on stderr "
+        "(entries walked, per second, and the time left when a previous snapshot gives the count): a "
+        "refreshing line on a terminal, else a line every 10 s; with --fg, a log line every 10 s.",
     )
     p.add_argument("source", metavar="SOURCE", help="the dataset directory on the PFS")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory to mount on")
@@ -55,8 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait until MOUNTPOINT answers and its daemon group has formed",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Wait until MOUNTPOINT answers and its daemon group has formed. While the daemon walks "
+        "the source, and with --plan while it plans, progress shows on stderr: a refreshing line on a "
+        "terminal, else a line every 10 s.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="also wait until the plan for the current seed is ready (exit 3 if planning fails)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
 
     p = sub.add_parser(
