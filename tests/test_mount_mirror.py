@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -205,15 +206,18 @@ def test_mount_type_fuse_seerfs_with_mount8(tree: Path, mountpoint: Path, cache_
     """`mount -t fuse.seerfs SRC MNT -o config=FILE,...` (what fstab does) mounts; umount(8) unmounts."""
     cfg = tmp_path / "seerfs.yaml"
     cfg.write_text(f"cache_dir: {cache_dir}\njob:\n  epochs: 3\n")
-    # mount(8) runs helpers with a fixed PATH; tools/setup links the console script there.
-    linked = shutil.which("seerfs", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    assert linked, "seerfs is not on mount(8)'s PATH: run tools/setup (it links /usr/local/bin/seerfs)"
+    # mount.fuse3 runs `/bin/sh -c "seerfs SOURCE MOUNTPOINT -o OPTS"`, and root's mount(8) keeps the
+    # caller's PATH: the venv's bin directory on PATH is all it takes (no link in /usr/local/bin).
+    bindir = str(Path(sys.executable).parent)
+    path = f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert shutil.which("seerfs", path=path) == os.path.join(bindir, "seerfs")
     opts = f"config={cfg},noauto,nodev,job.batch_size=4"
     res = subprocess.run(
         ["mount", "-t", "fuse.seerfs", str(tree), str(mountpoint), "-o", opts],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "PATH": path},
     )
     try:
         assert res.returncode == 0, res.stderr
