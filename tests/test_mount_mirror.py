@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -203,21 +202,21 @@ def test_umount_busy_names_holder_and_lazy_works(tree: Path, mountpoint: Path, c
 
 
 def test_mount_type_fuse_seerfs_with_mount8(tree: Path, mountpoint: Path, cache_dir: Path, tmp_path: Path) -> None:
-    """`mount -t fuse.seerfs SRC MNT -o config=FILE,...` (what fstab does) mounts; umount(8) unmounts."""
+    """`mount -t fuse 'HELPER#SRC' MNT -o config=FILE,...` (an fstab line) mounts; umount(8) unmounts.
+
+    mount(8) clears PATH for its helpers, so the link-free form names the console script by its
+    absolute path (`-t fuse.seerfs` needs seerfs in /usr/local/bin or the like: see test_wheel.py).
+    """
     cfg = tmp_path / "seerfs.yaml"
     cfg.write_text(f"cache_dir: {cache_dir}\njob:\n  epochs: 3\n")
-    # mount.fuse3 runs `/bin/sh -c "seerfs SOURCE MOUNTPOINT -o OPTS"`, and root's mount(8) keeps the
-    # caller's PATH: the venv's bin directory on PATH is all it takes (no link in /usr/local/bin).
-    bindir = str(Path(sys.executable).parent)
-    path = f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin"
-    assert shutil.which("seerfs", path=path) == os.path.join(bindir, "seerfs")
+    helper = Path(sys.executable).parent / "seerfs"
+    assert helper.is_file()
     opts = f"config={cfg},noauto,nodev,job.batch_size=4"
     res = subprocess.run(
-        ["mount", "-t", "fuse.seerfs", str(tree), str(mountpoint), "-o", opts],
+        ["mount", "-t", "fuse", f"{helper}#{tree}", str(mountpoint), "-o", opts],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PATH": path},
     )
     try:
         assert res.returncode == 0, res.stderr
