@@ -26,6 +26,7 @@ import pytest
 from mounting import force_unmount, is_mounted, seerfs, status, wait_for
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
+from fusefs.daemon.runtime import pid_alive
 from fusefs.progress import Progress, ProgressPrinter, describe
 from tools.mounts import SEERFS
 
@@ -267,4 +268,35 @@ def test_mount_without_terminal_prints_the_walk_every_ten_seconds(tmp_path: Path
         finally:
             if is_mounted(mp):
                 seerfs("umount", str(mp))
+            force_unmount(mp)
+
+
+@requires_fuse
+@pytest.mark.mount
+def test_umount_stops_a_daemon_still_walking(tmp_path: Path) -> None:
+    """A mount of the wrong (huge) tree need not run to the end: ``seerfs umount`` stops the daemon
+    while it walks, the waiting ``seerfs mount`` reports the failure, and nothing stays mounted."""
+    _slow_tree(tmp_path / "backing")
+    cfg = tmp_path / "seerfs.yaml"
+    cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\nsnapshot: {{walk_threads: 1}}\n")
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with running_pfsemu(tmp_path / "backing", meta_latency_ms=META_LATENCY_MS) as emu:
+        mount = subprocess.Popen(
+            [*SEERFS, "mount", str(emu.mountpoint), str(mp), "-c", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            pid = wait_for(lambda: (d := _walking(mp)) and d["pid"], timeout=30, what="the walk in status")
+            res = seerfs("umount", str(mp))
+            assert res.returncode == 0 and f"stopped daemon {pid}" in res.stdout, res.stdout + res.stderr
+            assert not pid_alive(pid)  # gone (a zombie until its new parent reaps it counts as gone)
+            _, err = mount.communicate(timeout=60)
+            assert mount.returncode == 1 and "daemon exited during startup" in err, err
+            assert not is_mounted(mp) and _status_json(mp) is None  # nothing left: status says not mounted
+        finally:
+            if mount.poll() is None:
+                mount.kill()
             force_unmount(mp)

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="unmount MOUNTPOINT and wait for its daemon",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Unmount; also cleans up a mount whose daemon died. When busy, names the processes holding it.",
+        description="Unmount; also cleans up a mount whose daemon died, and stops a daemon still starting "
+        "(walking its source). When busy, names the processes holding it.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--lazy", action="store_true", help="detach now; the daemon exits when the last user closes it")
@@ -91,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a mount's status",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show a mount's status (seerfs-control(7)); while its daemon is still starting, the "
+        "progress of the walk of the source, from the daemon's start record.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--json", action="store_true", help="print the raw JSON document (seerfs-control(7))")
