@@ -11,9 +11,11 @@ under it, so a reader never sees a count from one moment and a phase from anothe
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 LOG_INTERVAL_S = 10.0
@@ -190,3 +192,23 @@ class ProgressPrinter:
             self.stream.write("\r\033[K")
             self.stream.flush()
         self.shown = False
+
+
+@contextlib.contextmanager
+def shown(progress: Progress, stream: TextIO, tty: bool | None = None) -> Iterator[ProgressPrinter]:
+    """Show ``progress`` on ``stream`` from a thread while the block does the work (``seerfs plan``'s walk)."""
+    printer = ProgressPrinter(stream, tty=tty)
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(TTY_REFRESH_S):
+            printer.show(progress.doc()["line"])
+
+    thread = threading.Thread(target=run, name="progress", daemon=True)
+    thread.start()
+    try:
+        yield printer
+    finally:
+        stop.set()
+        thread.join()
+        printer.close()

@@ -27,7 +27,7 @@ from mounting import force_unmount, is_mounted, seerfs, status, wait_for
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
 from fusefs.daemon.runtime import pid_alive
-from fusefs.progress import Progress, ProgressPrinter, describe
+from fusefs.progress import Progress, ProgressPrinter, describe, shown
 from tools.mounts import SEERFS
 
 DIRS, FILES_PER_DIR = 30, 60
@@ -109,6 +109,19 @@ def test_printer_on_a_terminal_redraws_one_line_and_erases_it() -> None:
     printer.show("walk: b")
     printer.close()
     assert out.text == "\rwalk: a\x1b[K\rwalk: b\x1b[K\r\x1b[K"
+
+
+def test_shown_follows_work_done_in_the_block() -> None:
+    """``seerfs plan`` walks in the foreground: a thread shows the walk while the block runs."""
+    out = _Stream()
+    walk = Progress("walk", "entries")
+    with shown(walk, out, tty=True):  # type: ignore[arg-type]
+        walk.start("walking")
+        for _ in range(6):
+            walk.add(100)
+            time.sleep(0.1)
+    assert re.search(r"\rwalk: walking, [1-6]00 entries, [\d,]+ entries/s, [\d.]+ s so far\x1b\[K", out.text), out.text
+    assert out.text.endswith("\r\x1b[K")
 
 
 # --------------------------------------------------------------------------- through real mounts
