@@ -265,6 +265,7 @@ TOOLS = (
     "bench_mount",
     "bench_plan",
     "bench_streams",
+    "bench_seedsearch",
     "bench_tiers",
     "bench_peers",
     "bench_pfsemu",

@@ -24,6 +24,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from fusefs.daemon.lifecycle import mount_background, run_daemon
     from fusefs.errors import GroupError
 
+    os.umask(0o077)  # the cache directory and everything the daemon makes in it are this user's alone
     cfg = load_config(args)
     req = check_request(args.source, args.mountpoint, cfg, args.rescan)
     mode = detect_mode(cfg)
@@ -116,6 +117,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 def read_status(mountpoint: str, timeout: float) -> dict[str, Any]:
     """Read .control/status in a thread so a hung daemon costs a timeout, not a hung CLI."""
     from fusefs import mountinfo
+    from fusefs.daemon.lifecycle import DEAD_ERRNOS, dead_mount
     from fusefs.errors import NotMounted
 
     if not mountinfo.is_seerfs(mountpoint):
@@ -136,6 +138,8 @@ def read_status(mountpoint: str, timeout: float) -> dict[str, Any]:
         raise TimeoutExpired(f"{mountpoint}: daemon not answering after {timeout:g}s (hung?)")
     if "error" in result:
         err = result["error"]
+        if isinstance(err, OSError) and err.errno in DEAD_ERRNOS:
+            raise dead_mount(mountpoint)
         raise SeerfsError(f"{mountpoint}: cannot read status: {getattr(err, 'strerror', None) or err}")
     doc: dict[str, Any] = result["doc"]
     return doc
@@ -184,6 +188,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from fusefs.cli import plan_report
 
+    os.umask(0o077)  # the snapshot it may persist in cache_dir is private, as the daemon's are
     return plan_report.run(args)
 
 

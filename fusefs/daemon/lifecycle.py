@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fusefs import mountinfo
 from fusefs.daemon.checks import MountRequest
 from fusefs.daemon.runtime import StartRecord
-from fusefs.errors import ExitCode, SeerfsError, TimeoutExpired
+from fusefs.errors import DeadMount, ExitCode, SeerfsError, TimeoutExpired
 from fusefs.progress import LOG_INTERVAL_S, ProgressPrinter, current_line
 
 if TYPE_CHECKING:
@@ -136,15 +136,21 @@ def wait_answering(mountpoint: str, timeout: float, poll: Callable[[], None] | N
                 os.stat(probe)
                 return
             except OSError as exc:
-                if exc.errno == errno.ENOTCONN:
-                    raise SeerfsError(
-                        f"{mountpoint}: daemon died (transport endpoint is not connected); run 'seerfs umount'",
-                        ExitCode.INTERNAL,
-                    ) from None
+                if exc.errno in DEAD_ERRNOS:
+                    raise dead_mount(mountpoint) from None
         if time.monotonic() >= deadline:
             raise TimeoutExpired(f"{mountpoint}: mount not answering after {timeout:g}s")
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+"""What the kernel answers on a FUSE mount whose daemon is gone (ECONNABORTED: to a request in flight
+when it died)."""
+
+
+def dead_mount(mountpoint: str) -> DeadMount:
+    return DeadMount(f"{mountpoint}: daemon is gone (transport endpoint is not connected); run 'seerfs umount'")
 
 
 class ReadyPipe:
@@ -228,8 +234,32 @@ class StartupReporter:
 # --------------------------------------------------------------------------- serving
 
 
+PRIVATE_UMASK = 0o077
+"""Everything the daemon creates (snapshots, plans, tier copies, logs, rendezvous files) is its
+user's alone: other local users must not read cached dataset bytes or the job token."""
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""A startup write that fails with these is the user's full cache (or tier) filesystem, not a bug."""
+
+
+def full_message(req: MountRequest, exc: OSError) -> str:
+    """Name the directory that is full: cache_dir, or the tier directory the failed write was in."""
+    cache = req.config.cache_path
+    name = str(exc.filename or "")
+    if name and not os.path.abspath(name).startswith(str(cache.absolute()) + os.sep):
+        return f"{os.path.dirname(name)}: {exc.strerror} (writing {name})"
+    return f"cache_dir {cache}: {exc.strerror}" + (f" (writing {name})" if name else "")
+
+
+def _startup_failed(req: MountRequest, exc: BaseException, pipe: ReadyPipe) -> int:
+    log.error("startup failed: %s\n%s", exc, traceback.format_exc())
+    _notify(pipe, f"ERR {int(ExitCode.INTERNAL)} startup failed: {exc} (see {req.log_file})")
+    return int(ExitCode.INTERNAL)
+
+
 def run_daemon(req: MountRequest, foreground: bool, ready_fd: int | None = None) -> int:
     """Serve until unmounted; returns the process exit code. Never raises."""
+    os.umask(PRIVATE_UMASK)
     pipe = ReadyPipe(ready_fd)
     try:
         setup_logging(req, foreground)
@@ -246,10 +276,15 @@ def run_daemon(req: MountRequest, foreground: bool, ready_fd: int | None = None)
         log.error("%s", exc)
         _notify(pipe, f"ERR {int(exc.code)} {exc}")
         return int(exc.code)
+    except OSError as exc:
+        if exc.errno not in FULL_ERRNOS:
+            return _startup_failed(req, exc, pipe)
+        text = full_message(req, exc)
+        log.error("%s", text)
+        _notify(pipe, f"ERR {int(ExitCode.CONFIG)} {text}")
+        return int(ExitCode.CONFIG)
     except Exception as exc:
-        log.error("startup failed: %s\n%s", exc, traceback.format_exc())
-        _notify(pipe, f"ERR {int(ExitCode.INTERNAL)} startup failed: {exc} (see {req.log_file})")
-        return int(ExitCode.INTERNAL)
+        return _startup_failed(req, exc, pipe)
     _notify(pipe, "READY")
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
