@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mounting import force_unmount, is_mounted
 
-pytest_plugins = ["pfsemu_fixture", "slurm_cluster"]  # the emulated PFS and a real Slurm cluster (slurm_cluster)
+pytest_plugins = ["pfsemu_fixture", "slurm_cluster", "wheelhouse"]  # the emulated PFS, a real Slurm cluster, the wheel
 
 
 @pytest.fixture

@@ -152,6 +152,23 @@ def under_mpi() -> bool:
     return any(k in os.environ for k in MPI_ENV)
 
 
+MPI_EXTRA = "pip install 'seerfs[mpi]' (mpi4py, built against the Open MPI that launches the job)"
+
+
+def mpi_unavailable(cfg: Config) -> str | None:
+    """Why MPI formation cannot run in this installation, or None when mpi4py is there.
+
+    Looked up without importing ``mpi4py.MPI``, which would initialise MPI in the calling process.
+    mpi4py is an optional extra: a node alone, a rendezvous directory or a static list never need it.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is not None:
+        return None
+    why = "peers.discovery is mpi" if cfg.peers.discovery == "mpi" else "launched by mpirun/srun"
+    return f"{why}, but MPI group formation needs mpi4py, which is not installed: {MPI_EXTRA}"
+
+
 # --------------------------------------------------------------------------- forming
 
 
@@ -163,8 +180,8 @@ def form_mpi(host: str, port: int, inputs: str) -> Group:
     """Blocking, before the event loop: allgather addresses and digests, broadcast the token."""
     try:
         from mpi4py import MPI
-    except ImportError:
-        raise GroupError("peers.discovery is mpi but mpi4py cannot be imported") from None
+    except ImportError as exc:
+        raise GroupError(f"MPI group formation needs mpi4py ({exc}): {MPI_EXTRA}") from None
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     token = comm.bcast(secrets.token_bytes(TOKEN_BYTES) if rank == 0 else None, root=0)

@@ -7,6 +7,7 @@ is one line on the user's terminal instead of a line in a daemon log.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +64,12 @@ def check_request(source: str | None, mountpoint: str, cfg: Config, rescan: bool
         fd = os.open("/dev/fuse", os.O_RDWR)
         os.close(fd)
     except OSError as exc:
-        raise FuseUnavailable(
-            f"/dev/fuse: {exc.strerror} (load the fuse module or give the container the device)"
-        ) from None
+        hint = "load the fuse module or give the container the device"
+        if os.geteuid() != 0 and isinstance(exc, PermissionError):
+            hint = "a non-root mount needs read-write access to it: mode 0666, as the fuse3 package's udev rule sets"
+        raise FuseUnavailable(f"/dev/fuse: {exc.strerror} ({hint})") from None
+    if os.geteuid() != 0:
+        _check_fusermount()
     if cfg.allow_other and os.geteuid() != 0 and not _user_allow_other():
         raise FuseUnavailable("allow_other needs 'user_allow_other' in /etc/fuse.conf (or mount as root)")
     for tier in cfg.tiers:
@@ -78,6 +82,17 @@ def check_request(source: str | None, mountpoint: str, cfg: Config, rescan: bool
         if rendezvous.is_dir():  # created private (0700) by the daemon when missing
             check_private_dir(rendezvous, "peers.rendezvous_dir")
     return MountRequest(os.path.abspath(src), mp, cfg, rescan)
+
+
+def _check_fusermount() -> None:
+    """A non-root mount goes through fusermount3, which must be setuid root to call mount(2)."""
+    exe = shutil.which("fusermount3") or "/usr/bin/fusermount3"
+    try:
+        st = os.stat(exe)
+    except OSError:
+        raise FuseUnavailable("fusermount3 not found: a non-root mount needs it (install the fuse3 package)") from None
+    if st.st_uid != 0 or not st.st_mode & stat.S_ISUID:
+        raise FuseUnavailable(f"{exe} is not setuid root: a non-root mount needs it (chmod u+s, owned by root)")
 
 
 def _user_allow_other() -> bool:
