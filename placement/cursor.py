@@ -375,8 +375,9 @@ class DatasetCursor:
         self.recent: deque[int] = deque(maxlen=cap)  # every open, for a replacing plan to relock on
         self.judged: deque[bool] = deque(maxlen=max(8, settings.judge_opens))
         self.looks = 0  # hypothesis tests since the last lock
-        self.next_look = 0  # strays at which the next test runs (spaced: each one spends budget)
-        self.looked_at = 0  # strays at the last test
+        self.next_look = 0  # evidence count at which the next test runs (each one spends budget)
+        self.looked_size = 0  # evidence held at the last test
+        self.stray_seen = 0  # strays since the last lock (never capped, unlike the buffer)
         self.scan_after = 0  # no full search before this dataset open number ...
         self.scan_gap = 0  # ... and the gap after the next failed one
         self.scans = 0
@@ -387,7 +388,8 @@ class DatasetCursor:
         self.locks = 0
         self.lock_opens: int | None = None  # strays the last lock looked at
         self.mismatch_reason: str | None = None
-        self.presumed_hits = 0
+        self.presumed_at = 0  # dataset opens when the presumption was made
+        self.provisional: dict[int | None, int] = {}  # hits of the presumption, by history epoch
         self.passes = 0  # passes started since the cursor knew this dataset
         self.pass_starts: list[PassStart] = []
         self.every_steps: int | None = None  # learned: a pass every N lead steps
@@ -494,6 +496,25 @@ class DatasetCursor:
         while self.strays and self.strays[0][1] < self.opens - self.stray_life:
             self.strays.popleft()
         return np.fromiter((g for g, _n in self.strays), dtype=np.int64, count=len(self.strays))
+
+    def evidence(self) -> I64:
+        """What hypothesis tests look at: the strays; while only presumed, every open since (hits
+        under a guess prove nothing, and the pattern of hits and misses is what tells a DistributedSampler
+        share from an order every rank reads)."""
+        if self.state != "presumed":
+            return self.live_strays()
+        since = min(self.opens - self.presumed_at, len(self.recent))
+        return np.fromiter(list(self.recent)[len(self.recent) - since :], dtype=np.int64, count=since)
+
+    def evidence_size(self) -> int:
+        """How much evidence is held (the buffers are capped)."""
+        if self.state != "presumed":
+            return len(self.strays)
+        return min(self.opens - self.presumed_at, len(self.recent))
+
+    def evidence_count(self) -> int:
+        """How much evidence came in since the last lock or presumption (what tests are spaced by)."""
+        return self.opens - self.presumed_at if self.state == "presumed" else self.stray_seen
 
     def all_finished(self) -> bool:
         return bool(self.tracks) and all(t.finished(self.cur.settings.window) for t in self.tracks)
@@ -603,6 +624,8 @@ class NodeCursor:
         self.lead = job.lead
         self.node: int | None = None
         self.node_confirmed = False
+        if job.shape.nodes == 1:  # nothing to infer
+            self.node, self.node_confirmed = 0, True
         self._epoch = start_epoch
         self._index: LRU[tuple[int, int, int], PassIndex] = LRU(6 + 2 * len(job.datasets))
         self.segment = 0  # runs of opens of one dataset, numbered
@@ -750,11 +773,34 @@ class NodeCursor:
             return
         self.node = node
         self._epoch = epoch
-        lead.state = "presumed"
-        length = lead.streams.length
-        ranks = self.shape.ranks_of_node(node)
-        lead.tracks = [Track(s, r, epoch, epoch, length) for s, r in enumerate(ranks)]
-        self._lead_moved()
+        self._presume(lead, epoch, epoch)
+
+    def _presume(self, dc: DatasetCursor, epoch: int, job_epoch: int) -> None:
+        dc.state = "presumed"
+        dc.presumed_at = dc.opens
+        dc.provisional = {}
+        dc.next_look = dc.looked_size = 0
+        ranks = self.shape.ranks_of_node(self.node if self.node is not None else 0)
+        length = dc.streams.length
+        dc.tracks = [Track(s, r, epoch, job_epoch, length) for s, r in enumerate(ranks)]
+        if dc.d == self.lead:
+            self._lead_moved()
+        else:
+            self._pass_started(dc)
+
+    def _first_open(self, dc: DatasetCursor) -> None:
+        """A dataset other than the lead is opened for the first time: presume a pass from its start.
+
+        Validation passes start at the beginning, and a small validation set may never give the
+        evidence a lock needs: its whole pass fits in the batches the workers hold in flight, so
+        no order can be told from another, and all of them predict the same files.  Presuming
+        predicts it anyway; opens that do not fit go to the search like any others.  The node
+        must be known for a DistributedSampler's share (every rank reading all is node-free).
+        """
+        if dc.d == self.lead or (self.node is None and not dc.shared[dc.variant]):
+            return
+        epoch = 0 if not dc.varies[dc.variant] else self.epoch_hint(dc)
+        self._presume(dc, epoch, dc.passes)
 
     # ---- observing ------------------------------------------------------------------------
 
@@ -786,16 +832,19 @@ class NodeCursor:
         if d >= len(self._ends) or gid < 0:
             return False  # not a file of the plan: nothing to place
         dc = self.datasets[d]
-        if dc.look_pending:
+        if dc.look_pending or dc.state == "idle":
             if not slow_ok:
                 return None
-            self._look(dc)  # opens carried from a replaced plan: relock before placing this one
+            if dc.look_pending:
+                self._look(dc)  # opens carried from a replaced plan: relock before placing this one
+            else:
+                self._first_open(dc)
         segment = self.segment if d == self.last_d else self.segment + 1
         local = gid - dc.offset
         found = self._find(dc, local, segment, slow_ok)
         if found is _NEED:
             return None
-        if found is False and not slow_ok and self._look_due(dc, len(dc.strays) + 1):
+        if not slow_ok and (found is False or dc.state == "presumed") and self._look_due(dc, 1):
             return None
         # Recorded from here on.
         self.segment, self.last_d = segment, d
@@ -803,8 +852,8 @@ class NodeCursor:
         hit = found is not False
         if found is not False:
             t = self._commit(dc, found, segment)
-            if d == self.lead:
-                epoch = t.job_epoch
+            if d == self.lead and epoch is not None:
+                epoch = t.job_epoch  # the epoch of the rank that read it (ranks change epochs apart)
         self.opens += 1
         self.plan_opens += 1
         dc.opens += 1
@@ -817,14 +866,19 @@ class NodeCursor:
             dc.hits += 1
             dc.plan_hits += 1
         self._count_epoch(epoch, hit)
+        if hit and dc.state == "presumed":
+            dc.provisional[epoch] = dc.provisional.get(epoch, 0) + 1
         if hit:
-            if dc.state == "presumed":
-                self._confirm(dc)
+            # A presumption's hits may be chance (a window can be much of a small epoch): it is
+            # tested like strays are, on every open, until a lock confirms or replaces it.
+            if dc.state == "presumed" and slow_ok and self._look_due(dc, 0):
+                self._look(dc)
             return True
         if dc.state == "idle":
             dc.state = "detecting"
         dc.strays.append((local, dc.opens))
-        if slow_ok and self._look_due(dc, len(dc.strays)):
+        dc.stray_seen += 1
+        if slow_ok and self._look_due(dc, 0):
             self._look(dc)
         return False
 
@@ -839,6 +893,9 @@ class NodeCursor:
 
     def _settle_unplaced(self) -> None:
         """Opens seen before the lead's epoch was known belong to the epoch it locked on."""
+        for dc in self.datasets:
+            if None in dc.provisional:
+                dc.provisional[self.epoch] = dc.provisional.get(self.epoch, 0) + dc.provisional.pop(None)
         if self._unplaced[0]:
             row = self.history.setdefault(self.epoch, [0, 0])
             row[0] += self._unplaced[0]
@@ -924,11 +981,11 @@ class NodeCursor:
     def _lead_moved(self) -> None:
         """The lead's job epoch (what history counts opens under), after its tracks changed."""
         lead = self.datasets[self.lead]
+        self._lead_epoch = None  # opens wait in _unplaced for the epoch a lock (or confirmation) finds
         if lead.tracks and lead.state in ("tracking", "presumed"):
-            self._lead_epoch = min(t.job_epoch for t in lead.tracks)
-            self._epoch = self._lead_epoch
-        else:
-            self._lead_epoch = None
+            self._epoch = min(t.job_epoch for t in lead.tracks)
+            if lead.state == "tracking":
+                self._lead_epoch = self._epoch
 
     def _pass_started(self, dc: DatasetCursor) -> None:
         if dc.d == self.lead:
@@ -940,29 +997,9 @@ class NodeCursor:
         step = min(t.low for t in lead.tracks) // self.shape.batch_size
         dc.learn_pass(PassStart(self.epoch, step, lead.all_finished()))
 
-    def _confirm(self, dc: DatasetCursor) -> None:
-        """A presumed position becomes tracked once its hits could not be chance."""
-        dc.presumed_hits += 1
-        span = max(t.high for t in dc.tracks)
-        idx = dc.tracks[0].index
-        if idx is None:
-            return
-        total = idx.length if idx.shared else idx.length * self.shape.world_size
-        per = 1 if idx.shared else self.shape.ranks_per_node
-        distinct = dc.presumed_hits if not idx.shared else -(-dc.presumed_hits // self.shape.ranks_per_node)
-        chance = log_chance(distinct, span, idx.length, total, per, "start")
-        if chance + math.log(dc.presumed_hits) < _LOG_FALSE_LOCK:
-            dc.state = "tracking"
-            dc.locks += 1
-            dc.lock_opens = dc.presumed_hits
-            if not idx.shared:
-                self.node_confirmed = True
-            if dc.d == self.lead:
-                self._settle_unplaced()
-
     # ---- searching ------------------------------------------------------------------------
 
-    def _look_due(self, dc: DatasetCursor, strays: int) -> bool:
+    def _look_due(self, dc: DatasetCursor, coming: int) -> bool:
         """Whether the stray just seen (``strays`` of them now) should be tested.
 
         Tests are spaced geometrically in the strays seen (each one spends part of the false-lock
@@ -970,9 +1007,11 @@ class NodeCursor:
         """
         if dc.look_pending:
             return True
-        if strays < dc.looked_at:  # old strays expired: a new run of them
+        count = dc.evidence_count() + coming
+        size = min(dc.evidence_size() + coming, dc.strays.maxlen or 0)
+        if size < dc.looked_size // 2:  # old strays expired: a new run of them, test it soon
             dc.next_look = 0
-        if strays < dc.next_look or not dc.lockable(strays):
+        if count < dc.next_look or not dc.lockable(size):
             return False
         if dc.state == "mismatch":
             return (dc.opens + 1) % max(1, self.shape.batch_size) == 0
@@ -981,14 +1020,15 @@ class NodeCursor:
     def _look(self, dc: DatasetCursor) -> None:
         """Test the strays against the likely hypotheses, and against all when those fail."""
         dc.look_pending = False
-        local = dc.live_strays()
+        local = dc.evidence()
         k = local.shape[0]
         if k < self.settings.detect_opens:
             return
         bound = _LOG_FALSE_LOCK - dc.multiplicity(k)  # this look's share of the budget
         dc.looks += 1
-        dc.looked_at = k
-        dc.next_look = max(k + 1, math.ceil(k * LOOK_GROWTH))
+        count = dc.evidence_count()
+        dc.looked_size = k
+        dc.next_look = max(count + 1, math.ceil(count * LOOK_GROWTH))
         node = self.node if self.node_confirmed else None
         best: Fit | None = None
         plausible = False
@@ -1000,20 +1040,20 @@ class NodeCursor:
                 if f.log_chance < bound and (best is None or f.log_chance < best.log_chance):
                     best = f
         if best is not None:
-            self._lock(dc, best, k)
+            self._lock(dc, best, local)
             return
         searched = False
         if not plausible and dc.opens >= dc.scan_after:
             searched = True
             best, plausible = self._search(dc, local, bound, node)
             if best is not None:
-                self._lock(dc, best, k)
+                self._lock(dc, best, local)
                 return
             dc.scan_gap = min(max(2 * dc.scan_gap, k), 1 << 16)
             dc.scan_after = dc.opens + dc.scan_gap
         # Nothing anywhere explains the strays: a mismatch (for a tracked dataset only once its hit
         # rate also fell, so a few stray opens never end tracking).
-        settled = dc.state in ("idle", "detecting") or (dc.state != "mismatch" and dc.judge_fails())
+        settled = dc.state in ("idle", "detecting", "presumed") or (dc.state == "tracking" and dc.judge_fails())
         if searched and not plausible and settled:
             self._mismatch(dc, k)
 
@@ -1089,10 +1129,23 @@ class NodeCursor:
         dc.finalists = list(dict.fromkeys((v, e) for _c, v, e in near))[:2]
         return None, plausible
 
-    def _lock(self, dc: DatasetCursor, f: Fit, strays: int) -> None:
+    def _lock(self, dc: DatasetCursor, f: Fit, local: I64) -> None:
         """Take hypothesis ``f``: tracks where its suffix puts them, the suffix consumed."""
         window = self.settings.window
         shape = self.shape
+        if (
+            dc.state == "presumed"
+            and f.anchor == "start"
+            and f.variant == dc.variant
+            and dc.tracks
+            and all(dc.key(f.variant, t.epoch) == f.epoch for t in dc.tracks)
+            and (f.node is None or f.node == self.node)
+        ):
+            # The presumption confirmed: its tracks already hold every open since, keep them.
+            self._locked(dc, f, local)
+            return
+        if dc.state == "presumed":
+            self._withdraw(dc)
         if f.node is not None and not _shared(dc.variants[f.variant]):
             if self.node != f.node:
                 self.node = f.node
@@ -1133,7 +1186,7 @@ class NodeCursor:
         assert idx is not None
         dc.tracks = [Track(s, r, f.epoch, job_epoch, length, low, low, index=idx) for s, r in enumerate(ranks)]
         segment = self.segment
-        suffix = dc.live_strays()[-f.explained :]
+        suffix = local[-f.explained :]
         for i, slot, pos in zip(suffix.tolist(), f.slots.tolist(), f.positions.tolist(), strict=True):
             placed = False
             for t in dc.tracks if slot < 0 else [dc.tracks[slot]]:
@@ -1146,22 +1199,43 @@ class NodeCursor:
                     break
         for t in dc.tracks:
             t.segment = segment if self.last_d == dc.d else -1
+        self._locked(dc, f, local)
+
+    def _locked(self, dc: DatasetCursor, f: Fit, local: I64) -> None:
+        dc.provisional = {}
+        if f.node is not None and not dc.shared[f.variant]:
+            self.node_confirmed = True
         dc.state = "tracking"
         dc.mismatch_reason = None
         dc.strays.clear()
         dc.looks = 0
-        dc.next_look = dc.looked_at = 0
+        dc.next_look = dc.looked_size = dc.stray_seen = 0
         dc.scan_after = dc.opens
         dc.scan_gap = 0
         dc.finalists = []
         dc.judged.clear()
         dc.locks += 1
-        dc.lock_opens = strays
+        dc.lock_opens = int(local.shape[0])
         if dc.d == self.lead:
             self._lead_moved()
             self._settle_unplaced()
 
+    def _withdraw(self, dc: DatasetCursor) -> None:
+        """A presumption turned out wrong: its hits were not predictions after all."""
+        for epoch, n in dc.provisional.items():
+            self.hits -= n
+            self.plan_hits -= n
+            dc.hits -= n
+            dc.plan_hits -= n
+            if epoch is None:
+                self._unplaced[1] -= n
+            elif epoch in self.history:
+                self.history[epoch][1] -= n
+        dc.provisional = {}
+
     def _mismatch(self, dc: DatasetCursor, strays: int) -> None:
+        if dc.state == "presumed":
+            self._withdraw(dc)
         dc.state = "mismatch"
         dc.tracks = []
         if dc.d == self.lead:
@@ -1227,7 +1301,10 @@ class NodeCursor:
         active = self.datasets[self.last_d] if self.last_d is not None else None
         lead_epoch = self.epoch
         if (
-            active is not None and active is not lead and active.state == "tracking" and slot < len(active.tracks)
+            active is not None
+            and active is not lead
+            and active.state in ("tracking", "presumed")
+            and slot < len(active.tracks)
         ):  # a pass under way: its rest comes first (nothing when it is done)
             t = active.tracks[slot]
             g, pos = self._rest(active, t, t.epoch, t.low, t.length, skip=t.consumed)

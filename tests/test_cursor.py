@@ -188,13 +188,18 @@ def training(loop: Loop, n: int, seed: int, epochs: range, first: int = 0, set_e
         loop.stretch(f"epoch {e}" + (f" from sample {first}" if e == epochs[0] and first else ""), e, 0, rows)
 
 
+@pytest.mark.parametrize("presumed", [False, True])
 @pytest.mark.parametrize("first", [1, 60, 150, 230])
-def test_mid_epoch_resume_locks_within_two_batches(first: int) -> None:
+def test_mid_epoch_resume_locks_within_two_batches(first: int, presumed: bool) -> None:
     """A job resumed from a mid-epoch checkpoint (here after ``first`` of 252 samples per rank on 503
-    files) is predicted for the rest of that epoch and every later one, also past the plan's epochs."""
+    files) is predicted for the rest of that epoch and every later one, also past the plan's epochs.
+    ``presumed``: the daemon predicted epoch 0 from its start before any open (a single-node job
+    with its seed written): the opens refute that, and the chance hits it got are withdrawn."""
     loop = Loop(world=2, per_node=2, node=0, batch=8, rng=random.Random(first))
     training(loop, 503, seed=7, epochs=range(1, 5), first=first)
     cur = NodeCursor(plan(503, 7, 2, 2, 8, epochs=3), settings(8))
+    if presumed:
+        cur.presume(0, 0)
     hits = replay(cur, loop.opens)
     check_breaks(loop, hits)
     assert cur.state == "tracking" and cur.epoch == 4 and cur.node == 0
@@ -242,6 +247,7 @@ def test_epochs_past_the_plan_and_a_resume_at_its_end() -> None:
         resumed = Loop(world=2, per_node=2, node=0, batch=8, rng=random.Random(at))
         training(resumed, 600, seed=5, epochs=range(at, at + 2))
         cur = NodeCursor(plan(600, 5, 2, 2, 8, epochs=3), settings(8))
+        cur.presume(0, 0)  # what the daemon does for a single-node job
         hits = replay(cur, resumed.opens)
         check_breaks(resumed, hits)
         assert cur.state == "tracking" and cur.epoch == at + 1 and cur.mismatch_reason is None
@@ -292,8 +298,10 @@ def validation(loop: Loop, n_train: int, n_val: int, label: str, epoch: int, bat
     loop.stretch(label, epoch, n_train, rows)
 
 
-@pytest.mark.parametrize(("follows", "world", "node"), [(True, 2, 0), (False, 2, 0), (True, 4, 1)])
-def test_sanity_check_and_validation_every_epoch(follows: bool, world: int, node: int) -> None:
+@pytest.mark.parametrize(
+    ("follows", "world", "node", "presumed"), [(True, 2, 0, True), (False, 2, 0, False), (True, 4, 1, False)]
+)
+def test_sanity_check_and_validation_every_epoch(follows: bool, world: int, node: int, presumed: bool) -> None:
     """Lightning: 2 validation batches before epoch 0, a full validation pass after every epoch.
     The config's ``follows`` is only a hint: without it the passes are recognised all the same."""
     n, n_val, b = 900, 130, 8
@@ -303,6 +311,8 @@ def test_sanity_check_and_validation_every_epoch(follows: bool, world: int, node
         training(loop, n, seed=21, epochs=range(e, e + 1))
         validation(loop, n, n_val, f"validation after epoch {e}", e)
     cur = NodeCursor(plan(n, 21, world, 2, b, epochs=3, n_val=n_val, follows=follows), settings(b))
+    if presumed:
+        cur.presume(node, 0)
     hits = replay(cur, loop.opens)
     check_breaks(loop, hits)
     check_epochs(cur)
@@ -397,16 +407,25 @@ def test_upcoming_lists_what_is_opened_next_in_order() -> None:
 # ----------------------------------------------------------------------------------- wrong and new seeds
 
 
-@pytest.mark.parametrize(("world", "per_node", "node"), [(2, 2, 0), (4, 2, 1)])
-def test_wrong_seed_is_flagged_within_two_batches_and_never_locks(world: int, per_node: int, node: int) -> None:
+@pytest.mark.parametrize(
+    ("world", "per_node", "node", "presumed"), [(2, 2, 0, False), (2, 2, 0, True), (4, 2, 1, False)]
+)
+def test_wrong_seed_is_flagged_within_two_batches_and_never_locks(
+    world: int, per_node: int, node: int, presumed: bool
+) -> None:
+    """Mismatch within 2 batches per local rank, never a lock; a presumption's chance hits (a small
+    epoch: the window is a third of it) are withdrawn."""
     b = 16
     loop = Loop(world=world, per_node=per_node, node=node, batch=b, rng=random.Random(12))
-    training(loop, 2000, seed=7, epochs=range(3))
-    cur = NodeCursor(plan(2000, 7 + 10_000, world, per_node, b, epochs=3), settings(b))  # seed + e: far apart
+    training(loop, 1000, seed=7, epochs=range(3))
+    cur = NodeCursor(plan(1000, 7 + 10_000, world, per_node, b, epochs=3), settings(b))  # seed + e: far apart
+    if presumed:
+        cur.presume(node, 0)
     hits = replay(cur, loop.opens)
     assert cur.first_mismatch_open is not None and cur.first_mismatch_open <= 2 * b * per_node
-    assert not any(hits), "a wrong seed locked"
+    assert not any(hits[cur.first_mismatch_open :]), "a wrong seed locked"
     assert cur.state == "mismatch" and "wrong seed" in (cur.mismatch_reason or "")
+    assert cur.hits == 0 and cur.status()["datasets"][0]["locks"] == 0
 
 
 def test_wrong_seed_never_false_locks_over_many_seeds() -> None:
