@@ -5,47 +5,59 @@ validates, resumed from a checkpoint or calls ``set_epoch``.  It sees opens.  Ev
 job is followed on its own (:class:`DatasetCursor`): a training set, a validation set read between
 epochs or every N steps, a sanity pass before epoch 0 never disturb each other's tracks.
 
-Per dataset and local rank a :class:`Track` holds the pass being read (sampler epoch, the job epoch
-it stands for) and a low watermark; an open is *predicted* when it falls within ``window``
+Per dataset and local rank a :class:`Track` holds the pass being read (sampler epoch, the job
+epoch it stands for) and a low watermark; an open is *predicted* when it falls within ``window``
 positions ahead of its rank's progress (DataLoader workers reorder opens by up to about
 (W - 1) x batch and keep W x prefetch_factor batches in flight).  A rank that finished its pass
 goes on at the start of its next one: epoch e + 1 when the loop calls ``set_epoch``, epoch e again
-when it does not (learned from the opens: ``mode``), the same order for a sampler that does not
-shuffle (validation), and a pass another dataset interrupted (a validation pass cut short, e.g.
-Lightning's 2-batch sanity check) restarts from the beginning.
+when it does not (``mode``, learned from the opens), the same order for a sampler that does not
+shuffle (validation); a pass another dataset interrupted (Lightning's 2-batch sanity check) starts
+over from the beginning.
 
-Opens nothing predicts are *strays*.  Strays are tested against hypotheses -- (sampler variant,
-sampler epoch, node, position) -- and the cursor locks on (or relocks: a resume in the middle of
-an epoch, a new seed, an early break, a jump) as soon as one hypothesis explains them so well that
-a wrong plan would do so by chance less than :data:`FALSE_LOCK`, counted over every hypothesis
-the search may try (:func:`log_chance`, :meth:`DatasetCursor.multiplicity`).  No hypothesis
-explaining them while they are plenty: a mismatch (wrong seed, sampler not modelled).
+Opens nothing predicts are *strays*.  They are tested against hypotheses -- (sampler variant,
+sampler epoch, node, position) -- and the cursor locks on, or relocks (a resume in the middle of
+an epoch, a new seed, an early break, a jump), as soon as one hypothesis explains them so well that
+an unrelated order would do so by chance less than :data:`FALSE_LOCK`, with the chance multiplied
+by every hypothesis, suffix and repeated test the search may try (:func:`log_chance`,
+:meth:`DatasetCursor.multiplicity`).  Likely hypotheses (where the tracks are and go next) are
+tried at every test, all epochs up to past the planning horizon only when those fail.  If nothing
+explains plenty of strays: a mismatch (wrong seed, sampler not modelled).
 
-API (what the daemon calls; one thread at a time, see "Threads" below):
+A *presumed* dataset predicts before any proof: the lead from the start of an epoch when the daemon
+knows the seed and the node (:meth:`NodeCursor.presume`), any other dataset from the start of its
+first pass when it is first opened (a validation set small enough that its whole pass is in the
+loader's batches in flight can never prove an order, and every order predicts the same files).
+Its opens are tested like strays until a lock confirms or replaces it; hits of a presumption the
+opens refute are withdrawn from the counters.
+
+API (what the daemon calls):
 
 * ``NodeCursor(job, settings, start_epoch=0, previous=None)``: ``job`` is the plan's
-  :class:`~placement.jobstreams.JobStreams`; ``settings`` from :meth:`CursorSettings.for_job`.
+  :class:`~placement.jobstreams.JobStreams`, ``settings`` from :meth:`CursorSettings.for_job`.
   ``previous``: the cursor of the plan this one replaces (a rewritten seed): cumulative counters,
-  history, the node and each dataset's recent opens carry over, so the new plan relocks on the
-  opens already seen (often before the next open).
-* ``presume(node, epoch=0)``: predict the lead dataset from the start of ``epoch`` before any open.
+  history, the node, learned pass schedules and each dataset's recent opens carry over, and the
+  new plan relocks on those opens at the next slow step (``prepare()`` or a slow ``observe``).
+* ``presume(node, epoch=0)``: predict the lead dataset from the start of ``epoch`` for ``node``.
 * ``observe(gid) -> bool``: record one open (global file id); True when it was predicted.
-* ``observe_while_quick(gids) -> (observed, predicted)``: the same for as long as each open is quick
-  (microseconds: placing with built maps); leaves the rest -- a hypothesis search, a permutation
-  for a new epoch -- to the caller's worker thread, which calls ``observe`` for them.
-* ``upcoming(limit) -> [(epoch, gid)]`` and ``upcoming_gids(limit) -> (epochs, gids)`` arrays:
-  what this node opens next, local ranks interleaved batch by batch, across datasets (training
-  in order; a validation pass where one is due or under way).  ``prepare()`` builds the maps the
-  quick path will need soon (call it from the worker thread).
-* ``status()``: a JSON-able dict (see :meth:`NodeCursor.status`); ``datasets``: the per-dataset
-  cursors; ``tracks``: the lead dataset's tracks by global rank; ``state``, ``node``, ``epoch``,
-  ``opens``, ``hits``, ``hit_rate``, ``mismatch_reason``, ``first_mismatch_open``.
-* ``progress_key(step)``: a hashable that changes when any dataset's rank moved by ``step``
-  positions or any state changed (when a cached window must be recomputed).
+* ``observe_while_quick(gids) -> (observed, predicted)``: the same for as long as each open is
+  quick (microseconds: placing with built maps); leaves the rest -- tests of strays, a dataset's
+  first open, a permutation for a new epoch -- to the caller's worker thread (``observe``).
+* ``upcoming_gids(limit) -> (epochs, gids)`` arrays, and ``upcoming(limit) -> [(epoch, gid)]``:
+  what this node opens next, local ranks interleaved batch by batch, across datasets: a pass under
+  way first, training in order, a validation pass where one is due (after an epoch, or every N
+  steps, as learned from the passes seen; the config's ``follows``/``every`` before any was seen).
+  ``epochs`` are the lead's job epochs at which each is read.  May build the next epoch's map.
+* ``prepare()``: build the maps the quick path will need next and test carried-over opens.
+* ``status()``: JSON-able, see :meth:`NodeCursor.status`; ``state`` (:data:`CursorState`),
+  ``node``, ``epoch``, ``opens``, ``hits``, ``hit_rate``, ``mismatch_reason``,
+  ``first_mismatch_open`` as attributes; ``tracks``: the lead's tracks by global rank (each with
+  ``epoch``, ``job_epoch``, ``low``, ``high``); ``datasets``: the :class:`DatasetCursor` list.
+* ``progress_key(step)``: a hashable that changes when any dataset's rank moved ``step``
+  positions or any state changed (when a window computed from ``upcoming`` is stale).
 
-Threads: the cursor is not thread-safe.  One caller at a time (the daemon's cursor loop); building
-a cursor with ``previous=`` only reads the old one's counters and numpy buffers, which is safe
-while a worker still finishes a batch on it (the worst case is one open more or less carried).
+Threads: the cursor is not thread-safe; one caller at a time (the daemon's cursor loop).  Building
+a cursor with ``previous=`` only reads the old one's counters and buffers; doing so while a worker
+thread still observes on the old one costs at most the opens of that batch.
 
 Pure state machine: no I/O, no clocks; the daemon feeds it opens and asks it what comes next.
 """
@@ -366,7 +378,8 @@ class DatasetCursor:
         self.state: DatasetState = "idle"
         self.mode: Mode = "unknown"
         self.in_place = not self.varies[0]  # restarts_in_place(), kept for the hot path
-        self.tracks: list[Track] = []
+        self._tracks: list[Track] = []
+        self.by_rank: dict[int, Track] = {}
         settings, shape = cur.settings, cur.shape
         self.budget = 2 * shape.batch_size * shape.ranks_per_node  # 2 batches per local rank
         cap = max(64, 4 * self.budget)
@@ -395,6 +408,15 @@ class DatasetCursor:
         self.every_steps: int | None = None  # learned: a pass every N lead steps
         self.first_step: int | None = None  # ... the first of them this many steps into an epoch
         self.every_epochs: int | None = None  # learned: a pass after every Nth lead epoch
+
+    @property
+    def tracks(self) -> list[Track]:
+        return self._tracks
+
+    @tracks.setter
+    def tracks(self, tracks: list[Track]) -> None:
+        self._tracks = tracks
+        self.by_rank = {t.rank: t for t in tracks}
 
     # ---- shape of the hypotheses ------------------------------------------------------------
 
@@ -648,7 +670,8 @@ class NodeCursor:
         self.opens, self.hits = old.opens, old.hits
         self.plans = old.plans + 1
         self.first_mismatch_open = old.first_mismatch_open
-        self.history = {e: list(v) for e, v in old.history.items()}
+        # C-level copies (atomic under the GIL): a worker may still be observing on ``old``.
+        self.history = {e: list(v) for e, v in dict(old.history).items()}
         self._unplaced = list(old._unplaced)
         self._epoch = old.epoch
         if old.shape == self.shape and old.node_confirmed:
@@ -668,7 +691,7 @@ class NodeCursor:
                 a.every_epochs,
                 a.passes,
             )
-            recent = list(a.recent)
+            recent = a.recent.copy()
             for i, g in enumerate(recent):
                 b.strays.append((g, b.opens - len(recent) + i))
             if recent:
@@ -915,6 +938,17 @@ class NodeCursor:
             return False
         window = self.settings.window
         in_place = dc.in_place
+        first = dc.tracks[0].index
+        if first is not None and not first.shared:
+            # A DistributedSampler file belongs to one rank: straight to its track (no loop over all).
+            r = int(first.rank_of[i])
+            t = dc.by_rank.get(r)
+            if t is not None and t.index is first and (first.repeated is None or not first.repeated[i]):
+                pos = int(first.pos_of[i])
+                if in_place and t.segment != segment and pos < t.low and pos < window:
+                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))
+                if t.low <= pos < t.high + window and pos not in t.consumed:
+                    return (t.slot, pos, None)
         prev: PassIndex | None = None
         r = p = -1
         repeated = shared = False
@@ -1273,7 +1307,8 @@ class NodeCursor:
         gids: list[I64] = []
         epochs: list[I64] = []
         for slot in range(m):
-            for major, epoch, dc, g, pos in self._slot_plan(slot, limit):
+            # Ranks advance in step: each contributes about limit / m of the first ``limit`` opens.
+            for major, epoch, dc, g, pos in self._slot_plan(slot, -(-limit // m) + self.settings.window):
                 if g.shape[0] == 0:
                     continue
                 majors.append(np.full(g.shape[0], major, dtype=np.int64))
@@ -1307,7 +1342,7 @@ class NodeCursor:
             and slot < len(active.tracks)
         ):  # a pass under way: its rest comes first (nothing when it is done)
             t = active.tracks[slot]
-            g, pos = self._rest(active, t, t.epoch, t.low, t.length, skip=t.consumed)
+            g, pos = self._rest(active, t, t.epoch, t.low, t.length, skip=t.consumed, most=limit)
             out.append((major(lead_epoch) - 2048, lead_epoch, active, g, pos))
             got += g.shape[0]
         if lead.state not in ("tracking", "presumed") or slot >= len(lead.tracks):
@@ -1323,7 +1358,7 @@ class NodeCursor:
             due = {dc.d: dc.due_steps(job_epoch, start // b, steps_end) for dc in others}
             stops = sorted({s for ss in due.values() for s in ss})
             end = stops[0] * b if stops else length
-            g, pos = self._rest(lead, t, epoch, start, end, skip=skip)
+            g, pos = self._rest(lead, t, epoch, start, end, skip=skip, most=limit - got)
             out.append((major(job_epoch), job_epoch, lead, g, pos))
             got += g.shape[0]
             seq += 1
@@ -1333,7 +1368,7 @@ class NodeCursor:
             else:
                 passing = [dc for dc in others if dc.due_at_end(job_epoch)]
             for dc in passing:
-                g, pos = self._full_pass(dc, slot)
+                g, pos = self._full_pass(dc, slot, limit - got)
                 out.append((major(job_epoch), job_epoch, dc, g, pos))
                 got += g.shape[0]
                 seq += 1
@@ -1346,12 +1381,13 @@ class NodeCursor:
         return out
 
     def _rest(
-        self, dc: DatasetCursor, t: Track, epoch: int, start: int, end: int, skip: set[int] | None
+        self, dc: DatasetCursor, t: Track, epoch: int, start: int, end: int, skip: set[int] | None, most: int
     ) -> tuple[I64, I64]:
+        """Positions start..end of ``t``'s rank in ``epoch``, less those consumed: ``most`` of them."""
         idx = self.index(dc, dc.variant, epoch)
         assert idx is not None
         row = idx.row(t.rank)
-        end = min(end, row.shape[0])
+        end = min(end, row.shape[0], start + max(0, most) + (len(skip) if skip else 0))
         if start >= end:
             return _EMPTY, _EMPTY
         g = row[start:end]
@@ -1363,8 +1399,8 @@ class NodeCursor:
             g, pos = g[keep], pos[keep]
         return np.asarray(g, dtype=np.int64), pos
 
-    def _full_pass(self, dc: DatasetCursor, slot: int) -> tuple[I64, I64]:
-        """A whole coming pass of a (non-lead) dataset for one local rank."""
+    def _full_pass(self, dc: DatasetCursor, slot: int, most: int) -> tuple[I64, I64]:
+        """A coming pass of a (non-lead) dataset for one local rank, from its start: ``most`` entries."""
         if dc.tracks and slot < len(dc.tracks):
             t = dc.tracks[slot]
             epoch = dc.next_epochs(t)[0]
@@ -1374,7 +1410,7 @@ class NodeCursor:
             rank = self.rank_of_slot(slot)
         idx = self.index(dc, dc.variant, epoch)
         assert idx is not None
-        row = idx.row(rank)
+        row = idx.row(rank)[: max(0, most)]
         return np.asarray(row, dtype=np.int64), np.arange(row.shape[0], dtype=np.int64)
 
     # ---- status ---------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The whole job's reads per epoch: every rank's stream over all datasets, in global file ids.
 
 A job reads its training set every epoch and, after some epochs, a validation set that *follows*
-it (DESIGN 1: ``imagenet/val`` in order at the end of each epoch).  Global file ids put the
-datasets side by side (``offset + index``).  For one epoch a rank reads its training stream, then
-its validation stream when one is due; :class:`EpochMap` holds those combined streams and the
-inverse (global id -> rank, position) the daemon needs to place each open.
+it (``imagenet/val`` in order at the end of each epoch).  Global file ids put the datasets side by
+side (``offset + index``).  For planning, one epoch of a rank is its training stream, then its
+validation stream when one is due; :class:`EpochMap` holds those combined streams and their
+inverse (global id -> rank, position).
 
 Followers read their sampler's epoch-0 order every time: validation loaders are not given
 ``set_epoch`` (and usually do not shuffle at all).
@@ -13,7 +13,8 @@ Followers read their sampler's epoch-0 order every time: validation loaders are 
 A job may run longer (or be resumed at or past it): a DistributedSampler's epoch e is seeded with
 ``seed + e``, so every stream here is computed lazily for any epoch >= 0.  ``follows``/``every``
 say where planning puts a dataset's reads; the daemon's cursor (:mod:`placement.cursor`) does not
-rely on them: it follows each dataset on its own and learns when passes come from the opens.
+rely on them: it follows each dataset on its own (:meth:`JobStreams.variants`,
+:meth:`JobStreams.dataset_of`) and learns when passes come from the opens.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 Every open sequence is built from what real torch 2.13 samplers yield (DistributedSampler with or
 without set_epoch, shuffle=False for validation, a seeded shuffling DataLoader), never from the
 cursor's own sampler models, and then shaped the way a node sees it: DataLoader workers (batch k on
-worker k % W, at most W x prefetch_factor batches in flight, workers interleaving arbitrarily,
-DESIGN-free facts written down in README.md's "How the cursor works") and two local ranks drifting
-up to a step apart.  The loops: a mid-epoch resume, a seed written late, Lightning's sanity check,
-validation every epoch or every N steps, epochs past the plan, a resume at the planned epoch count,
-no set_epoch, an early break, a wrong seed, a rewritten seed.
+worker k % W, at most W x prefetch_factor batches in flight, workers interleaving arbitrarily) and
+two local ranks drifting up to a step apart (what their allreduce allows).  The loops: a mid-epoch
+resume, a seed written late, Lightning's sanity check, validation every epoch or every N steps,
+epochs past the plan, a resume at the planned epoch count, no set_epoch, an early break, a wrong
+seed, a rewritten seed, a jump back to an older checkpoint.
 
 For every loop the cursor can predict, the checks are the same (:func:`check_breaks`): after each
 break in the pattern at most two batches per local rank go unpredicted, then every open is
