@@ -388,6 +388,8 @@ class DatasetCursor:
         self.recent: deque[int] = deque(maxlen=cap)  # every open, for a replacing plan to relock on
         self.judged: deque[bool] = deque(maxlen=max(8, settings.judge_opens))
         self.looks = 0  # hypothesis tests since the last lock
+        self._lockable_key: tuple[int, int, bool] | None = None
+        self._lockable = False
         self.next_look = 0  # evidence count at which the next test runs (each one spends budget)
         self.looked_size = 0  # evidence held at the last test
         self.stray_seen = 0  # strays since the last lock (never capped, unlike the buffer)
@@ -488,9 +490,19 @@ class DatasetCursor:
         return math.log(self.hypotheses()) + math.log(max(1, strays)) + math.log((j + 1) * (j + 2))
 
     def lockable(self, strays: int) -> bool:
-        """Whether ``strays`` opens could lock at all, fitting perfectly (else a test is wasted)."""
+        """Whether ``strays`` opens could lock at all, fitting perfectly (else a test is wasted).
+
+        Asked at every open of a presumed dataset: remembered for the last (strays, looks, node)."""
         if strays < self.cur.settings.detect_opens:
             return False
+        key = (strays, self.looks, self.cur.node_confirmed)
+        if key == self._lockable_key:
+            return self._lockable
+        self._lockable_key = key
+        self._lockable = self._can_lock(strays)
+        return self._lockable
+
+    def _can_lock(self, strays: int) -> bool:
         shape = self.cur.shape
         m = shape.ranks_per_node
         best = 0.0
@@ -1034,9 +1046,10 @@ class NodeCursor:
     # ---- searching ------------------------------------------------------------------------
 
     def _look_due(self, dc: DatasetCursor, coming: int) -> bool:
-        """Whether the stray just seen (``strays`` of them now) should be tested.
+        """Whether the evidence should be tested now (``coming``: the open being placed, 1 when it
+        is not recorded yet).
 
-        Tests are spaced geometrically in the strays seen (each one spends part of the false-lock
+        Tests are spaced geometrically in the evidence seen (each one spends part of the false-lock
         budget, see :meth:`DatasetCursor.multiplicity`), and in a mismatch once a batch (costs).
         """
         if dc.look_pending:

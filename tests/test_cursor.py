@@ -168,6 +168,8 @@ def check_breaks(loop: Loop, hits: list[bool], start: int = 0) -> None:
 
 
 def check_epochs(cur: NodeCursor, at_least: float = 0.95, skip: Callable[[int], bool] = lambda e: False) -> None:
+    """Every epoch's hit rate (as status reports it), and never a mismatch on a predictable loop."""
+    assert cur.first_mismatch_open is None, cur.mismatch_reason
     history = cur.status()["history"]
     assert history, "no epoch history"
     for row in history:
@@ -206,6 +208,18 @@ def test_mid_epoch_resume_locks_within_two_batches(first: int, presumed: bool) -
     check_epochs(cur, skip=lambda e: e == 1 and first > 150)  # 44 opens per rank left: 2 batches are 36%
 
 
+def test_resumed_on_3000_files_stays_tracking() -> None:
+    """3,000 files resumed after 600 of 1,500 samples per rank, then four more epochs: one lock,
+    no mismatch, no relock at any epoch change."""
+    loop = Loop(world=2, per_node=2, node=0, batch=16, rng=random.Random(3))
+    training(loop, 3000, seed=19, epochs=range(2, 7), first=600)
+    cur = NodeCursor(plan(3000, 19, 2, 2, 16, epochs=5), settings(16))
+    cur.presume(0, 0)
+    check_breaks(loop, replay(cur, loop.opens))
+    check_epochs(cur)
+    assert cur.datasets[0].locks == 1 and cur.epoch == 6
+
+
 def test_big_epochs_lock_within_two_batches_anywhere() -> None:
     """Epochs of 20+ cursor windows per rank: a resume anywhere locks within 2 batches per rank,
     and the first epoch is already >= 95% predicted even when little of it is left."""
@@ -231,6 +245,22 @@ def test_seed_written_late_locks_mid_epoch() -> None:
         hits = replay(cur, loop.opens[late:])
         check_breaks(loop, [True] * late + hits, start=late)
         assert cur.node == 1 and cur.epoch == 2 and cur.state == "tracking"
+
+
+def test_opens_before_the_plan_do_not_stall_a_short_epoch() -> None:
+    """The seed's plan arrives after the job's first opens (the seed is written as training starts)
+    and the daemon presumes epoch 0: those positions are never consumed.  In an epoch shorter than
+    two windows (the demo's size: 440 positions per rank, window 336) the cursor must still follow
+    each rank into the next epoch instead of declaring a mismatch at every epoch's end."""
+    loop = Loop(world=2, per_node=2, node=0, batch=32, rng=random.Random(0))
+    training(loop, 880, seed=7, epochs=range(3))
+    cur = NodeCursor(plan(880, 7, 2, 2, 32, epochs=3), settings(32))
+    assert cur.datasets[0].streams.length < 2 * cur.settings.window
+    cur.presume(0, 0)
+    hits = replay(cur, loop.opens[40:])
+    assert all(hits) and cur.hit_rate == 1.0
+    assert cur.state == "tracking" and cur.epoch == 2
+    check_epochs(cur)
 
 
 def test_epochs_past_the_plan_and_a_resume_at_its_end() -> None:
@@ -485,6 +515,50 @@ def test_shuffling_loader_without_distributed_sampler() -> None:
     check_breaks(loop, replay(cur, loop.opens))
     assert cur.epoch == 2
     check_epochs(cur)
+
+
+class Logged(torch.utils.data.Dataset[int]):
+    """Indices that log when a DataLoader worker fetches them: the order real workers open files in."""
+
+    def __init__(self, n: int, log: Any) -> None:
+        self.n, self.log = n, log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.log.put((time.monotonic_ns(), i))
+        return i
+
+
+def test_real_dataloader_workers_and_ranks_in_step() -> None:
+    """Opens in the order real DataLoader worker processes fetch them (2 workers, prefetch_factor 2,
+    two ranks' loaders iterated in step, set_epoch each epoch), resumed at epoch 1."""
+    import multiprocessing
+
+    n, b = 640, 8
+    log: Any = multiprocessing.get_context("fork").Queue()
+    ds = Logged(n, log)
+    samplers = [DistributedSampler(ds, num_replicas=2, rank=r, seed=23) for r in range(2)]
+    loaders = [
+        DataLoader(ds, batch_size=b, sampler=s, num_workers=WORKERS, prefetch_factor=PREFETCH, persistent_workers=False)
+        for s in samplers
+    ]
+    opens: list[tuple[int, int]] = []
+    for epoch in (1, 2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        for _ in zip(*loaders, strict=True):
+            pass
+        while len(opens) < n * epoch:
+            opens.append(log.get(timeout=30))
+    order = [i for _t, i in sorted(opens)]
+    cur = NodeCursor(plan(n, 23, 2, 2, b, epochs=2), settings(b))
+    cur.presume(0, 0)
+    hits = replay(cur, order)
+    assert len(hits) - sum(hits) <= 2 * b * 2, "more than two batches per rank unpredicted"
+    assert all(hits[n:]), "epoch 2 not entirely predicted"
+    assert cur.epoch == 2 and cur.state == "tracking"
 
 
 # ----------------------------------------------------------------------------------- quick path
