@@ -539,7 +539,9 @@ def test_real_dataloader_workers_and_ranks_in_step() -> None:
     n, b = 640, 8
     log: Any = multiprocessing.get_context("fork").Queue()
     ds = Logged(n, log)
-    samplers = [DistributedSampler(ds, num_replicas=2, rank=r, seed=23) for r in range(2)]
+    samplers: list[DistributedSampler[int]] = [
+        DistributedSampler(ds, num_replicas=2, rank=r, seed=23) for r in range(2)
+    ]
     loaders = [
         DataLoader(ds, batch_size=b, sampler=s, num_workers=WORKERS, prefetch_factor=PREFETCH, persistent_workers=False)
         for s in samplers
