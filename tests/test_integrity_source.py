@@ -8,6 +8,7 @@ own counters prove that the revalidation stats reach the PFS (it runs with attri
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
