@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -92,9 +93,9 @@ def test_the_plan_digest_covers_objects_and_fill_order(tmp_path: Path) -> None:
     cfg["datasets"][0]["root"] = "train"
     cfg["job"].update(world_size=2, ranks_per_node=1, epochs=2, batch_size=4)
     cfg["tiers"][0]["bytes"] = 60_000
-    plan = Plan.build(Snapshot.scan(tmp_path / "src").tree, cfg, seed=0, backend="numpy")
+    plan = Plan.build(Snapshot.scan(str(tmp_path / "src")).tree, cfg, seed=0, backend="numpy")
     assert plan.recompute_digest() == plan.digest
-    columns = {
+    columns: dict[str, np.ndarray[Any, Any]] = {
         "obj_entry": plan.objects.obj_entry,
         "obj_size": plan.objects.size,
         "fill_obj": plan.assignment.fill_obj,
