@@ -222,8 +222,9 @@ def test_kill_9_seconds_after_filling_a_directory_tier_keeps_every_copy(tmp_path
     with mounted(src, mnt, "-c", str(cfg)):
         opened = status(mnt)["tiers"][0]["opened"]
         assert opened["warm"] and opened["kept_files"] == len(rels), opened
+        copies = tier_copies(tmp_path / "ssd")
         for entry, data in files.items():
-            assert tier_copies(tmp_path / "ssd")[entry].read_bytes() == data
+            assert copies[entry].read_bytes() == data
 
 
 def test_a_damaged_copy_and_a_fifo_in_its_place_are_dropped_and_cached_again(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""A full cache directory never stops the daemon: one log line, a status note, correct bytes served.
+
+cache_dir lives on a real tmpfs of a few MiB that the test fills up; the daemon's log is there too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from e2e import make_source, write_seed
+from mounting import mounted, status, wait_for
+from test_integrity_tiers import fill_disk, small_tmpfs
+
+pytestmark = pytest.mark.mount
+
+
+def _read_all(mnt: Path, src: Path, rels: list[str]) -> None:
+    for rel in rels:
+        assert (mnt / rel).read_bytes() == (src / rel).read_bytes(), rel
+
+
+def test_a_seed_written_while_cache_dir_is_full_fails_the_plan_not_the_daemon(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    digests, _ = make_source(src, 30, 0, mean_size=3000)
+    rels = sorted(digests)
+    with small_tmpfs(tmp_path / "cache", "4m") as cache:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"cache_dir: {cache}\ndatasets: [{{root: train}}]\n")
+        with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
+            pid = int(status(mnt)["pid"])
+            wait_for(lambda: status(mnt)["plan"]["state"] in ("ready", "failed"), 60, "the first plan")
+            filler = fill_disk(cache)
+            write_seed(mnt, 5)
+            doc = wait_for(
+                lambda: (d := status(mnt))["plan"]["seed"] == 5 and d["plan"]["state"] == "failed" and d,
+                60,
+                "planning for seed 5 to fail",
+            )
+            assert "No space left" in doc["plan"]["message"], doc["plan"]
+            _read_all(mnt, src, rels)
+            assert os.path.exists(f"/proc/{pid}") and status(mnt)["state"] == "serving"
+            filler.unlink()
+            write_seed(mnt, 6)  # once there is room again, planning works again
+            wait_for(lambda: status(mnt)["plan"]["state"] == "ready" and status(mnt)["plan"]["seed"] == 6, 60)
+
+
+def test_a_mount_with_cache_dir_already_full_serves_and_says_why_nothing_persists(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    digests, _ = make_source(src, 30, 0, mean_size=3000)
+    rels = sorted(digests)
+    with small_tmpfs(tmp_path / "cache", "2m") as cache:
+        (cache / "log").mkdir()
+        filler = fill_disk(cache)
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"cache_dir: {cache}\ndatasets: [{{root: train}}]\n")
+        with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
+            doc = status(mnt)
+            assert any("not persisted" in e for e in doc["snapshot"]["unlisted_dirs"]), doc["snapshot"]
+            _read_all(mnt, src, rels)
+            write_seed(mnt, 3)
+            wait_for(lambda: status(mnt)["plan"]["state"] == "failed", 60, "planning to fail")
+            _read_all(mnt, src, rels)
+            assert status(mnt)["state"] == "serving"
+        filler.unlink()
