@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e import make_source, write_seed
 from mounting import mounted, status, wait_for
-from test_integrity_tiers import fill_disk, small_tmpfs
+from tmpfs import fill_disk, small_tmpfs
 
 pytestmark = pytest.mark.mount
 

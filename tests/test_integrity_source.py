@@ -13,6 +13,7 @@ import errno
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
     digests, _ = make_source(src, 40, 0, mean_size=3000)
     rels = sorted(digests)
     victim = rels[7]
-    cfg = _config(tmp_path, snapshot="{revalidate_per_s: 200}")
+    cfg = _config(tmp_path)  # the default revalidation rate: rounds of 40 files take well under a second
     with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
         _fill_tier(mnt, src, rels, tmp_path / "ssd")
         entry = _entry(mnt, victim)
@@ -82,15 +83,20 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
             os.utime(tmp, ns=(old.st_atime_ns, old.st_mtime_ns))
             os.rename(tmp, path)
         assert path.stat().st_size == old.st_size and path.stat().st_mtime_ns == old.st_mtime_ns
-        doc = wait_for(
-            lambda: (d := status(mnt)) and victim in d["revalidation"]["changed"] and d,
-            timeout=20,
-            what="a revalidation round to see the change",
-        )
-        assert doc["revalidation"]["stats"]["background"] > 0 and doc["revalidation"]["round_seconds"] > 0
-        assert _read_errno(mnt / victim) == errno.EIO  # never the old copy, never the new bytes
-        assert entry not in _tier_files(tmp_path / "ssd"), "the stale copy was not dropped"
+        seen = []  # what each read of the file gave until the change was seen: old bytes or an error
+        for _ in range(100):
+            try:
+                seen.append((mnt / victim).read_bytes() == (src / victim).read_bytes() or "old bytes")
+            except OSError as exc:
+                seen.append(exc.errno)
+                break
+            time.sleep(0.05)
+        assert seen[-1] == errno.EIO, f"the change was not seen within 5 s of background rounds: {seen[-3:]}"
+        assert True not in seen  # never the new bytes under the snapshot's version either
         doc = status(mnt)
+        assert victim in doc["revalidation"]["changed"] and doc["revalidation"]["stats"]["background"] > 0
+        assert _read_errno(mnt / victim) == errno.EIO  # and from then on
+        assert entry not in _tier_files(tmp_path / "ssd"), "the stale copy was not dropped"
         assert victim in doc["reads"]["stale_files"]
         for rel in rels:  # the others are still served, from their copies
             if rel != victim:
@@ -172,22 +178,21 @@ def test_a_fifo_in_place_of_a_source_file_reads_as_eio_instead_of_blocking(tmp_p
     with mounted(src, tmp_path / "mnt", "-o", "datasets.0.root=train", cache_dir=tmp_path / "cache") as mnt:
         (src / victim).unlink()
         os.mkfifo(src / victim)
+        probe = "import sys\ntry:\n    open(sys.argv[1], 'rb').read()\nexcept OSError as e:\n    sys.exit(e.errno)\n"
+        reader = subprocess.Popen([sys.executable, "-c", probe, str(mnt / victim)])
         try:
-            probe = (
-                "import errno, sys\n"
-                "try:\n    open(sys.argv[1], 'rb').read()\nexcept OSError as e:\n    sys.exit(e.errno)\n"
-            )
-            try:
-                res = subprocess.run([sys.executable, "-c", probe, str(mnt / victim)], timeout=15)
-            except subprocess.TimeoutExpired:
-                pytest.fail("the read blocked on the FIFO")
-            assert res.returncode == errno.EIO
-            assert "regular file" in status(mnt)["reads"]["stale_files"][victim]
-        finally:
-            # A writer end releases a reader blocked on the FIFO (the failure this test catches);
-            # ENXIO when nobody was.
+            code = reader.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            # The failure this test catches: the daemon's open of the FIFO blocks, and its reader with
+            # it (not even SIGKILL ends it).  A writer end releases both.
             with contextlib.suppress(OSError):
-                os.close(os.open(src / victim, os.O_WRONLY | os.O_NONBLOCK))
+                fd = os.open(src / victim, os.O_WRONLY | os.O_NONBLOCK)
+                reader.kill()
+                reader.wait(timeout=30)
+                os.close(fd)
+            pytest.fail("the read blocked on the FIFO for 15 s")
+        assert code == errno.EIO
+        assert "regular file" in status(mnt)["reads"]["stale_files"][victim]
 
 
 def test_rescan_after_a_cached_file_changed_mounts_and_serves_the_new_bytes(tmp_path: Path) -> None:

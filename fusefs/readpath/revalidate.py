@@ -9,7 +9,7 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
   from the PFS checks the identity on its own descriptor, which counts as that stat.
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
-  takes (cached files) / rate seconds, the staleness bound shown in status.
+  takes (cached files) / rate seconds (at least MIN_ROUND_SECONDS), the staleness bound shown in status.
 * A change seen by any of these (or by a PFS read) makes the file CHANGED for the rest of the
   mount: its opens fail with EIO (the tree keeps the snapshot's sizes), its copies are dropped
   from every tier, its kernel page cache is invalidated, status names it, and the persisted
@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 UNCHECKED, FRESH, CHANGED = 0, 1, 2
 TICK = 0.1  # seconds between batches of a background round
+MIN_ROUND_SECONDS = 1.0
+"""A round of a few cached files still takes this long: the rate is a ceiling, not a quota to spend."""
 _MAX_LISTED = 100
 
 MineMask = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]
@@ -222,6 +224,7 @@ class Revalidator:
                 await trio.sleep(max(0.0, self.round_started + (k + per_tick) / self.rate - time.monotonic()))
             self.last_round_seconds = time.monotonic() - self.round_started
             self.rounds += 1
+            await trio.sleep(max(0.0, self.round_started + MIN_ROUND_SECONDS - time.monotonic()))
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -235,7 +238,7 @@ class Revalidator:
         return {
             "rate_per_s": self.rate,
             "round_files": cached,
-            "round_seconds": round(cached / self.rate, 3) if self.rate else None,  # the staleness bound
+            "round_seconds": round(max(cached / self.rate, MIN_ROUND_SECONDS), 3),  # the staleness bound
             "last_round_seconds": None if self.last_round_seconds is None else round(self.last_round_seconds, 3),
             "rounds": self.rounds,
             "stats": dict(self.stats),
