@@ -130,3 +130,48 @@ def test_the_plan_digest_stays_fast_at_imagenet_scale() -> None:
     t0 = time.perf_counter()
     _digest({"seed": 0}, [], {}, _outputs(objects, assignment))
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_caches_written_in_another_format_are_refused_with_the_reason(tmp_path: Path) -> None:
+    """What an older (or newer) seerfs left in cache_dir is never read as this version's layout."""
+    from fusefs.meta.snapshot import FORMAT_VERSION, Snapshot
+    from fusefs.planning.store import FORMAT, load_plan, save_plan
+    from fusefs.tiers import DirectoryTier
+    from fusefs.tiers import index as index_io
+
+    make_source(tmp_path / "src", 20, 0, mean_size=500)
+    snap = Snapshot.scan(str(tmp_path / "src"))
+    snap.save(tmp_path / "s.npz")
+    with np.load(tmp_path / "s.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    meta["format"] = FORMAT_VERSION - 1
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(tmp_path / "s.npz", **arrays)
+    with pytest.raises(ValueError, match=f"format {FORMAT_VERSION - 1}"):
+        Snapshot.load(tmp_path / "s.npz")
+
+    from fusefs.config import Config
+    from fusefs.planning.inputs import build_plan, planning_config
+
+    cfg = planning_config(Config())
+    cfg["datasets"][0]["root"] = "train"
+    save_plan(build_plan(snap, cfg, 0, backend="numpy"), tmp_path / "plan")
+    plan_meta = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    plan_meta["format"] = FORMAT + 1
+    (tmp_path / "plan" / "plan.json").write_text(json.dumps(plan_meta))
+    with pytest.raises(ValueError, match=f"format {FORMAT + 1}"):
+        load_plan(tmp_path / "plan")
+
+    tier = DirectoryTier(1, tmp_path / "tier", 8 << 20, 1, "fp")
+    tier.abandon()
+    path = tmp_path / "tier" / index_io.INDEX_NAME
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    meta["format"] = index_io.FORMAT - 1
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(path, **arrays)
+    again = DirectoryTier(1, tmp_path / "tier", 8 << 20, 1, "fp")
+    assert not again.opened["warm"] and "another format" in again.opened["reason"], again.opened
+    again.abandon()

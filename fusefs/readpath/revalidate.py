@@ -195,12 +195,9 @@ class Revalidator:
 
     def cached_entries(self) -> npt.NDArray[np.int64]:
         """Every entry with a copy this node could serve: tier copies and pages kept in the page cache."""
-        held: set[int] = set()
-        for tier in self.tiers:
-            held.update(tier.entries())
-        held.update(self.staging.cached_entries())
-        ents = np.fromiter(held, np.int64, len(held))
-        ents.sort()
+        parts = [np.asarray(t.entries(), np.int64) for t in self.tiers]
+        parts.append(np.asarray(self.staging.cached_entries(), np.int64))
+        ents = np.unique(np.concatenate(parts))  # sorted: a round walks the source in entry order
         return ents[self.state[ents] != CHANGED] if ents.size else ents
 
     async def _round_loop(self) -> None:

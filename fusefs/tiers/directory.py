@@ -164,7 +164,13 @@ class DirectoryTier:
         """Reconcile the persisted index and journal with the files on disk and charge what stays (blocking)."""
         t0 = time.monotonic()
         self.alloc = alloc_unit(self.path)
-        journal = self.journal = Journal(self.path, journal_bytes(self.budget.limit))
+        try:
+            journal: Journal | None = Journal(self.path, journal_bytes(self.budget.limit))
+        except OSError as exc:  # e.g. no room for even an empty file: the tier works, not crash-safe
+            journal = None
+            self._journal_note = f"no journal ({exc.strerror or exc}): copies are not crash-safe"
+            log.warning("%s: %s", self.name, self._journal_note)
+        self.journal = journal
         gen = 0
         replayed = 0
         try:
@@ -172,7 +178,7 @@ class DirectoryTier:
             reason = "index matches the snapshot"
         except index_io.IndexError_ as exc:
             loaded, reason = None, str(exc)
-        if loaded is not None:
+        if loaded is not None and journal is not None:
             # G - 1 may hold records the index's export missed (puts in flight); see journal.py.
             for g in (gen - 1, gen):
                 for rec in journal.read(g):
@@ -181,7 +187,7 @@ class DirectoryTier:
                         loaded.add(rec.entry, rec.source, rec.digests)
                     elif rec.op == REMOVE and loaded.has(rec.entry):
                         loaded.remove(rec.entry)
-        else:
+        elif journal is not None:
             journal.reset()
         unlink_quiet(str(self.path / (INDEX_NAME + ".tmp")))
         ours = {LOCK_NAME, INDEX_NAME, RESERVE_NAME, *JOURNAL_NAMES}
@@ -200,7 +206,8 @@ class DirectoryTier:
             remove.extend(file_path(self.path, e) for e in found if not idx.has(e))
             dirs = os.lstat(self.path).st_blocks * 512 + sum(max(self.alloc, sc.dir_bytes) for sc in scans)
             self.foreign_bytes = foreign
-            self.base_bytes = dirs + foreign + INDEX_FIXED + 2 * journal.size + 2 * 8 * (self.budget.limit // BLOCK + 1)
+            journal_space = 2 * journal.size if journal is not None else 0
+            self.base_bytes = dirs + foreign + INDEX_FIXED + journal_space + 2 * 8 * (self.budget.limit // BLOCK + 1)
             if not self.budget.try_reserve(min(self.base_bytes, self.budget.limit)):
                 raise AssertionError("a fresh budget refused its base")
             over_budget = 0
@@ -217,14 +224,16 @@ class DirectoryTier:
                     self._over[e] = file_charge - round_up(size, self.alloc)
             list(pool.map(unlink_quiet, remove))
         self._idx = idx
-        why_not = journal.reserve() if self.base_bytes <= self.budget.limit else "budget below the fixed overhead"
-        if why_not is not None:
-            log.warning("%s: journal space not reserved (%s); appends may fail on a full disk", self.name, why_not)
+        if journal is not None:
+            why_not = journal.reserve() if self.base_bytes <= self.budget.limit else "budget below the fixed overhead"
+            if why_not is not None:
+                log.warning("%s: journal space not reserved (%s); appends may fail on a full disk", self.name, why_not)
         try:  # claim a fresh generation: the journal is written from the start of its file
             self._save_index(idx.export(), gen + 1)
-            journal.switch(gen + 1)
+            if journal is not None:
+                journal.switch(gen + 1)
         except OSError as exc:
-            if loaded is not None:  # the index on disk still covers generation gen: keep appending to it
+            if loaded is not None and journal is not None:  # the index on disk still covers gen: append to it
                 journal.switch(gen)
                 journal.tail = journal.length(gen)
             else:
