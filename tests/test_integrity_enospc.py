@@ -64,3 +64,28 @@ def test_a_mount_with_cache_dir_already_full_serves_and_says_why_nothing_persist
             _read_all(mnt, src, rels)
             assert status(mnt)["state"] == "serving"
         filler.unlink()
+
+
+def test_a_full_tier_filesystem_keeps_its_index_and_every_copy_across_a_remount(tmp_path: Path) -> None:
+    """A tier whose budget is larger than its disk: the disk fills, puts fail, and the index (in its
+    reserved space) still lists every copy on disk, so the next mount starts warm with all of them."""
+    src = tmp_path / "src"
+    digests, _ = make_source(src, 600, 0, mean_size=4096, sigma=0.01)
+    rels = sorted(digests)
+    with small_tmpfs(tmp_path / "fs", "2m") as fs:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            f"cache_dir: {tmp_path / 'cache'}\ndatasets: [{{root: train}}]\n"
+            f"tiers: [{{kind: directory, path: {fs / 'tier'}, bytes: 64MiB}}]\nprefetch: {{lookahead_bytes: 32KiB}}\n"
+        )
+        with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
+            _read_all(mnt, src, rels)
+            wait_for(lambda: status(mnt)["prefetch"]["fetches_inflight"] == 0, 30, "fetches to settle")
+            doc = status(mnt)["tiers"][0]
+            assert doc["put_errors"] > 0, doc  # the disk did fill up
+        held = [p for p in (fs / "tier").rglob("*") if p.is_file() and p.name.isdigit()]
+        assert len(held) > 100
+        with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
+            opened = status(mnt)["tiers"][0]["opened"]
+            assert opened["warm"] and opened["kept_files"] == len(held), opened
+            _read_all(mnt, src, rels)
