@@ -73,6 +73,7 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
         assert entry in _tier_files(tmp_path / "ssd")
         path = src / victim
         old = path.stat()
+        invalidations = status(mnt)["prefetch"]["staging"]["invalidations"]
         new = bytes(b ^ 0x5A for b in path.read_bytes())  # same size, every byte different
         if how == "rewritten_mtime_restored":  # only ctime tells: rsync -t, cp -p, touch -d do this
             path.write_bytes(new)
@@ -97,6 +98,9 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
         assert victim in doc["revalidation"]["changed"] and doc["revalidation"]["stats"]["background"] > 0
         assert _read_errno(mnt / victim) == errno.EIO  # and from then on
         assert entry not in _tier_files(tmp_path / "ssd"), "the stale copy was not dropped"
+        wait_for(  # and its pages in the kernel's page cache (from the reads above) invalidated
+            lambda: status(mnt)["prefetch"]["staging"]["invalidations"] > invalidations, 10, "the invalidation"
+        )
         assert victim in doc["reads"]["stale_files"]
         for rel in rels:  # the others are still served, from their copies
             if rel != victim:
