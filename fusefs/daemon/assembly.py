@@ -78,7 +78,8 @@ class Daemon:
         self.snapshot, self.snapshot_reason = load_or_scan(
             self.req.source, cfg.cache_path, cfg.snapshot.walk_threads, cfg.snapshot.reuse, self.req.rescan
         )
-        log.info(
+        log.log(
+            logging.WARNING if "refused" in self.snapshot_reason else logging.INFO,
             "snapshot of %s: %s (%s, %.3fs)",
             self.req.source,
             self.snapshot.counts(),

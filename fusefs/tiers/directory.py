@@ -250,7 +250,9 @@ class DirectoryTier:
             "over_budget": over_budget,
             "seconds": round(time.monotonic() - t0, 3),
         }
-        log.info(
+        refused = loaded is None and reason != "no index"  # an index was there and could not be used
+        log.log(
+            logging.WARNING if refused else logging.INFO,
             "%s: %s start at %s (%s): kept %d files, %d bytes (%d journal records); removed %d files",
             self.name,
             "warm" if loaded is not None else "cold",

@@ -150,8 +150,8 @@ class TierIndex:
             raise ValueError("columns of different lengths")
         if n == 0:
             return idx
-        if int(ents.min()) < 0 or int(sizes.min()) < 0 or len(np.unique(ents)) != n:
-            raise ValueError("negative or repeated rows")
+        if int(ents.min()) < 0 or int(ents.max()) >= 1 << 32 or int(sizes.min()) < 0 or len(np.unique(ents)) != n:
+            raise ValueError("entries out of range or repeated, or negative sizes")
         idx._grow(int(ents.max()))
         idx.size[ents] = sizes
         idx.mtime[ents] = arrays["mtime"]

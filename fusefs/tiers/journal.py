@@ -48,6 +48,8 @@ ADD, REMOVE = 1, 2
 _MAGIC = 0x5EE5
 _HEAD = struct.Struct("<HBxIqqqqQQI")  # magic, op, generation, entry, size, mtime, ctime, ino, digest0, extra
 _SUM = struct.Struct("<Q")
+MAX_ENTRIES = 1 << 32
+"""Snapshots hold fewer entries; a record naming more is damage (and must not size the index)."""
 MIN_BYTES = 16 << 10
 MAX_BYTES = 64 << 20
 
@@ -90,7 +92,8 @@ def decode(buf: bytes, gen: int) -> Iterator[tuple[Record, int]]:
     while pos + _HEAD.size + _SUM.size <= len(buf):
         magic, op, g, entry, size, mtime, ctime, ino, d0, extra = _HEAD.unpack_from(buf, pos)
         end = pos + _HEAD.size + 8 * extra + _SUM.size
-        if magic != _MAGIC or g != gen or op not in (ADD, REMOVE) or entry < 0 or end > len(buf):
+        bad_entry = not 0 <= entry < MAX_ENTRIES
+        if magic != _MAGIC or g != gen or op not in (ADD, REMOVE) or bad_entry or end > len(buf):
             return
         body = buf[pos : end - _SUM.size]
         if _SUM.unpack_from(buf, end - _SUM.size)[0] != xxhash.xxh3_64_intdigest(body):
