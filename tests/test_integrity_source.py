@@ -84,7 +84,7 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
             os.utime(tmp, ns=(old.st_atime_ns, old.st_mtime_ns))
             os.rename(tmp, path)
         assert path.stat().st_size == old.st_size and path.stat().st_mtime_ns == old.st_mtime_ns
-        seen = []  # what each read of the file gave until the change was seen: old bytes or an error
+        seen: list[object] = []  # what each read of the file gave until the change was seen: old bytes or an error
         for _ in range(100):
             try:
                 seen.append((mnt / victim).read_bytes() == (src / victim).read_bytes() or "old bytes")

@@ -15,7 +15,9 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
   from every tier, its kernel page cache is invalidated, status names it, and the persisted
   snapshot is marked so the next mount walks the source again and serves the new content.
 
-What it cannot see: a change the PFS client does not show yet (an NFS client's attribute cache,
+What it cannot see: a replica this node holds of a file another node owns, after its first check
+(the owner rechecks it, but no message tells this node yet: that needs a note in the peer protocol);
+a change the PFS client does not show yet (an NFS client's attribute cache,
 ``actimeo``, delays it by up to that many seconds), and one that happens after the last check and
 before a read of a copy (bounded by the round time).
 
