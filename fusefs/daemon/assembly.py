@@ -153,6 +153,7 @@ class Daemon:
             )
             self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
             self.revalidator.mine = self._mine
+            self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
     def _build_cache(self) -> None:
         """Tiers, staging, fetcher, prefetcher and planner for this mount (DESIGN 3)."""

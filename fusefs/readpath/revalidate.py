@@ -15,9 +15,13 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
   from every tier, its kernel page cache is invalidated, status names it, and the persisted
   snapshot is marked so the next mount walks the source again and serves the new content.
 
-What it cannot see: a replica this node holds of a file another node owns, after its first check
-(the owner rechecks it, but no message tells this node yet: that needs a note in the peer protocol);
-a change the PFS client does not show yet (an NFS client's attribute cache,
+In a group, a replica this node holds of a file another node owns is its owner's to recheck, but no
+message tells this node what the owner saw (that needs a note in the peer protocol); so every
+``replicas_every``-th round (the group's size) also covers this node's replicas.  A file held on k
+of N nodes then costs about 1 + (k - 1) / N stats per round in all, and a replica's staleness bound
+is N rounds instead of one.
+
+What it cannot see: a change the PFS client does not show yet (an NFS client's attribute cache,
 ``actimeo``, delays it by up to that many seconds), and one that happens after the last check and
 before a read of a copy (bounded by the round time).
 
@@ -88,6 +92,9 @@ class Revalidator:
         self.state: npt.NDArray[np.uint8] = np.zeros(len(snapshot), np.uint8)
         self.changed: dict[int, str] = {}
         self.mine: MineMask = lambda entries: np.ones(entries.shape, np.bool_)
+        # Every this many rounds, replicas of other owners' files are rechecked too (the group's size,
+        # asked each round: a rendezvous group grows after the mount).
+        self.replicas_every: Callable[[], int] = lambda: 1
         self.on_changed: list[Callable[[str, str], None]] = []  # (relative path, reason)
         self.stats = {"ahead": 0, "open": 0, "background": 0}
         self.rounds = 0
@@ -205,7 +212,8 @@ class Revalidator:
     async def _round_loop(self) -> None:
         while True:
             ents = self.cached_entries()
-            ents = ents[self.mine(ents)] if ents.size else ents
+            with_replicas = self.rounds % max(1, self.replicas_every()) == 0
+            ents = ents[self.mine(ents)] if ents.size and not with_replicas else ents
             if not ents.size:
                 await trio.sleep(1.0)
                 continue
@@ -237,6 +245,7 @@ class Revalidator:
         return {
             "rate_per_s": self.rate,
             "round_files": cached,
+            "replicas_every_rounds": self.replicas_every(),
             "round_seconds": round(max(cached / self.rate, MIN_ROUND_SECONDS), 3),  # the staleness bound
             "last_round_seconds": None if self.last_round_seconds is None else round(self.last_round_seconds, 3),
             "rounds": self.rounds,
