@@ -43,6 +43,7 @@ from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_fi
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
+from fusefs.progress import LOG_INTERVAL_S, Progress
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.opens import CachedFiles
@@ -69,14 +70,28 @@ class Daemon:
         self.mounted = False
         self.record: MountRecord | None = None
         self.board = StatusBoard(req.source, req.mountpoint)
+        # Read by the startup reporter thread while start() runs (Progress locks its own fields).
+        self.startup = Progress("start", "steps")
+        self.walk = Progress("walk", "entries")
+        self.startup.start("starting")
+
+    def startup_progress(self) -> dict[str, Any]:
+        """What the daemon is doing before its mount answers; the last running task is the one shown."""
+        return {"start": self.startup.doc(), "walk": self.walk.doc()}
 
     # ------------------------------------------------------------------ startup
 
     def start(self) -> None:
         cfg = self.cfg
         t0 = time.monotonic()
+        self.startup.set_phase("walking the source")
         self.snapshot, self.snapshot_reason = load_or_scan(
-            self.req.source, cfg.cache_path, cfg.snapshot.walk_threads, cfg.snapshot.reuse, self.req.rescan
+            self.req.source,
+            cfg.cache_path,
+            cfg.snapshot.walk_threads,
+            cfg.snapshot.reuse,
+            self.req.rescan,
+            progress=self.walk,
         )
         log.log(
             logging.WARNING if "refused" in self.snapshot_reason else logging.INFO,
@@ -91,12 +106,15 @@ class Daemon:
         self.counters = ReadCounters()
         self.seed = SeedState()
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        self.startup.set_phase("forming the daemon group")
         self._form_group()
+        self.startup.set_phase("opening the cache tiers")
         self._build_cache()
         self._join_group()
         self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
+        owner = os.getuid() if cfg.control_owner is None else cfg.control_owner  # who may write the seed
         self.control = ControlFiles(
-            self.seed, self.board, cfg.to_yaml(), os.getuid(), os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
+            self.seed, self.board, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
         )
         attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
         self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
@@ -110,7 +128,10 @@ class Daemon:
         self.board.add("reads", self.counters.status)
         self.board.add("revalidation", self.revalidator.status)
         self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
+        self.board.add("progress", lambda: {"walk": self.walk.doc(), "plan": self.plans.progress.doc()})
+        self.startup.set_phase("mounting")
         self._mount()
+        self.startup.finish()
 
     def _form_group(self) -> None:
         """Find the peers before mounting (MPI formation is blocking and must precede serving)."""
@@ -287,6 +308,7 @@ class Daemon:
             nursery.start_soon(self.prefetcher.run)
             nursery.start_soon(self.plans.run)
             nursery.start_soon(self.revalidator.run)
+            nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)
             self.plans.request(self.seed.value)  # the sampler default until a seed is written
@@ -296,6 +318,14 @@ class Daemon:
             await tier.close()
         if self.peering is not None:
             await self.peering.close()
+
+    async def _log_progress(self) -> None:
+        """A plan being built shows in the log (the output of ``mount --fg``) every 10 s."""
+        while True:
+            await trio.sleep(LOG_INTERVAL_S)
+            doc = self.plans.progress.doc()
+            if doc["state"] == "running":
+                log.info("%s", doc["line"])
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
