@@ -285,9 +285,9 @@ PERSISTED = (
     "index and journal.  One written by another format, or failing its digest, is refused with a log line "
     "and a status note (snapshot.reason, plan.cache_refused, tiers[].opened.reason) and walked or planned "
     "again, as on a cold start.  Every tier copy is also checked against its block digests on each read; a "
-    "damaged copy (or a FIFO or device in its place) is dropped, fetched again and may be cached again.  A "
-    "full cache directory or tier filesystem never stops the daemon: the write fails with a log line and a "
-    "status note, and reads keep being served."
+    "damaged copy (or a FIFO or device in its place) is dropped, fetched again and may be cached again.  Once "
+    "mounted, a full cache directory or tier filesystem never stops the daemon: the write fails with a log "
+    "line and a status note, and reads keep being served."
 )
 CRASHES = (
     "Directory tiers are crash-consistent: each copy's journal record is written before the copy takes its "
