@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyfuse3
 import trio
 import xxhash
@@ -37,7 +39,7 @@ from fusefs.errors import FuseUnavailable, MountpointError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
 from fusefs.fuse.operations import SeerOperations
-from fusefs.meta.snapshot import Snapshot, load_or_scan, snapshot_file
+from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_file
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
@@ -47,6 +49,7 @@ from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.prefetch import Prefetcher
+from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Staging
 from fusefs.tiers import Budget, build_tiers, memory_budget
 from placement.plan import plan_inputs
@@ -90,7 +93,8 @@ class Daemon:
             self.req.rescan,
             progress=self.walk,
         )
-        log.info(
+        log.log(
+            logging.WARNING if "refused" in self.snapshot_reason else logging.INFO,
             "snapshot of %s: %s (%s, %.3fs)",
             self.req.source,
             self.snapshot.counts(),
@@ -122,6 +126,7 @@ class Daemon:
         self.board.add("memory_budget", self.budget.status)
         self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
         self.board.add("reads", self.counters.status)
+        self.board.add("revalidation", self.revalidator.status)
         self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
         self.board.add("progress", lambda: {"walk": self.walk.doc(), "plan": self.plans.progress.doc()})
         self.startup.set_phase("mounting")
@@ -168,6 +173,8 @@ class Daemon:
                 self.rendezvous,
             )
             self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
+            self.revalidator.mine = self._mine
+            self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
     def _build_cache(self) -> None:
         """Tiers, staging, fetcher, prefetcher and planner for this mount (DESIGN 3)."""
@@ -179,24 +186,57 @@ class Daemon:
         self.budget = memory_budget(cfg.tiers) if has_memory_tier else Budget(lookahead, "memory")
         self.tiers = build_tiers(cfg.tiers, self.budget, self.snapshot.fingerprint, cfg.cache_path)
         for tier in self.tiers:
-            dropped = tier.prune_stale(self.snapshot.tree.size, self.snapshot.tree.mtime_ns)
+            dropped = tier.prune_stale(self.snapshot.source_ids())
             if dropped:
-                log.info("%s: dropped %d copies whose source changed", tier.name, dropped)
+                log.info("%s: dropped %d copies made from another version of their source", tier.name, dropped)
         self.staging = Staging(self.budget, min(lookahead, self.budget.limit), cfg.prefetch.staging)
         self.fetcher = Fetcher(self.reader, self.tiers, self.counters)
+        self.revalidator = Revalidator(
+            self.snapshot, self.tiers, self.staging, self.counters, cfg.snapshot.revalidate_per_s
+        )
+        self.revalidator.on_changed.append(self._source_changed)
+        self.fetcher.revalidator = self.revalidator
         capacities = [t["bytes"] for t in planning_config(cfg)["tiers"]]
         self.prefetcher = Prefetcher(
             self.snapshot, cfg, self.fetcher, self.staging, self.tiers, self.counters, capacities
         )
+        self.prefetcher.upcoming_hook = self.revalidator.upcoming
+        for tier in self.tiers:  # a copy dropped for any reason may be cached again
+            tier.drop_listeners.append(lambda entry: self.prefetcher.reactive.dropped(entry))
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
-            self.snapshot.save(snap_file)
+            try:
+                self.snapshot.save(snap_file)
+            except OSError as exc:  # e.g. cache_dir full: serve anyway; planning fails with this reason
+                log.warning("cannot persist the snapshot for the planner: %s", exc.strerror or exc)
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
         self.plans.listeners.append(self.prefetcher.on_plan)
         self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
+
+    def _source_changed(self, path: str, reason: str) -> None:
+        """Mark the persisted snapshot so the next mount walks the source again (best effort)."""
+        try:
+            mark_stale(self.cfg.cache_path, self.snapshot.source, [f"{path}: {reason}"])
+        except OSError as exc:
+            log.warning("cannot mark the persisted snapshot outdated: %s", exc.strerror or exc)
+
+    def _mine(self, entries: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which cached entries this node rechecks in background rounds: those it owns in the plan,
+        and those whose owner is nobody or not a member we know (their holders check them)."""
+        plan, node, peering = self.prefetcher.plan, self.prefetcher.view.node, self.peering
+        if plan is None or node is None or peering is None:
+            return np.ones(entries.shape, np.bool_)
+        gid = self.prefetcher.entry_gid
+        inside = entries < gid.shape[0]
+        g = np.where(inside, gid[np.where(inside, entries, 0)], -1).astype(np.int64)
+        objs = plan.obj_of(np.maximum(g, 0))
+        owner = np.where(g >= 0, plan.assignment.owner[objs], -1)
+        known = {int(o) for o in np.unique(owner).tolist() if o >= 0 and peering.member_of(int(o)) is not None}
+        mine: npt.NDArray[np.bool_] = (owner == node) | (owner < 0) | ~np.isin(owner, list(known))
+        return mine
 
     def _mount(self) -> None:
         options = set(pyfuse3.default_options)
@@ -267,6 +307,7 @@ class Daemon:
             nursery.start_soon(self.staging.run)
             nursery.start_soon(self.prefetcher.run)
             nursery.start_soon(self.plans.run)
+            nursery.start_soon(self.revalidator.run)
             nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)

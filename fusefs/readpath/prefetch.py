@@ -65,6 +65,7 @@ class CursorView:
     status: dict[str, Any] = field(default_factory=dict)
     predicted: int = 0  # opens of this batch the plan predicted
     fresh: bool = True  # False: the window was carried over from the last view (nobody moved a batch)
+    upcoming: tuple[int, ...] = ()  # the horizon's entries in predicted read order (for upcoming_hook)
 
 
 class Prefetcher:
@@ -94,6 +95,7 @@ class Prefetcher:
         self.view = CursorView()
         self.presumed_node: int | None = None  # the node to predict for before opens confirm it (group index)
         self.seed_trusted: Callable[[], bool] = lambda: True  # False while the seed is only assumed
+        self.upcoming_hook: Callable[[tuple[int, ...]], None] | None = None  # told each fresh horizon, in order
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._unplaced: dict[int, int] = {}  # entry -> opens the published view does not reflect yet
         self._opened_since_view: set[int] = set()  # opened since the window was last recomputed
@@ -218,6 +220,8 @@ class Prefetcher:
                 )
             self.predicted_opens += view.predicted
             previous, self.view = self.view, view
+            if view.fresh and view.upcoming and self.upcoming_hook is not None:
+                self.upcoming_hook(view.upcoming)
             if view.fresh:  # a recomputed window knows every open it was given; later ones it does not
                 self._opened_since_view = set(self._unplaced)
             if view.node is not None and (view.node != previous.node or self.tier_of_gid is None) and self.plan:
@@ -263,6 +267,7 @@ class Prefetcher:
         self._view_where = self._where(cursor)
         horizon: frozenset[int] = frozenset()
         stage: tuple[int, ...] = ()
+        ahead: tuple[int, ...] = ()
         plan = self.plan
         if plan is not None and cursor.state in ("tracking", "presumed"):
             upcoming = cursor.upcoming(self.horizon_files)
@@ -270,11 +275,14 @@ class Prefetcher:
                 gids_ahead = np.fromiter((g for _e, g in upcoming), dtype=np.int64, count=len(upcoming))
                 entries = plan.entry_of(gids_ahead).tolist()
                 horizon = frozenset(entries)
+                ahead = tuple(entries)
                 stage = self._stage_list(entries)
                 last_epoch = upcoming[-1][0]
                 if last_epoch + 1 < cursor.job.epochs:
                     cursor.job.epoch_map(last_epoch + 1)  # warm the next epoch while we are here
-        return CursorView(cursor.state, cursor.node, cursor.epoch, horizon, stage, cursor.status(), predicted)
+        return CursorView(
+            cursor.state, cursor.node, cursor.epoch, horizon, stage, cursor.status(), predicted, upcoming=ahead
+        )
 
     def consumed(self, entry: int) -> None:
         self.staging.retire(entry)

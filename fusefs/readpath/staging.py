@@ -269,6 +269,29 @@ class Staging:
                 pass  # the kernel already forgot it: nothing cached
         return done
 
+    def forget(self, entry: int) -> None:
+        """The source of ``entry`` changed: drop every copy of it here and its pages in the kernel.
+
+        The invalidation is queued even when nothing is recorded: pages a reader pulled with
+        direct_io off may still be cached, and an inode the kernel does not know costs nothing."""
+        f = self.files.pop(entry, None)
+        if f is not None:
+            if f.staged:
+                self.staged_bytes -= f.nbytes
+            else:
+                self.cached_bytes -= f.nbytes
+            f.data = None
+            self.budget.release(f.nbytes)
+        charge = self.kept.pop(entry, None)
+        if charge is not None:
+            self.kept_bytes -= charge
+            self.budget.release(charge)
+        self._drop_pages(entry)
+
+    def cached_entries(self) -> list[int]:
+        """Entries whose bytes this node holds here (staged, or pages in the page cache)."""
+        return [*self.kept, *(e for e, f in self.files.items() if f.pushed or f.data is not None)]
+
     async def clear(self) -> None:
         """Drop the staging window (a new or failed plan makes it meaningless); kept pages stay valid."""
         for entry in [e for e, f in self.files.items() if f.staged and not f.taken]:
