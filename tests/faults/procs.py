@@ -110,3 +110,13 @@ def _read(path: str) -> str:
 def log_text(cache_dir: Path) -> str:
     """Every daemon log under ``cache_dir/log`` (they name the mechanism behind a failure)."""
     return "\n".join(p.read_text(errors="replace") for p in sorted((cache_dir / "log").glob("*.log")))
+
+
+def last_exception(cache_dir: Path) -> str:
+    """The last exception a daemon logged under ``cache_dir/log``: its innermost frame and message."""
+    lines = [ln.strip(" |") for ln in log_text(cache_dir).splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if "Error: " in lines[i] or lines[i].endswith("Error") or "Exception: " in lines[i]:
+            frame = next((lines[j] for j in range(i, -1, -1) if lines[j].startswith("File ")), "")
+            return f"{lines[i]} [{frame}]"
+    return "(no exception in the log)"

@@ -36,12 +36,19 @@ def calls(trace: Path) -> list[Call]:
     return out
 
 
-def creations(trace: Path, name_part: str) -> list[tuple[Call, int | None]]:
-    """Successful calls that create a file whose path contains ``name_part``, with the mode they
-    asked for (None when the call carries none)."""
+_PATH = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def creations(trace: Path, directory: Path, name_part: str) -> list[tuple[Call, int | None]]:
+    """Successful calls that create a file in ``directory`` whose name contains ``name_part``, with
+    the mode they asked for (None when the call carries none)."""
     found = []
     for c in calls(trace):
-        if name_part not in c.args or c.result < 0:
+        m = _PATH.search(c.args)
+        if m is None or c.result < 0:
+            continue
+        path = Path(m.group(1))
+        if path.parent != directory or name_part not in path.name:
             continue
         if c.call in ("open", "openat") and "O_CREAT" in c.args:
             mode = re.search(r",\s*(0[0-7]+)\s*$", c.args)
