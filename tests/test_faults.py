@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e import wait_plan
 from faults import damage, fs, procs, tracing
 from faults.internals import tier_file
 from faults.manifest import Manifest, check_mount
-from e2e import wait_plan
 from mounting import force_unmount, is_mounted, mounted, seerfs, status, wait_for
 from pfsemu_fixture import requires_fuse
 
@@ -69,8 +69,13 @@ class Node:
         tiers: list[dict[str, Any]] = [{"kind": "directory", "path": str(self.tier), "bytes": tier_bytes}]
         if memory:
             tiers.insert(0, {"kind": "memory", "bytes": "16MiB"})
-        cfg = {"cache_dir": str(self.cache), "datasets": [{"root": "train"}], "tiers": tiers,
-               "prefetch": {"lookahead_bytes": "4KiB"}, **extra}  # fmt: skip
+        cfg = {
+            "cache_dir": str(self.cache),
+            "datasets": [{"root": "train"}],
+            "tiers": tiers,
+            "prefetch": {"lookahead_bytes": "4KiB"},
+            **extra,
+        }
         self.config.write_text(yaml.safe_dump(cfg))
         return self.config
 
@@ -158,10 +163,13 @@ def test_a_source_file_rewritten_after_it_was_cached_is_never_served_stale(node:
         assert tier_status(mnt)["opened"]["kept_files"] >= 1, "the fault needs the tier copy to survive the remount"
         if not (got.state == "error" or got.data == new):
             what = "its old bytes" if got.data == old else f"{got.state} {got.error}"
-            failures.append(f"after a remount: read as {what} ({len(got.data)} bytes, stat size "
-                            f"{os.stat(mnt / victim).st_size}; snapshot {status(mnt)['snapshot']['reason']!r})")
+            failures.append(
+                f"after a remount: read as {what} ({len(got.data)} bytes, stat size "
+                f"{os.stat(mnt / victim).st_size}; snapshot {status(mnt)['snapshot']['reason']!r})"
+            )
     assert not failures, (
-        f"{victim} rewritten in the source ({len(old)} -> {len(new)} bytes): " + "; ".join(failures)
+        f"{victim} rewritten in the source ({len(old)} -> {len(new)} bytes): "
+        + "; ".join(failures)
         + " (tier copies are served without checking the source's size/mtime: fusefs/files.py _locate -> "
         "fetcher.from_tiers; the persisted snapshot is reused because no directory changed)"
     )
@@ -398,21 +406,20 @@ def test_a_seed_of_thousands_of_digits_is_refused_and_the_daemon_keeps_serving(n
 def test_a_seed_written_while_cache_dir_is_full_fails_planning_not_the_daemon(node: Node) -> None:
     manifest = node.files(20)
     node.configure()
-    with fs.small_tmpfs(node.cache, "4m"):
-        with node.mounted() as mnt:
-            pid = procs.daemon_pid(mnt)
-            wait_plan(mnt, 0)  # the assumed seed's plan is done: nothing of it frees room later
-            fs.fill(node.cache)
-            assert fs.free_bytes(node.cache) == 0
-            with contextlib.suppress(OSError):
-                (mnt / ".control" / "seed").write_text("77\n")
-            time.sleep(2)  # planning runs in the background; a crash comes within a second
-            try:
-                alive_and_serving(mnt, pid, manifest, sorted(manifest.files)[0])
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}: {procs.last_exception(node.cache)}") from None
-            plan = status(mnt)["plan"]
-            assert plan["seed"] == 77 and plan["state"] == "failed" and plan["message"], plan
+    with fs.small_tmpfs(node.cache, "4m"), node.mounted() as mnt:
+        pid = procs.daemon_pid(mnt)
+        wait_plan(mnt, 0)  # the assumed seed's plan is done: nothing of it frees room later
+        fs.fill(node.cache)
+        assert fs.free_bytes(node.cache) == 0
+        with contextlib.suppress(OSError):
+            (mnt / ".control" / "seed").write_text("77\n")
+        time.sleep(2)  # planning runs in the background; a crash comes within a second
+        try:
+            alive_and_serving(mnt, pid, manifest, sorted(manifest.files)[0])
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {procs.last_exception(node.cache)}") from None
+        plan = status(mnt)["plan"]
+        assert plan["seed"] == 77 and plan["state"] == "failed" and plan["message"], plan
 
 
 def test_a_seed_pwrite_at_a_large_offset_costs_no_memory(node: Node) -> None:
@@ -450,8 +457,18 @@ def test_the_job_token_is_created_private_from_its_first_syscall(node: Node, tmp
     rdv = tmp_path / "rendezvous"
     node.configure(peers={"discovery": "rendezvous", "rendezvous_dir": str(rdv), "expect": 1})
     trace = tmp_path / "strace.txt"
-    cmd = [*tracing.strace_prefix(trace), sys.executable, "-m", "fusefs", "mount", "--fg", str(node.src),
-           str(node.mnt), "-c", str(node.config)]  # fmt: skip
+    cmd = [
+        *tracing.strace_prefix(trace),
+        sys.executable,
+        "-m",
+        "fusefs",
+        "mount",
+        "--fg",
+        str(node.src),
+        str(node.mnt),
+        "-c",
+        str(node.config),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: is_mounted(node.mnt) or proc.poll() is not None, timeout=60, what="mounted under strace")
@@ -469,8 +486,9 @@ def test_the_job_token_is_created_private_from_its_first_syscall(node: Node, tmp
             proc.wait()
     made = tracing.creations(trace, rdv, "token")
     assert made, "the trace shows no creation of the token file"
-    loose = [(c.call, c.args, oct(mode) if mode is not None else None) for c, mode in made
-             if mode is None or mode & 0o077]  # fmt: skip
+    loose = [
+        (c.call, c.args, oct(mode) if mode is not None else None) for c, mode in made if mode is None or mode & 0o077
+    ]
     assert not loose, (
         f"token created readable by others, chmod 600 only afterwards: {loose} "
         f"(fusefs/group.py read_or_create_token: Path.write_text, then chmod)"

@@ -43,8 +43,10 @@ def settle(mnts: list[Path], timeout: float = 60) -> None:
     """Until no node fetches anything for 2 s (its tier fill is done)."""
 
     def fetches() -> list[tuple[int, int]]:
-        return [(int(d["prefetch"]["fill_fetches"]), int(d["prefetch"]["fetches_inflight"]))
-                for d in (status(m) for m in mnts)]  # fmt: skip
+        return [
+            (int(d["prefetch"]["fill_fetches"]), int(d["prefetch"]["fetches_inflight"]))
+            for d in (status(m) for m in mnts)
+        ]
 
     deadline = time.monotonic() + timeout
     last, since = fetches(), time.monotonic()
@@ -65,9 +67,17 @@ def test_a_damaged_cached_plan_on_one_node_makes_no_node_serve_wrong_bytes(tmp_p
     """obj_entry of node 0's cached plan shifted by one between mounts: the plan still loads, has the
     same digest, and maps every id to its neighbour's file.  No node may serve those bytes."""
     manifest = equal_size_tree(tmp_path / "pfs", classes=3, per_class=60, size=FILE)
-    nodes = Nodes(tmp_path / "pfs", tmp_path, 3, {"timeout": 2.0},
-                  {"tiers": [{"kind": "directory", "path": "@TIER@", "bytes": "64MiB"}],
-                   "prefetch": {"lookahead_bytes": "4KiB"}, "job": {"world_size": 3, "epochs": 2}})  # fmt: skip
+    nodes = Nodes(
+        tmp_path / "pfs",
+        tmp_path,
+        3,
+        {"timeout": 2.0},
+        {
+            "tiers": [{"kind": "directory", "path": "@TIER@", "bytes": "64MiB"}],
+            "prefetch": {"lookahead_bytes": "4KiB"},
+            "job": {"world_size": 3, "epochs": 2},
+        },
+    )
     seed = 11
     with nodes.running() as mnts:  # every node plans for the seed and caches the plan
         write_seed(mnts[0], seed)
@@ -75,8 +85,11 @@ def test_a_damaged_cached_plan_on_one_node_makes_no_node_serve_wrong_bytes(tmp_p
             wait_plan(m, seed)
     for k in range(nodes.n):  # start the second run with empty tiers: they fill under the damaged plan
         shutil.rmtree(nodes.tier(k))
-    cached = [d for d in damage.plan_dirs(nodes.cache(0)) if json.loads((d / "plan.json").read_text())["inputs"]
-              ["seed"] == seed]  # fmt: skip
+    cached = [
+        d
+        for d in damage.plan_dirs(nodes.cache(0))
+        if json.loads((d / "plan.json").read_text())["inputs"]["seed"] == seed
+    ]
     assert len(cached) == 1, cached
     damage.shift_plan_column(cached[0], "obj_entry", 1)
     with nodes.running() as mnts:
@@ -105,9 +118,17 @@ def restart_group(tmp_path: Path) -> tuple[Nodes, Manifest]:
     # Each tier holds two thirds of the dataset: its own third and a replica third from its owners.
     manifest = equal_size_tree(tmp_path / "pfs", classes=3, per_class=40, size=FILE)
     tier = int(manifest.total_bytes * 2 / 3) + (64 << 10)
-    nodes = Nodes(tmp_path / "pfs", tmp_path, 3, {"timeout": 1.0, "retry_down_after": 3.0, "down_after": 1},
-                  {"tiers": [{"kind": "memory", "bytes": tier}], "prefetch": {"lookahead_bytes": "4KiB"},
-                   "job": {"world_size": 3, "epochs": 2}})  # fmt: skip
+    nodes = Nodes(
+        tmp_path / "pfs",
+        tmp_path,
+        3,
+        {"timeout": 1.0, "retry_down_after": 3.0, "down_after": 1},
+        {
+            "tiers": [{"kind": "memory", "bytes": tier}],
+            "prefetch": {"lookahead_bytes": "4KiB"},
+            "job": {"world_size": 3, "epochs": 2},
+        },
+    )
     return nodes, manifest
 
 
@@ -134,8 +155,14 @@ def test_a_node_restarted_into_a_rendezvous_group_is_used_as_a_peer_again(tmp_pa
             wait_for(lambda: get_requests(mnts[2]) > 0, timeout=retry + 15, what="GETs at the restarted node")
         served = get_requests(mnts[2])
         took = time.monotonic() - waited
-        views = {k: [(m["label"], m["address"], m.get("state"), m.get("node"), m.get("requests"))
-                     for m in members(mnts[k]) if m.get("state") != "self"] for k in (0, 1)}  # fmt: skip
+        views = {
+            k: [
+                (m["label"], m["address"], m.get("state"), m.get("node"), m.get("requests"))
+                for m in members(mnts[k])
+                if m.get("state") != "self"
+            ]
+            for k in (0, 1)
+        }
         restarted_node = status(mnts[2])["prefetch"]["cursor"]
         report = check_mount(mnts[0], manifest)
     assert served > 0, (
@@ -161,12 +188,19 @@ def test_removing_a_stale_rendezvous_entry_keeps_labels_paired_with_their_ports(
         truth = dict(nodes.self_address(k) for k in range(nodes.n))
 
         def paired() -> list[tuple[int, str, str, str]]:
-            return [(k, m["label"], m["address"], truth.get(m["label"], "?")) for k in range(nodes.n)
-                    for m in members(mnts[k]) if m.get("state") != "self" and m["address"] != truth.get(m["label"])]
+            return [
+                (k, m["label"], m["address"], truth.get(m["label"], "?"))
+                for k in range(nodes.n)
+                for m in members(mnts[k])
+                if m.get("state") != "self" and m["address"] != truth.get(m["label"])
+            ]
 
         with contextlib.suppress(AssertionError):  # rescans run every 2 s: give them a few
-            wait_for(lambda: not paired() and all(len(members(m)) == nodes.n for m in mnts), timeout=12,
-                     what="every member paired with its own address")  # fmt: skip
+            wait_for(
+                lambda: not paired() and all(len(members(m)) == nodes.n for m in mnts),
+                timeout=12,
+                what="every member paired with its own address",
+            )
         wrong = paired()
         sizes = [len(members(m)) for m in mnts]
     assert not wrong, (
@@ -183,8 +217,13 @@ def one_node(tmp_path: Path, n: int = 1) -> Nodes:
     (tmp_path / "pfs" / "train" / "c0").mkdir(parents=True)
     for i in range(4):
         (tmp_path / "pfs" / "train" / "c0" / f"f{i}.jpg").write_bytes(bytes([i]) * 5000)
-    return Nodes(tmp_path / "pfs", tmp_path, n, {"timeout": 1.0},
-                 {"tiers": [{"kind": "memory", "bytes": "8MiB"}], "prefetch": {"lookahead_bytes": "64KiB"}})
+    return Nodes(
+        tmp_path / "pfs",
+        tmp_path,
+        n,
+        {"timeout": 1.0},
+        {"tiers": [{"kind": "memory", "bytes": "8MiB"}], "prefetch": {"lookahead_bytes": "64KiB"}},
+    )
 
 
 def data_port(mnt: Path) -> tuple[str, int]:
@@ -211,10 +250,8 @@ def test_block_frames_from_authenticated_peers_cost_the_server_bounded_memory(tm
                 s = peerwire.connect(host, port, token)
                 socks.append(s)
                 s.settimeout(10)
-                try:
+                with contextlib.suppress(OSError):  # the server refused the frame and closed: what it should do
                     s.sendall(header + body)
-                except OSError:
-                    pass  # the server refused the frame and closed: what it should do
             time.sleep(0.5)
             peak = procs.vm_hwm(pid) - before
             server = status(mnt)["group"]["server"]
@@ -241,8 +278,9 @@ def test_a_peer_note_with_an_out_of_range_seed_is_not_adopted(tmp_path: Path) ->
         host, port = data_port(mnts[0])
         notes_before = status(mnts[0])["group"]["server"]["requests"].get("note", 0)
         with peerwire.connect(host, port, peerwire.read_token(nodes.rendezvous / "token")) as s:
-            answer = peerwire.send_note(s, {"m": 1, "node": None, "plan": None, "plan_seed": None,
-                                            "seed": [bad, 1000, 1]})  # fmt: skip
+            answer = peerwire.send_note(
+                s, {"m": 1, "node": None, "plan": None, "plan_seed": None, "seed": [bad, 1000, 1]}
+            )
         assert answer is not None and status(mnts[0])["group"]["server"]["requests"]["note"] > notes_before
         time.sleep(5)  # two state rounds: node 0 tells node 1 what it adopted
         seeds: dict[int, Any] = {}

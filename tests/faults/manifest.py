@@ -47,8 +47,10 @@ class CheckReport:
     def summary(self) -> str:
         shown = ", ".join(self.wrong[:5])
         errs = ", ".join(f"{p}: {e}" for p, e in list(self.errors.items())[:5])
-        return (f"{len(self.ok)} right, {len(self.wrong)} wrong ({self.wrong_bytes} bytes: {shown}), "
-                f"{len(self.errors)} failed ({errs})")  # fmt: skip
+        return (
+            f"{len(self.ok)} right, {len(self.wrong)} wrong ({self.wrong_bytes} bytes: {shown}), "
+            f"{len(self.errors)} failed ({errs})"
+        )
 
 
 def read_all(path: Path) -> bytes:

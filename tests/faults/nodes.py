@@ -48,10 +48,15 @@ class Nodes:
         cfg = {
             "cache_dir": str(self.cache(k)),
             "datasets": [{"root": "train"}],
-            "peers": {"discovery": "rendezvous", "rendezvous_dir": str(self.rendezvous), "expect": self.n,
-                      "bind": f"127.0.0.{k + 1}", **self.peers},
+            "peers": {
+                "discovery": "rendezvous",
+                "rendezvous_dir": str(self.rendezvous),
+                "expect": self.n,
+                "bind": f"127.0.0.{k + 1}",
+                **self.peers,
+            },
             **sections,
-        }  # fmt: skip
+        }
         path = self.dir(k) / "seerfs.yaml"
         path.write_text(yaml.safe_dump(cfg))
         return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,18 +83,17 @@ def bounded_read(path: Path, timeout: float) -> ReadOutcome:
     A reader stuck in a FUSE request cannot be interrupted from inside the test process, so it runs
     outside it.  Its state and wait channel are recorded before the kill (the evidence of a hang).
     """
-    proc = subprocess.Popen([sys.executable, "-c", _READER, str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _READER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         wchan = _read(f"/proc/{proc.pid}/wchan")
         state = _read(f"/proc/{proc.pid}/stat").rsplit(")", 1)[-1].split()[:1]
         proc.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         return ReadOutcome("hung", wchan=wchan, proc_state=state[0] if state else "?")
     if out.startswith(b"OK "):
         return ReadOutcome("ok", data=out[3:])

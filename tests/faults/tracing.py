@@ -50,10 +50,7 @@ def creations(trace: Path, directory: Path, name_part: str) -> list[tuple[Call, 
         path = Path(m.group(1))
         if path.parent != directory or name_part not in path.name:
             continue
-        if c.call in ("open", "openat") and "O_CREAT" in c.args:
-            mode = re.search(r",\s*(0[0-7]+)\s*$", c.args)
-            found.append((c, int(mode.group(1), 8) if mode else None))
-        elif c.call == "creat":
+        if (c.call in ("open", "openat") and "O_CREAT" in c.args) or c.call == "creat":
             mode = re.search(r",\s*(0[0-7]+)\s*$", c.args)
             found.append((c, int(mode.group(1), 8) if mode else None))
     return found
