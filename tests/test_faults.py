@@ -494,3 +494,36 @@ def test_the_job_token_is_created_private_from_its_first_syscall(node: Node, tmp
         f"(fusefs/group.py read_or_create_token: Path.write_text, then chmod)"
     )
     assert token.stat().st_mode & 0o777 == 0o600
+
+
+# ---------------------------------------------------------------- damaged metadata
+
+
+@pytest.mark.parametrize("what", ["snapshot", "index"])
+def test_a_damaged_snapshot_or_tier_index_costs_a_walk_or_a_cold_tier_never_bytes(node: Node, what: str) -> None:
+    """Scribbled in the middle (name and size kept): the next mount must notice, rebuild what it
+    needs and serve the source's bytes."""
+    manifest = node.files(30)
+    node.configure()
+    with node.mounted() as mnt:
+        fill_tier(mnt, manifest)
+    target = damage.snapshot_files(node.cache)[0] if what == "snapshot" else damage.index_file(node.tier)
+    damage.scribble(target)
+    res = seerfs("mount", str(node.src), str(node.mnt), "-c", str(node.config))
+    try:
+        assert res.returncode == 0, (
+            f"mount with a damaged {what}: exit {res.returncode}: {res.stderr.strip().split(' (see ')[0]} "
+            f"(fusefs/snapshot.py load_or_scan catches OSError/ValueError/KeyError, not zipfile.BadZipFile, "
+            f"which np.load's members raise on a CRC mismatch)"
+        )
+        doc = status(node.mnt)
+        report = check_mount(node.mnt, manifest)
+    finally:
+        if is_mounted(node.mnt):
+            seerfs("umount", str(node.mnt))
+    if what == "snapshot":
+        assert not doc["snapshot"]["reused"], f"the damaged snapshot was used: {doc['snapshot']['reason']}"
+    else:
+        opened = doc["tiers"][0]["opened"]
+        assert not opened["warm"], f"the damaged index was used: {opened}"
+    assert not report.wrong and not report.errors, report.summary()

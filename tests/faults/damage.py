@@ -59,3 +59,21 @@ def release_fifo(path: Path) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def scribble(path: Path, offset: int | None = None, length: int = 64) -> None:
+    """Overwrite ``length`` bytes in the middle of a file (or at ``offset``) with 0xA5: a torn or
+    bit-rotted snapshot or index that still has its name and size."""
+    size = path.stat().st_size
+    at = size // 2 if offset is None else offset
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        fh.write(b"\xa5" * min(length, max(0, size - at)))
+
+
+def snapshot_files(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "snapshots").glob("*.npz"))
+
+
+def index_file(tier_dir: Path) -> Path:
+    return tier_dir / "seerfs-index.npz"

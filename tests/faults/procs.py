@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,3 +121,13 @@ def last_exception(cache_dir: Path) -> str:
             frame = next((lines[j] for j in range(i, -1, -1) if lines[j].startswith("File ")), "")
             return f"{lines[i]} [{frame}]"
     return "(no exception in the log)"
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[int]:
+    """SIGSTOP ``pid`` for the block (a hung daemon), SIGCONT after in any case."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
