@@ -242,13 +242,15 @@ def test_a_fifo_in_place_of_a_source_file_fails_the_read_and_never_hangs(node: N
     victim = sorted(manifest.files)[2]
     with node.mounted() as mnt:
         damage.replace_with_fifo(node.src / victim)  # after the walk: the snapshot says regular file
-        try:
-            got = procs.bounded_read(mnt / victim, 10)
+        released: list[bool] = []
+        fifo = node.src / victim
+        try:  # the FIFO's write end is opened after the kill: it lets the daemon's blocked open go
+            got = procs.bounded_read(mnt / victim, 5, unblock=lambda: released.append(damage.release_fifo(fifo)))
         finally:
-            released = damage.release_fifo(node.src / victim)  # let the daemon's blocked open go
+            damage.release_fifo(fifo)
         assert got.state != "hung", (
-            f"reading {victim} (a FIFO in the source now) hung for 10 s in state {got.proc_state} at "
-            f"{got.wchan!r}; the daemon's open of the FIFO was {'blocked' if released else 'not blocked'}"
+            f"reading {victim} (a FIFO in the source now) hung for 5 s in state {got.proc_state} at "
+            f"{got.wchan!r}; the daemon's open of the FIFO was {'blocked' if any(released) else 'not blocked'}"
         )
         assert got.state == "error" and got.error == "EIO", got
         other = sorted(manifest.files)[0]
@@ -299,13 +301,14 @@ def test_a_fifo_in_place_of_a_tier_copy_is_dropped_and_never_hangs(node: Node) -
         fill_tier(mnt, manifest)
         copy = tier_file(node.tier, entry_of(mnt, victim))
         damage.replace_with_fifo(copy)
+        released: list[bool] = []
         try:
-            got = procs.bounded_read(mnt / victim, 10)
+            got = procs.bounded_read(mnt / victim, 5, unblock=lambda: released.append(damage.release_fifo(copy)))
         finally:
-            released = damage.release_fifo(copy)
+            damage.release_fifo(copy)
         assert got.state != "hung", (
-            f"reading {victim} whose tier copy is a FIFO hung for 10 s in state {got.proc_state} at "
-            f"{got.wchan!r}; the tier's open of the FIFO was {'blocked' if released else 'not blocked'} "
+            f"reading {victim} whose tier copy is a FIFO hung for 5 s in state {got.proc_state} at "
+            f"{got.wchan!r}; the tier's open of the FIFO was {'blocked' if any(released) else 'not blocked'} "
             f"(fusefs/tiers/fileio.py read_verified opens without O_NONBLOCK and checks the type after)"
         )
         assert got.state == "ok" and got.data == (node.src / victim).read_bytes(), got

@@ -62,7 +62,6 @@ def settle(mnts: list[Path], timeout: float = 60) -> None:
 # ---------------------------------------------------------------- a damaged plan
 
 
-@pytest.mark.slow
 def test_a_damaged_cached_plan_on_one_node_makes_no_node_serve_wrong_bytes(tmp_path: Path) -> None:
     """obj_entry of node 0's cached plan shifted by one between mounts: the plan still loads, has the
     same digest, and maps every id to its neighbour's file.  No node may serve those bytes."""
@@ -176,7 +175,6 @@ def test_a_node_restarted_into_a_rendezvous_group_is_used_as_a_peer_again(tmp_pa
     assert not report.wrong and not report.errors, report.summary()
 
 
-@pytest.mark.slow
 def test_removing_a_stale_rendezvous_entry_keeps_labels_paired_with_their_ports(tmp_path: Path) -> None:
     nodes, _manifest = restart_group(tmp_path)
     with nodes.running() as mnts:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +78,13 @@ sys.stdout.buffer.write(b"OK " + data)
 """
 
 
-def bounded_read(path: Path, timeout: float) -> ReadOutcome:
+def bounded_read(path: Path, timeout: float, unblock: Callable[[], object] | None = None) -> ReadOutcome:
     """Read ``path`` whole in a child process; after ``timeout`` it is declared hung and killed.
 
     A reader stuck in a FUSE request cannot be interrupted from inside the test process, so it runs
     outside it.  Its state and wait channel are recorded before the kill (the evidence of a hang).
+    A reader whose request the daemon is still working on may not die until that request ends:
+    ``unblock`` (e.g. opening the FIFO the daemon waits on) is called after the kill to end it.
     """
     proc = subprocess.Popen(
         [sys.executable, "-c", _READER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -93,6 +95,8 @@ def bounded_read(path: Path, timeout: float) -> ReadOutcome:
         wchan = _read(f"/proc/{proc.pid}/wchan")
         state = _read(f"/proc/{proc.pid}/stat").rsplit(")", 1)[-1].split()[:1]
         proc.kill()
+        if unblock is not None:
+            unblock()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=10)
         return ReadOutcome("hung", wchan=wchan, proc_state=state[0] if state else "?")
