@@ -219,12 +219,13 @@ def test_rescan_after_a_cached_file_changed_mounts_and_later_mounts_too(node: No
         fill_tier(mnt, manifest)
     (node.src / victim).write_bytes(os.urandom(12345))  # the tier now holds a stale copy
     outcomes = []
-    for args in (["--rescan"], [], ["--rescan"]):
+    for i, args in enumerate((["--rescan"], [], ["--rescan"])):
         res = seerfs("mount", str(node.src), str(node.mnt), "-c", str(node.config), *args)
         try:
             if res.returncode == 0:
                 assert (node.mnt / victim).read_bytes() == (node.src / victim).read_bytes()
-                assert tier_status(node.mnt)["stale"] >= 1, "the fault needs the stale copy to be found"
+                if i == 0:
+                    assert tier_status(node.mnt)["stale"] >= 1, "the fault needs the stale copy to be found"
             outcomes.append((" ".join(["mount", *args]), res.returncode, res.stderr.strip().split(" (see ")[0]))
         finally:
             if is_mounted(node.mnt):
