@@ -31,7 +31,7 @@ from faults.manifest import Manifest, check_mount
 from mounting import force_unmount, is_mounted, mounted, seerfs, status, wait_for
 from pfsemu_fixture import requires_fuse
 
-pytestmark = [pytest.mark.mount, requires_fuse]
+pytestmark = [pytest.mark.mount, pytest.mark.faults, requires_fuse]
 
 TMPFS_REASON = fs.can_mount_tmpfs()
 requires_tmpfs = pytest.mark.skipif(TMPFS_REASON is not None, reason=f"needs a sized tmpfs: {TMPFS_REASON}")

@@ -27,7 +27,7 @@ from pfsemu_fixture import requires_fuse
 
 from tools.jobs import wait_plan, write_seed
 
-pytestmark = [pytest.mark.mount, requires_fuse]
+pytestmark = [pytest.mark.mount, pytest.mark.faults, requires_fuse]
 
 FILE = 8192  # every file has this size: a size check cannot tell one file's bytes from another's
 SEED_MAX = 2**64 - 1  # torch's range, which .control/seed enforces
