@@ -170,7 +170,7 @@ def test_a_source_file_rewritten_after_it_was_cached_is_never_served_stale(node:
     assert not failures, (
         f"{victim} rewritten in the source ({len(old)} -> {len(new)} bytes): "
         + "; ".join(failures)
-        + " (tier copies are served without checking the source's size/mtime: fusefs/files.py _locate -> "
+        + " (tier copies are served without checking the source's size/mtime: fusefs/readpath/opens.py _locate -> "
         "fetcher.from_tiers; the persisted snapshot is reused because no directory changed)"
     )
 
@@ -207,7 +207,7 @@ def test_a_big_file_rewritten_while_it_is_read_is_never_served_mixed(node: Node)
     whole = got in (old, new)
     assert whole, (
         f"read {len(got)} bytes with no error: old up to byte {first_new}, new after "
-        f"(fusefs/pfs.py PfsReader.pread never re-checks the file's size and mtime)"
+        f"(fusefs/readpath/pfs.py PfsReader.pread never re-checks the file's size and mtime)"
     )
 
 
@@ -233,7 +233,7 @@ def test_rescan_after_a_cached_file_changed_mounts_and_later_mounts_too(node: No
     assert all(code == 0 for _, code, _ in outcomes), (
         f"after {victim} changed under its tier copy: {outcomes} (prune_stale at startup drops the copy, and "
         "DirectoryTier.drop -> _schedule_unlink -> trio.lowlevel.spawn_system_task runs before trio.run: "
-        "fusefs/server.py _build_cache)"
+        "fusefs/daemon/assembly.py _build_cache)"
     )
 
 
@@ -375,8 +375,9 @@ def test_a_full_cache_dir_at_mount_is_a_configuration_error(node: Node) -> None:
             assert fs.free_bytes(node.cache) == 0
             lines = res.stderr.strip().splitlines()
             assert res.returncode == 3 and len(lines) == 1, (
-                f"exit {res.returncode}: {res.stderr.strip()!r} (fusefs/server.py _build_cache saves the snapshot "
-                f"copy for the planner unguarded; daemon.py turns the OSError into 'startup failed', exit 1)"
+                f"exit {res.returncode}: {res.stderr.strip()!r} (fusefs/daemon/assembly.py _build_cache saves the "
+                f"snapshot copy for the planner unguarded; fusefs/daemon/lifecycle.py run_daemon turns the OSError "
+                f"into 'startup failed', exit 1)"
             )
             assert "cache_dir" in lines[0] or "No space" in lines[0], lines
         finally:
@@ -446,7 +447,7 @@ def test_a_seed_pwrite_at_a_large_offset_costs_no_memory(node: Node) -> None:
         grown = procs.vm_hwm(pid) - before
         assert grown <= 64 << 20, (
             f"one 1-byte pwrite at offset {offset} raised the daemon's peak RSS by {grown >> 20} MiB "
-            f"(fusefs/control.py ControlFiles.write pads the buffer with NULs up to the offset, then copies it)"
+            f"(fusefs/fuse/control.py ControlFiles.write pads the buffer with NULs up to the offset, then copies it)"
         )
         assert err is not None and err.errno == errno.EINVAL, err
 
@@ -495,7 +496,7 @@ def test_the_job_token_is_created_private_from_its_first_syscall(node: Node, tmp
     ]
     assert not loose, (
         f"token created readable by others, chmod 600 only afterwards: {loose} "
-        f"(fusefs/group.py read_or_create_token: Path.write_text, then chmod)"
+        f"(fusefs/cluster/formation.py read_or_create_token: Path.write_text, then chmod)"
     )
     assert token.stat().st_mode & 0o777 == 0o600
 
@@ -517,7 +518,7 @@ def test_a_damaged_snapshot_or_tier_index_costs_a_walk_or_a_cold_tier_never_byte
     try:
         assert res.returncode == 0, (
             f"mount with a damaged {what}: exit {res.returncode}: {res.stderr.strip().split(' (see ')[0]} "
-            f"(fusefs/snapshot.py load_or_scan catches OSError/ValueError/KeyError, not zipfile.BadZipFile, "
+            f"(fusefs/meta/snapshot.py load_or_scan catches OSError/ValueError/KeyError, not zipfile.BadZipFile, "
             f"which np.load's members raise on a CRC mismatch)"
         )
         doc = status(node.mnt)

@@ -107,9 +107,9 @@ def test_a_damaged_cached_plan_on_one_node_makes_no_node_serve_wrong_bytes(tmp_p
     assert not wrong, (
         f"wrong bytes served per node: {wrong} of {manifest.total_bytes} each ("
         + "; ".join(f"node {k}: {r.summary()}" for k, r in enumerate(reports))
-        + f"; files fetched from peers {peer}).  The cached plan is loaded unchecked (fusefs/planning.py "
+        + f"; files fetched from peers {peer}).  The cached plan is loaded unchecked (fusefs/planning/manager.py "
         "PlanManager._cached), its digest does not cover obj_entry (placement/plan.py _digest), and a peer's "
-        "reply is checked only against the sender's own block digests (fusefs/peers/client.py _receive_body)"
+        "reply is checked only against the sender's own block digests (fusefs/cluster/peer_client.py _receive_body)"
     )
 
 
@@ -171,9 +171,9 @@ def test_a_node_restarted_into_a_rendezvous_group_is_used_as_a_peer_again(tmp_pa
         f"the restarted node {label} ({address}) answered no GET in {took:.1f}s after its seerfs wait "
         f"(peers.retry_down_after {retry}s); nodes 0 and 1 see {views}; its own cursor: "
         f"{(restarted_node or {}).get('state')} node {(restarted_node or {}).get('node')}.  Requests for node 2's "
-        f"files go to the crashed entry, whose view still claims node 2 (fusefs/peering.py member_of), and the "
-        f"restarted daemon's group index counts the stale entry, so it presumes no training node "
-        f"(fusefs/group.py Rendezvous.scan)"
+        f"files go to the crashed entry, whose view still claims node 2 (fusefs/cluster/peergroup.py member_of), "
+        f"and the restarted daemon's group index counts the stale entry, so it presumes no training node "
+        f"(fusefs/cluster/formation.py Rendezvous.scan)"
     )
     assert not report.wrong and not report.errors, report.summary()
 
@@ -206,7 +206,7 @@ def test_removing_a_stale_rendezvous_entry_keeps_labels_paired_with_their_ports(
         sizes = [len(members(m)) for m in mnts]
     assert not wrong, (
         f"(node, label, address used, label's real address): {wrong}; members per node {sizes}.  After the stale "
-        f"entry went, Rendezvous.scan renumbered the members but fusefs/peering.py _sync_clients keeps the "
+        f"entry went, Rendezvous.scan renumbered the members but fusefs/cluster/peergroup.py _sync_clients keeps the "
         f"clients keyed by the old index, so labels are paired with other nodes' ports"
     )
 
@@ -264,7 +264,7 @@ def test_block_frames_from_authenticated_peers_cost_the_server_bounded_memory(tm
     assert peak <= 64 << 20, (
         f"{conns} authenticated connections each sending a BLOCK frame header and 16 MiB raised the daemon's "
         f"peak RSS by {peak >> 20} MiB ({server['protocol_errors']} protocol errors so far): the server reads "
-        f"a whole BLOCK payload (up to MAX_BLOCK_SIZE) before refusing the frame (fusefs/peers/server.py "
+        f"a whole BLOCK payload (up to MAX_BLOCK_SIZE) before refusing the frame (fusefs/cluster/peer_server.py "
         f"_requests -> parse_frame_header allows BLOCK lengths; rx.exactly buffers it)"
     )
 
@@ -293,6 +293,6 @@ def test_a_peer_note_with_an_out_of_range_seed_is_not_adopted(tmp_path: Path) ->
     adopted = {k: v for k, v in seeds.items() if not isinstance(v, int) or not -(2**63) <= v <= SEED_MAX}
     assert not adopted, (
         f"a NOTE carrying seed {bad} (outside [-2**63, 2**64-1], refused with EINVAL on .control/seed) was "
-        f"adopted: seed per node {seeds} (fusefs/peering.py _absorb passes int(seed[0]) to SeedState.set "
+        f"adopted: seed per node {seeds} (fusefs/cluster/peergroup.py _absorb passes int(seed[0]) to SeedState.set "
         f"without parse_seed's range check)"
     )

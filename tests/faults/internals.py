@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fusefs.peers.auth import client_proof, new_nonce
-from fusefs.peers.protocol import (
+from fusefs.cluster.auth import client_proof, new_nonce
+from fusefs.cluster.protocol import (
     CHALLENGE_LEN,
     FRAME_HEADER,
     MAX_BLOCK_SIZE,
