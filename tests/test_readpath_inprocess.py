@@ -20,6 +20,7 @@ import trio.testing
 from inprocess import BIG, CTX, Mount, assemble, make_source, serve, until
 
 from fusefs.meta.ids import entry_of, inode_of
+from fusefs.tiers.layout import file_path
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,37 @@ def test_tiers(tmp_path: Path, source: tuple[Path, dict[str, bytes]], tier: int)
     serve(m, body)
     assert m.served() == {kind: (1, len(m.files[rel]))}
     assert m.tier_counters(tier).hits == 1 and m.peer.asked == []
+
+
+def test_a_damaged_tier_copy_is_refetched_and_leaves_the_reactive_set(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """The directory tier finds its copy damaged and drops it; the open fetches the file again, and the
+    reactive policy's record of what each tier holds follows (it counted the lost copy before)."""
+    m = mount(tmp_path, source, ssd=True)
+    rel = "c0/f3.jpg"
+    entry = m.entry(rel)
+    ssd = m.rp.tiers[1]
+
+    async def body() -> None:
+        assert await ssd.put(entry, m.files[rel], int(m.rp.snapshot.tree.mtime_ns[entry]))
+        m.rp.prefetcher.on_plan(None)  # no plan: the reactive policy adopts what the tiers hold
+        assert m.rp.policy.reactive.where == {entry: 1}
+        path = file_path(ssd.path, entry)  # type: ignore[attr-defined]
+        with open(path, "r+b") as fh:
+            fh.seek(100)
+            byte = fh.read(1)
+            fh.seek(100)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        assert (await m.read(rel))[0] == m.files[rel]
+        await until(lambda: not m.rp.fetcher.inflight)
+        reactive = m.rp.policy.reactive
+        for t, tier in enumerate(m.rp.tiers):
+            assert set(reactive.tiers[t].members) == set(tier.entries()), t
+        assert reactive.where == {entry: 0}  # the refetched copy was kept in memory
+
+    serve(m, body)
+    assert m.tier_counters(1).corrupt == 1 and m.served() == {"pfs": (1, len(m.files[rel]))}
 
 
 def test_a_file_the_budget_cannot_hold_bypasses_the_page_cache(

@@ -68,6 +68,7 @@ class Fetcher:
         self.counters = counters
         self.inflight: dict[int, Inflight] = {}
         self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
+        self.on_lost: Callable[[int, int], None] | None = None  # (entry, tier): a tier dropped a bad copy
         self._nursery: trio.Nursery | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
@@ -89,11 +90,13 @@ class Fetcher:
 
     async def from_tiers(self, entry: int) -> Fetched | None:
         """The entry from the fastest tier holding a good copy (a corrupt copy is dropped by the tier)."""
-        for tier in self.tiers:
+        for t, tier in enumerate(self.tiers):
             if tier.contains(entry):
                 data = await tier.get(entry)
                 if data is not None:
                     return Fetched(data, "memory" if tier.kind == "memory" else "directory")
+                if self.on_lost is not None and not tier.contains(entry):
+                    self.on_lost(entry, t)
         return None
 
     # ------------------------------------------------------------------ fetching

@@ -143,6 +143,7 @@ class Prefetcher:
             RetryFillLater: self._retry_fill_later,
         }
         budget.reclaim = self._reclaim
+        fetcher.on_lost = self.copy_lost
 
     # ------------------------------------------------------------------ what others read
 
