@@ -286,6 +286,15 @@ def test_a_refused_push_serves_from_ram(one_node: tuple[Plan, npt.NDArray[np.int
     assert UseHeld(a, data) in s.do(Opened(a))
 
 
+def test_a_file_a_local_tier_holds_is_staged_from_it(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """From the directory tier that holds it; a file no tier holds is fetched and kept in its planned tier."""
+    s = Setup(*one_node, tiers=[Held("memory"), Held("directory")])
+    s.follow()
+    a, b = s.files[:2]
+    s.tiers[1].held[a] = s.size(a)
+    assert [i for i in s.view([a, b]) if isinstance(i, Stage)] == [Stage(a, 1, None), Stage(b, None, 0)]
+
+
 # ---------------------------------------------------------------------------- the horizon and the budget
 
 

@@ -105,11 +105,6 @@ class CursorView:
     predicted: int = 0  # opens of this batch the plan predicted
     fresh: bool = True  # False: the horizon was carried over from the last view (nobody moved a step)
 
-    @property
-    def window(self) -> Mapping[int, int]:
-        """Entries due within the predicted horizon (``in`` tests membership)."""
-        return self.due
-
 
 @dataclass(slots=True)
 class Pages:
@@ -331,10 +326,12 @@ class KeepIn:
 
 @dataclass(slots=True)
 class Stage:
-    """Get ``entry``'s bytes by the read order (tiers, a fetch in flight, peer, PFS) and report
-    :class:`StageFetched`; a fetch keeps a copy in tier ``keep_in`` when not None."""
+    """Get ``entry``'s bytes and report :class:`StageFetched`: from local tier ``from_tier`` when not
+    None, else (or when that copy is gone) by a fetch (in flight, peer, PFS) that keeps a copy in
+    tier ``keep_in`` when not None."""
 
     entry: int
+    from_tier: int | None
     keep_in: int | None
 
 
@@ -733,7 +730,8 @@ class ReadPolicy:
             self.pages[entry] = Pages(nbytes, "fetching")
             self.staged_bytes += nbytes
             self._staging_now.add(entry)
-            self._out.append(Stage(entry, self.planned_tier(entry)))
+            local = next((t for t, tier in enumerate(self.tiers) if tier.contains(entry)), None)
+            self._out.append(Stage(entry, local, None if local is not None else self.planned_tier(entry)))
 
     def _stage_fetched(self, ev: StageFetched) -> None:
         entry = ev.entry

@@ -58,6 +58,8 @@ from fusefs.readpath.policy import (
     KeepIn,
     Missed,
     Opened,
+    PeerDown,
+    PeerUp,
     Place,
     PlanChanged,
     Push,
@@ -225,6 +227,13 @@ class Prefetcher:
         """A tier found its copy of ``entry`` stale or damaged and dropped it."""
         self._handle(CopyLost(entry, tier))
 
+    def peer_down(self, node: int) -> None:
+        """Training node ``node``'s daemon stopped answering (its replicas wait for a later fill pass)."""
+        self._handle(PeerDown(node))
+
+    def peer_up(self, node: int) -> None:
+        self._handle(PeerUp(node))
+
     # ------------------------------------------------------------------ instructions
 
     def _follow_plan(self, ins: FollowPlan) -> None:
@@ -360,10 +369,11 @@ class Prefetcher:
         with trio.CancelScope() as scope:
             self._stage_scopes[entry] = scope
             try:
-                fetched = await self.fetcher.from_tiers(entry)
-                if fetched is not None:
-                    data = fetched.data
-                else:
+                if ins.from_tier is not None:
+                    data = await self.tiers[ins.from_tier].get(entry)
+                    if data is None and not self.tiers[ins.from_tier].contains(entry):
+                        self.copy_lost(entry, ins.from_tier)
+                if data is None:
                     keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
                     data = await self.fetcher.start(entry, keep_in=keep, why="staging").wait()
                     self.staging_fetches += 1
