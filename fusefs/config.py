@@ -49,14 +49,26 @@ def parse_bytes(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("a byte size")
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError("a non-negative byte size")
+        if not 0 <= value <= _MAX_BYTES:
+            raise ValueError("a non-negative byte size below 2**63")
         return value
     if isinstance(value, str):
         m = _BYTES_RE.match(value)
         if m and m.group(2).lower() in _BYTE_UNITS:
-            return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
+            n = float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()]  # inf for a number of 400+ digits
+            if not n <= _MAX_BYTES:
+                raise ValueError("a non-negative byte size below 2**63")
+            return int(n)
     raise ValueError("a byte size such as 1048576, 512MiB, 4G or 2GB")
+
+
+_MAX_BYTES = (1 << 63) - 1
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """User input in a one-line error, bounded: a value can be thousands of characters long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def format_bytes(n: int) -> str:
@@ -187,6 +199,17 @@ class PeersConfig:
         None,
     )
     max_requests: int = doc("concurrent requests to one peer", 8)
+    server_connections: int = doc("peer connections this daemon serves at once (more are told busy)", 256)
+    server_memory: ByteSize = doc(
+        "file data all replies to peers may hold at once; a request that finds no room within 0.5 s "
+        "is answered busy and its asker reads the PFS",
+        ByteSize(512 << 20),
+    )
+    server_connection_memory: ByteSize = doc(
+        "file data one peer connection may hold at once, so the largest file served to a peer (larger "
+        "files are answered busy); a request itself is at most 1 KiB",
+        ByteSize(256 << 20),
+    )
     spread: bool = doc("assign every file an owner when aggregate storage allows", True)
 
 
@@ -240,6 +263,11 @@ class Config:
     allow_other: bool = doc(
         "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless mounting as root)",
         False,
+    )
+    control_owner: int | None = doc(
+        "uid that owns .control and may write the seed besides root (default: the mounting user; "
+        "a root Slurm prolog gives the job's user)",
+        None,
     )
     fuse: FuseSettings = doc("kernel interface", factory=FuseSettings)
     snapshot: SnapshotSettings = doc("metadata snapshot", factory=SnapshotSettings)
@@ -297,19 +325,19 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         try:
             return ByteSize(parse_bytes(value))
         except ValueError:
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}") from None
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}") from None
     if origin is Literal:
         if value in get_args(tp):
             return value
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}")
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}")
         (item_tp,) = get_args(tp)
         return [_convert(v, item_tp, f"{key}.{i}") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict) or not value:
-            raise ConfigError(f"{key}: expected {_type_name(tp)} (e.g. {{1: 330, 8: 2870}}), got {value!r}")
+            raise ConfigError(f"{key}: expected {_type_name(tp)} (e.g. {{1: 330, 8: 2870}}), got {_shown(value)}")
         out: dict[int, float] = {}
         for k, v in value.items():
             kk = _convert(k, int, f"{key}.{k}")
@@ -322,7 +350,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {_shown(value)}")
         return build(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
@@ -335,7 +363,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             return float(value)
     elif tp is str and isinstance(value, str):
         return value
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}")
 
 
 def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
@@ -382,6 +410,9 @@ def check(cfg: Config) -> Config:
         ("job.prefetch_factor", cfg.job.prefetch_factor),
         ("prefetch.threads", cfg.prefetch.threads),
         ("peers.max_requests", cfg.peers.max_requests),
+        ("peers.server_connections", cfg.peers.server_connections),
+        ("peers.server_memory", cfg.peers.server_memory),
+        ("peers.server_connection_memory", cfg.peers.server_connection_memory),
         ("peers.down_after", cfg.peers.down_after),
     ):
         _check_positive(key, ivalue)
@@ -392,6 +423,8 @@ def check(cfg: Config) -> Config:
             f"job.ranks_per_node: expected a divisor of job.world_size ({cfg.job.world_size}), "
             f"got {cfg.job.ranks_per_node}"
         )
+    if cfg.control_owner is not None and cfg.control_owner < 0:
+        raise ConfigError(f"control_owner: expected a uid (0 or more), got {cfg.control_owner}")
     if not 0 <= cfg.peers.port <= 65535:
         raise ConfigError(f"peers.port: expected 0..65535, got {cfg.peers.port}")
     for i, item in enumerate(cfg.peers.static):
@@ -503,7 +536,7 @@ def parse_mount_options(opts: list[str]) -> tuple[str | None, dict[str, str], li
 def _set_dotted(data: dict[str, Any], dotted: str, raw: str) -> None:
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: an integer of over 4,300 digits
         value = raw
     parts = dotted.split(".")
     node: Any = data
@@ -556,6 +589,8 @@ def load(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, str
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"config {path}{where}: not valid YAML") from None
+        except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; nesting too deep
+            raise ConfigError(f"config {path}: unreadable value ({type(exc).__name__})") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -21,13 +21,15 @@ class ExitCode(IntEnum):
     BUSY = 8  # umount: the mount is in use (the holders are named)
     NOT_MOUNTED = 9  # no seerfs mount at that path
     GROUP = 10  # the daemon group could not form or disagrees (config/plan digests)
+    DEAD = 11  # the mount is there but its daemon is gone (ENOTCONN): run umount
 
 
 EXIT_MEANINGS = {
     ExitCode.OK: "success",
     ExitCode.INTERNAL: "internal error (a bug); the message names the daemon log",
     ExitCode.USAGE: "bad command line",
-    ExitCode.CONFIG: "bad configuration file, -o override or unusable cache/tier directory",
+    ExitCode.CONFIG: "bad configuration file, -o override, or a cache, tier or rendezvous directory that is "
+    "unusable, full, or writable by others",
     ExitCode.SOURCE: "SOURCE missing, not a directory or unreadable",
     ExitCode.MOUNTPOINT: "MOUNTPOINT missing, not a directory, not empty or already mounted",
     ExitCode.FUSE: "FUSE unusable: no /dev/fuse, no fusermount3, or allow_other refused",
@@ -35,6 +37,7 @@ EXIT_MEANINGS = {
     ExitCode.BUSY: "umount: the mount is in use; the holding processes are named",
     ExitCode.NOT_MOUNTED: "no seerfs mount at that path",
     ExitCode.GROUP: "the daemon group could not form, or nodes disagree on config or plan",
+    ExitCode.DEAD: "the mount's daemon is gone (transport endpoint is not connected); 'seerfs umount' cleans up",
 }
 
 
@@ -77,3 +80,7 @@ class NotMounted(SeerfsError):
 
 class GroupError(SeerfsError):
     code = ExitCode.GROUP
+
+
+class DeadMount(SeerfsError):
+    code = ExitCode.DEAD

@@ -1,23 +1,31 @@
 """The whole job's reads per epoch: every rank's stream over all datasets, in global file ids.
 
 A job reads its training set every epoch and, after some epochs, a validation set that *follows*
-it (DESIGN 1: ``imagenet/val`` in order at the end of each epoch).  Global file ids put the
-datasets side by side (``offset + index``).  For one epoch a rank reads its training stream, then
-its validation stream when one is due; :class:`EpochMap` holds those combined streams and the
-inverse (global id -> rank, position) the daemon needs to place each open.
+it (``imagenet/val`` in order at the end of each epoch).  Global file ids put the datasets side by
+side (``offset + index``).  For planning, one epoch of a rank is its training stream, then its
+validation stream when one is due; :class:`EpochMap` holds those combined streams and their
+inverse (global id -> rank, position).
 
 Followers read their sampler's epoch-0 order every time: validation loaders are not given
 ``set_epoch`` (and usually do not shuffle at all).
+
+``epochs`` is the *planning horizon*: how many epochs tier assignment and access counts look at.
+A job may run longer (or be resumed at or past it): a DistributedSampler's epoch e is seeded with
+``seed + e``, so every stream here is computed lazily for any epoch >= 0.  ``follows``/``every``
+say where planning puts a dataset's reads; the daemon's cursor (:mod:`placement.cursor`) does not
+rely on them: it follows each dataset on its own (:meth:`JobStreams.variants`,
+:meth:`JobStreams.dataset_of`) and learns when passes come from the opens.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from placement.samplers import LRU
+from placement.samplers import LRU, unshuffled_alternatives
 from placement.streams import JobShape, Streams
 
 
@@ -59,7 +67,10 @@ class EpochMap:
 
 
 class JobStreams:
-    """All datasets of a job over its epochs; epoch maps computed on demand, the last few cached."""
+    """All datasets of a job over its epochs; epoch maps computed on demand, the last few cached.
+
+    ``epochs`` is the planning horizon only: maps and streams exist for every epoch >= 0.
+    """
 
     def __init__(self, datasets: list[DatasetStreams], shape: JobShape, epochs: int, cache_epochs: int = 3) -> None:
         if not datasets:
@@ -71,6 +82,31 @@ class JobStreams:
         if shape.world_size > np.iinfo(np.int16).max:
             raise ValueError("world_size above 32767 is not supported")
         self._maps: LRU[int, EpochMap] = LRU(cache_epochs)
+        self._starts = [d.offset for d in datasets]
+        self._variants: dict[int, list[Streams]] = {}
+
+    @property
+    def lead(self) -> int:
+        """The dataset whose passes are the job's epochs: the longest per-rank stream among those
+        that follow nobody (a training set is read every epoch and is the big one), first on ties."""
+        primary = [i for i, d in enumerate(self.datasets) if d.follows is None] or list(range(len(self.datasets)))
+        return max(primary, key=lambda i: (self.datasets[i].streams.length, -i))
+
+    def dataset_of(self, gid: int) -> int:
+        """Which dataset global id ``gid`` belongs to (-1: none)."""
+        d = bisect.bisect_right(self._starts, gid) - 1
+        if d < 0 or gid >= self.datasets[d].offset + self.datasets[d].n:
+            return -1
+        return d
+
+    def variants(self, d: int) -> list[Streams]:
+        """Dataset ``d``'s configured streams first, then the other ways an unshuffled loader reads it
+        (:func:`placement.samplers.unshuffled_alternatives`)."""
+        if d not in self._variants:
+            ds = self.datasets[d].streams
+            alt = [Streams(m, self.shape) for m in unshuffled_alternatives(ds.sampler)]
+            self._variants[d] = [ds, *alt]
+        return self._variants[d]
 
     def phases(self, epoch: int) -> list[tuple[DatasetStreams, int]]:
         """(dataset, its sampler epoch) in the order a rank reads them during ``epoch``."""
@@ -84,8 +120,9 @@ class JobStreams:
         return out
 
     def epoch_map(self, epoch: int) -> EpochMap:
-        if not 0 <= epoch < self.epochs:
-            raise ValueError(f"epoch: expected 0..{self.epochs - 1}, got {epoch}")
+        """Every dataset's reads in ``epoch`` (any epoch >= 0, also past the planning horizon)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch: expected a non-negative integer, got {epoch!r}")
         return self._maps.get(epoch, lambda: self._build(epoch))
 
     def has_epoch_map(self, epoch: int) -> bool:

@@ -15,9 +15,10 @@ things are *objects*, one per snapshot entry (two ids reached through a symlinke
 share one): ``gid_obj`` maps ids to objects, ``obj_entry`` objects to entries (inode - 1).
 When no entry is shared, ``gid_obj`` is the identity and objects are ids.
 
-Job order is :class:`placement.jobstreams.JobStreams`'s, the one the daemon's cursor follows:
-each epoch reads the datasets that follow nobody (config order), then those with ``follows`` that
-are due ((epoch + 1) % every == 0), each of those at sampler epoch 0.  All datasets use the seed.
+Job order for planning is :class:`placement.jobstreams.JobStreams`'s: each epoch reads the datasets
+that follow nobody (config order), then those with ``follows`` that are due ((epoch + 1) % every
+== 0), each of those at sampler epoch 0, over ``job.epochs`` (the planning horizon).  All datasets
+use the seed.  The daemon's cursor follows each dataset on its own, past the horizon too.
 """
 
 from __future__ import annotations

@@ -351,6 +351,46 @@ class SequentialSamplerModel(ExplicitOrderModel):
         super().__init__(np.arange(_check_n(n), dtype=np.int64), n, world_size)
 
 
+def varies_by_epoch(model: SamplerModel) -> bool:
+    """Whether ``model`` yields a different order in different epochs.
+
+    An unshuffled DistributedSampler, a sequential sampler and a given list read the same order in
+    every epoch: a cursor then needs one epoch's inverse, and "which epoch" is no question at all.
+    Unknown models are assumed to vary (the safe answer: every epoch is its own hypothesis).
+    """
+    if isinstance(model, DistributedSamplerModel):
+        return model.shuffle
+    return not isinstance(model, ExplicitOrderModel)
+
+
+def sampler_name(model: SamplerModel) -> str:
+    """The config's ``sampler.kind`` a model stands for (what status reports as detected)."""
+    if isinstance(model, DistributedSamplerModel):
+        return "distributed" if model.shuffle else "distributed(shuffle=False)"
+    if isinstance(model, RandomSamplerModel):
+        return "random"
+    if isinstance(model, SequentialSamplerModel):
+        return "sequential"
+    if isinstance(model, ExplicitOrderModel):
+        return "list"
+    return type(model).__name__
+
+
+def unshuffled_alternatives(model: SamplerModel) -> list[SamplerModel]:
+    """Other samplers an unshuffled loader commonly runs with, for the same files and ranks.
+
+    A validation DataLoader reads in order either through ``DistributedSampler(shuffle=False)``
+    (each rank a strided share; Lightning injects one by default) or with no sampler at all (every
+    rank reads every file).  Configs rarely say which, and the opens tell them apart (shared files
+    are opened once per local rank), so a cursor tries both.  Shuffled models have no alternative.
+    """
+    if isinstance(model, DistributedSamplerModel) and not model.shuffle:
+        return [SequentialSamplerModel(model.n, model.world_size)]
+    if type(model) is SequentialSamplerModel and model.world_size > 1:
+        return [DistributedSamplerModel(model.n, model.world_size, 0, shuffle=False)]
+    return []
+
+
 def make_sampler(
     kind: str,
     n: int,

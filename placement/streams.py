@@ -132,6 +132,18 @@ class EpochInverse:
     duplicated: npt.NDArray[np.bool_]
     _layout: EpochLayout = field(repr=False)
 
+    @property
+    def layout(self) -> EpochLayout:
+        """The epoch's order this inverse was built from (kept alive with it: no permutation to redo)."""
+        return self._layout
+
+    def rank_row(self, rank: int) -> IndexArray:
+        """What ``rank`` opens this epoch, in order (a view, from the kept layout)."""
+        lay = self._layout
+        if lay.shared:
+            return lay.order[: self.length]
+        return lay.order[rank : self.length * self.shape.world_size : self.shape.world_size]
+
     def node_of(self, idx: int) -> int:
         """The node of the earliest read of file ``idx``, or -1."""
         rank = int(self.rank_of[idx])
@@ -290,8 +302,15 @@ class Streams:
         """File -> (rank, position) and (node, position) for ``epoch`` (built in O(n), cached)."""
         return self._inverses.get(epoch, lambda: self._build_inverse(epoch))
 
-    def _build_inverse(self, epoch: int) -> EpochInverse:
-        lay = self.layout(epoch)
+    def fresh_inverse(self, epoch: int) -> EpochInverse:
+        """:meth:`epoch_inverse` without touching any cache (a scan over many epochs must not evict
+        the few epochs the readers are in)."""
+        fresh = getattr(self.sampler, "fresh_layout", None)
+        return self._build_inverse(epoch, fresh(epoch) if fresh is not None else None)
+
+    def _build_inverse(self, epoch: int, lay: EpochLayout | None = None) -> EpochInverse:
+        if lay is None:
+            lay = self.layout(epoch)
         world, length = self.shape.world_size, self.length
         flat = lay.order[:length] if lay.shared else lay.order[: length * world]
         first_t, duplicated = _first_reads(flat, lay.distinct, self.n)

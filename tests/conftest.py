@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mounting import force_unmount, is_mounted
 
-pytest_plugins = ["pfsemu_fixture"]  # the emulated PFS fixtures (emulated_pfs, running_pfsemu)
+pytest_plugins = ["pfsemu_fixture", "slurm_cluster", "wheelhouse"]  # the emulated PFS, a real Slurm cluster, the wheel
 
 
 @pytest.fixture

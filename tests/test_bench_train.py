@@ -20,7 +20,6 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     """Lower bound, direct and seerfs+seed over 48+8 files for 2 epochs.  The emulator's counters say direct read
     the dataset once per epoch and seerfs+seed about once in all; seerfs's opens per source add up to exactly the
     opens the job made (prefetches are not counted as opens), and nothing stays mounted."""
-    before = fuse_mounts()
     argv = [
         "--files",
         str(FILES),
@@ -55,7 +54,7 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     assert set(sources) <= {*OPEN_SOURCES, "fetched"}, sources
     judged = {name: ok for name, ok, _detail in doc["targets"]}
     assert len(judged) == 5 and judged["PFS bytes <= 1.05x the dataset"] is True
-    assert fuse_mounts() == before
+    assert fuse_mounts(tmp_path) == []
 
 
 def test_misspelt_configuration_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

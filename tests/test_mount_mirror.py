@@ -5,9 +5,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -202,15 +202,18 @@ def test_umount_busy_names_holder_and_lazy_works(tree: Path, mountpoint: Path, c
 
 
 def test_mount_type_fuse_seerfs_with_mount8(tree: Path, mountpoint: Path, cache_dir: Path, tmp_path: Path) -> None:
-    """`mount -t fuse.seerfs SRC MNT -o config=FILE,...` (what fstab does) mounts; umount(8) unmounts."""
+    """`mount -t fuse 'HELPER#SRC' MNT -o config=FILE,...` (an fstab line) mounts; umount(8) unmounts.
+
+    mount(8) clears PATH for its helpers, so the link-free form names the console script by its
+    absolute path (`-t fuse.seerfs` needs seerfs in /usr/local/bin or the like: see test_wheel.py).
+    """
     cfg = tmp_path / "seerfs.yaml"
     cfg.write_text(f"cache_dir: {cache_dir}\njob:\n  epochs: 3\n")
-    # mount(8) runs helpers with a fixed PATH; tools/setup links the console script there.
-    linked = shutil.which("seerfs", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    assert linked, "seerfs is not on mount(8)'s PATH: run tools/setup (it links /usr/local/bin/seerfs)"
+    helper = Path(sys.executable).parent / "seerfs"
+    assert helper.is_file()
     opts = f"config={cfg},noauto,nodev,job.batch_size=4"
     res = subprocess.run(
-        ["mount", "-t", "fuse.seerfs", str(tree), str(mountpoint), "-o", opts],
+        ["mount", "-t", "fuse", f"{helper}#{tree}", str(mountpoint), "-o", opts],
         capture_output=True,
         text=True,
         timeout=60,

@@ -22,6 +22,7 @@ from mounting import status, wait_for
 from pfsemu_fixture import running_pfsemu
 
 from fusefs.cluster.peer_client import PeerClient
+from fusefs.cluster.protocol import FileId
 from tools.nodes import member_state, mpi_group, peer_reads, rendezvous_group, wait_seed
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.mpi]
@@ -200,11 +201,14 @@ def test_data_port_refuses_strangers_and_bad_requests(tmp_path: Path, source: tu
         assert (mnt / first).read_bytes() == (source[0] / first).read_bytes()  # now kept in the memory tier
         wait_for(lambda: status(mnt)["tiers"][0]["files"] >= 1, what="the file kept in the memory tier")
 
+        st = os.stat(mnt / first)  # the file's identity in the mount's snapshot: entry = inode - 1
+        ident = FileId(st.st_ino - 1, st.st_size, st.st_mtime_ns)
+
         async def ask() -> tuple[bytes | None, bytes | None, bytes | None, dict[str, object]]:
             client = PeerClient(9, host, port, token, timeout=2.0, max_requests=2, down_after=5)
-            wrong = await client.fetch(0, 0, bytes(16))
-            outside = await client.fetch(0, 10**9, bytes.fromhex(plan))
-            fine = await client.fetch(0, 0, bytes.fromhex(plan))
+            wrong = await client.fetch(0, 0, bytes(16), ident)
+            outside = await client.fetch(0, 10**9, bytes.fromhex(plan), ident)
+            fine = await client.fetch(0, 0, bytes.fromhex(plan), ident)
             counters = client.status()
             await client.aclose()
             return wrong, outside, fine, counters

@@ -17,6 +17,7 @@ from fusefs.cluster import auth
 from fusefs.cluster.protocol import (
     BLOCK_HEADER_LEN,
     CHALLENGE_LEN,
+    CLIENT_KINDS,
     FRAME_HEADER,
     HELLO_LEN,
     MAX_BLOCK_SIZE,
@@ -25,9 +26,11 @@ from fusefs.cluster.protocol import (
     MAX_REASON_LEN,
     NONCE_LEN,
     PROOF_LEN,
+    SERVER_KINDS,
     U32_MAX,
     U64_MAX,
     Challenge,
+    FileId,
     Get,
     Greeting,
     Hello,
@@ -59,15 +62,22 @@ def split(frame: bytes) -> tuple[Kind, bytes]:
     return kind, payload
 
 
-@given(u32, u32, u64, st.binary(max_size=MAX_DIGEST_LEN))
-def test_get_round_trips(request_id: int, dataset: int, index: int, digest: bytes) -> None:
-    msg = Get(request_id, dataset, index, digest)
+i64 = st.integers(-(2**63), 2**63 - 1)
+files = st.builds(FileId, u64, u64, i64)
+
+
+@given(u32, u32, u64, st.binary(max_size=MAX_DIGEST_LEN), files)
+def test_get_round_trips(request_id: int, dataset: int, index: int, digest: bytes, file: FileId) -> None:
+    msg = Get(request_id, dataset, index, digest, file)
     assert decode_message(*split(msg.encode())) == msg
 
 
-@given(u32, st.sampled_from(list(Status)), u64, st.integers(1, MAX_BLOCK_SIZE), st.text(max_size=100))
-def test_reply_round_trips(request_id: int, status: Status, size: int, block_size: int, reason: str) -> None:
-    msg = Reply(request_id, status, size, block_size, reason)
+@given(u32, st.sampled_from(list(Status)), u64, st.integers(1, MAX_BLOCK_SIZE), st.text(max_size=100), u64, i64)
+def test_reply_round_trips(
+    request_id: int, status: Status, size: int, block_size: int, reason: str, entry: int, mtime_ns: int
+) -> None:
+    msg = Reply(request_id, status, size, block_size, reason, entry, mtime_ns)
+    assert msg.file == FileId(entry, size, mtime_ns)
     assert decode_message(*split(msg.encode())) == msg
 
 
@@ -128,6 +138,25 @@ def test_oversized_and_unknown_frames_are_refused_from_the_header() -> None:
         parse_frame_header(frame_header(Kind.BLOCK, 8 + 1001), max_block=1000)
     with pytest.raises(ProtocolError, match="unknown frame kind"):
         parse_frame_header(bytes([0x7F, 0, 0, 0, 0]))
+
+
+def test_each_side_refuses_the_kinds_only_the_other_side_sends_from_the_header() -> None:
+    for kind in Kind:
+        length = 8 + MAX_BLOCK_SIZE if kind is Kind.BLOCK else 10
+        for accept in (CLIENT_KINDS, SERVER_KINDS):
+            if kind in accept:
+                assert parse_frame_header(frame_header(kind, length), accept=accept) == (kind, length)
+            else:
+                with pytest.raises(ProtocolError, match="not accepted"):
+                    parse_frame_header(frame_header(kind, length), accept=accept)
+    assert Kind.BLOCK not in CLIENT_KINDS | SERVER_KINDS  # blocks come only where a reply announced them
+
+
+def test_file_identities_out_of_the_wire_range_are_not_made() -> None:
+    with pytest.raises(ValueError):
+        FileId(-1, 0, 0)
+    with pytest.raises(ValueError):
+        FileId(0, 0, 2**63)
 
 
 def test_a_get_whose_digest_length_disagrees_with_the_frame_is_refused() -> None:

@@ -44,7 +44,7 @@ from fusefs.cluster.protocol import (
     parse_frame_header,
 )
 from fusefs.tiers.digest import BlockDigests
-from tools.bench_peers import PLAN_DIGEST, file_bytes, server_process
+from tools.bench_peers import PLAN_DIGEST, file_bytes, file_id, server_process
 
 TOKEN = b"job-token-for-the-peer-tests-0123"
 DIGEST = b"plan-digest-1"
@@ -65,9 +65,10 @@ class Files:
         self.not_yet = set(not_yet)
         self.calls = 0
 
-    async def __call__(self, dataset: int, index: int, digest: bytes) -> Provision:
+    async def __call__(self, get: Get) -> Provision:
         self.calls += 1
-        if digest != DIGEST:
+        dataset, index = get.dataset, get.index
+        if get.digest != DIGEST:
             return Provision("bad_request", reason="plan digest differs")
         if dataset != 0 or not 0 <= index < self.n:
             return Provision("bad_request", reason=f"no file {index} in dataset {dataset}")
@@ -75,7 +76,10 @@ class Files:
             return Provision("not_yet")
         if index not in self.files:
             return Provision("not_owned")
-        return Provision("ok", self.files[index])
+        mine = file_id(index, len(self.files[index]))
+        if get.file != mine:
+            return Provision("mismatch", reason=f"index {index} is {mine} here", file=mine)
+        return Provision("ok", self.files[index], file=mine)
 
 
 def run(fn: Callable[[], Awaitable[None]]) -> None:
@@ -161,7 +165,7 @@ def test_fetch_returns_the_files_bytes_over_one_reused_connection() -> None:
         async with serving(Files(files)) as (server, port):
             peer = client(port)
             for i in range(10):
-                assert await peer.fetch(0, i, DIGEST, expect_size=110_000) == files[i]
+                assert await peer.fetch(0, i, DIGEST, file_id(i, 110_000)) == files[i]
             st = peer.status()
             assert (st["ok"], st["connects"], st["bytes"], st["state"]) == (10, 1, 1_100_000, "up")
             assert st["mean_seconds"] > 0 and st["max_seconds"] >= st["mean_seconds"]
@@ -181,7 +185,7 @@ def test_concurrent_fetches_use_at_most_max_requests_connections() -> None:
             got: dict[int, bytes | None] = {}
 
             async def one(i: int) -> None:
-                got[i] = await peer.fetch(0, i, DIGEST)
+                got[i] = await peer.fetch(0, i, DIGEST, file_id(i, 300_000))
 
             async with trio.open_nursery() as nursery:
                 for i in range(32):
@@ -200,7 +204,7 @@ def test_multi_block_file_arrives_whole_with_tier_digests_for_tier_sized_blocks(
     async def main() -> None:
         async with serving(Files({1: big}), block_size=block_size) as (server, port):
             peer = client(port)
-            received = await peer.fetch_verified(0, 1, DIGEST, expect_size=len(big))
+            received = await peer.fetch_verified(0, 1, DIGEST, file_id(1, len(big)))
             assert received is not None and received.data == big
             if block_size == 1 << 20:
                 assert received.digests == BlockDigests.of(big)  # reusable by a tier put, no rehash
@@ -218,7 +222,7 @@ def test_empty_file_is_served() -> None:
     async def main() -> None:
         async with serving(Files({3: b""})) as (_, port):
             peer = client(port)
-            received = await peer.fetch_verified(0, 3, DIGEST, expect_size=0)
+            received = await peer.fetch_verified(0, 3, DIGEST, file_id(3, 0))
             assert received is not None and received.data == b""
             assert received.digests == BlockDigests.of(b"")
             await peer.aclose()
@@ -230,11 +234,11 @@ def test_not_yet_not_owned_and_bad_requests_return_none_and_keep_the_peer_up() -
     async def main() -> None:
         async with serving(Files({1: b"one"}, n=10, not_yet=(2,))) as (server, port):
             peer = client(port, down_after=1)
-            assert await peer.fetch(0, 2, DIGEST) is None  # not yet
-            assert await peer.fetch(0, 3, DIGEST) is None  # not owned
-            assert await peer.fetch(0, 10, DIGEST) is None  # outside the snapshot
-            assert await peer.fetch(0, 1, b"other-plan") is None  # wrong plan digest
-            assert await peer.fetch(0, 1, DIGEST) == b"one"
+            assert await peer.fetch(0, 2, DIGEST, file_id(2, 3)) is None  # not yet
+            assert await peer.fetch(0, 3, DIGEST, file_id(3, 3)) is None  # not owned
+            assert await peer.fetch(0, 10, DIGEST, file_id(10, 3)) is None  # outside the snapshot
+            assert await peer.fetch(0, 1, b"other-plan", file_id(1, 3)) is None  # wrong plan digest
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 3)) == b"one"
             st = peer.status()
             assert (st["not_yet"], st["not_owned"], st["bad_request"], st["ok"]) == (1, 1, 2, 1)
             assert (st["failures"], st["state"], st["connects"]) == (0, "up", 1)
@@ -245,18 +249,18 @@ def test_not_yet_not_owned_and_bad_requests_return_none_and_keep_the_peer_up() -
 
 
 def test_a_provider_that_raises_is_an_error_reply_and_the_server_keeps_serving() -> None:
-    async def broken(dataset: int, index: int, digest: bytes) -> Provision:
-        if index == 13:
+    async def broken(get: Get) -> Provision:
+        if get.index == 13:
             raise RuntimeError("tier read exploded")
-        return Provision("ok", b"fine")
+        return Provision("ok", b"fine", file=get.file)
 
     async def main() -> None:
         server = PeerServer(TOKEN, broken)
         async with trio.open_nursery() as nursery:
             port = await nursery.start(server.serve, HOST, 0)
             peer = client(port, down_after=1)
-            assert await peer.fetch(0, 13, DIGEST) is None
-            assert await peer.fetch(0, 1, DIGEST) == b"fine"
+            assert await peer.fetch(0, 13, DIGEST, file_id(13, 4)) is None
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 4)) == b"fine"
             assert (peer.counters.errors, peer.state) == (1, "up")
             assert server.status()["provider_errors"] == 1
             await peer.aclose()
@@ -284,7 +288,7 @@ def test_a_client_with_another_token_gets_nothing_and_both_sides_refuse() -> Non
     async def main() -> None:
         async with serving(Files({1: b"secret"})) as (server, port):
             peer = client(port, token=b"another-jobs-token-abcdefghijklmn", down_after=5)
-            assert await peer.fetch(0, 1, DIGEST) is None
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 6)) is None
             assert "does not hold this job's token" in peer.last_error
             assert peer.counters.failures == 1
             with trio.fail_after(5):  # the server sees the client give up before proving a token
@@ -304,7 +308,7 @@ def test_raw_clients_without_the_token_or_with_bad_frames_are_refused_and_good_c
     async def main() -> None:
         async with serving(files) as (server, port):
             good = client(port)
-            assert await good.fetch(0, 0, DIGEST) == files.files[0]
+            assert await good.fetch(0, 0, DIGEST, file_id(0, 1000)) == files.files[0]
 
             # garbage instead of a hello: closed without a word
             s = await raw_connect(port)
@@ -353,7 +357,7 @@ def test_raw_clients_without_the_token_or_with_bad_frames_are_refused_and_good_c
             assert reply_of(await read_to_eof(s)).status is Status.BAD_REQUEST
 
             for i in range(5):  # the good client, on its old connection, is still served
-                assert await good.fetch(0, i, DIGEST) == files.files[i]
+                assert await good.fetch(0, i, DIGEST, file_id(i, 1000)) == files.files[i]
             st = server.status()
             assert st["refused"] == {"malformed": 1, "no_token": 1, "bad_version": 1, "bad_token": 1}
             assert st["requests"]["bad_request"] == 2 and st["requests"]["malformed"] == 3
@@ -382,16 +386,16 @@ def test_connections_over_the_limit_are_told_busy_which_is_not_a_peer_failure() 
     async def main() -> None:
         async with serving(Files({1: b"x"}), max_connections=1) as (server, port):
             first = client(port)
-            assert await first.fetch(0, 1, DIGEST) == b"x"  # holds the one connection (pooled)
+            assert await first.fetch(0, 1, DIGEST, file_id(1, 1)) == b"x"  # holds the one connection (pooled)
             second = client(port, down_after=1)
-            assert await second.fetch(0, 1, DIGEST) is None
+            assert await second.fetch(0, 1, DIGEST, file_id(1, 1)) is None
             assert (second.counters.busy, second.counters.failures, second.state) == (1, 0, "up")
             assert server.status()["refused"] == {"busy": 1}
             await first.aclose()
             with trio.fail_after(5):
                 while server.status()["connections"]:
                     await trio.sleep(0.01)
-            assert await second.fetch(0, 1, DIGEST) == b"x"
+            assert await second.fetch(0, 1, DIGEST, file_id(1, 1)) == b"x"
             await second.aclose()
 
     run(main)
@@ -401,11 +405,11 @@ def test_a_pooled_connection_the_server_closed_is_replaced_transparently() -> No
     async def main() -> None:
         async with serving(Files({1: b"x"}), idle_timeout=0.2) as (server, port):
             peer = client(port, down_after=1)
-            assert await peer.fetch(0, 1, DIGEST) == b"x"
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 1)) == b"x"
             with trio.fail_after(5):
                 while server.status()["connections"]:
                     await trio.sleep(0.01)
-            assert await peer.fetch(0, 1, DIGEST) == b"x"
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 1)) == b"x"
             assert (peer.counters.connects, peer.counters.failures) == (2, 0)
             await peer.aclose()
 
@@ -466,25 +470,26 @@ def test_a_block_corrupted_in_flight_fails_its_digest_and_the_file_comes_back_no
         async with serving(Files(files)) as (_, port), proxy(port, flip_at=DATA_START + (1 << 20) + 5000) as via:
             peer = client(via, down_after=2)
             t0 = time.monotonic()
-            assert await peer.fetch(0, 1, DIGEST) is None
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) is None
             assert time.monotonic() - t0 < 1.0  # detected on arrival, not by a timeout
             st = peer.status()
             assert (st["mismatches"], st["failures"], st["ok"], st["state"]) == (1, 1, 0, "up")
             assert "block 1 " in st["last_error"]
             assert st["connections"] == 0  # the connection with unread blocks was closed
-            assert await peer.fetch(0, 1, DIGEST) == files[1]  # a clean second connection
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) == files[1]  # a clean second connection
             await peer.aclose()
 
     run(main)
 
 
-def test_a_size_other_than_the_snapshot_is_a_failed_file() -> None:
+def test_a_size_other_than_the_snapshot_is_refused_by_the_holder_and_never_served() -> None:
     async def main() -> None:
-        async with serving(Files({1: b"12345"})) as (_, port):
-            peer = client(port)
-            assert await peer.fetch(0, 1, DIGEST, expect_size=6) is None
-            assert peer.counters.mismatches == 1 and "snapshot says 6" in peer.last_error
-            assert await peer.fetch(0, 1, DIGEST, expect_size=5) == b"12345"
+        async with serving(Files({1: b"12345"})) as (server, port):
+            peer = client(port, down_after=1)
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 6)) is None
+            assert peer.counters.identity_mismatches == 1 and peer.state == "up"  # a refusal, not a fault
+            assert server.status()["identity_mismatches"] == 1
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 5)) == b"12345"
             await peer.aclose()
 
     run(main)
@@ -497,10 +502,10 @@ def test_a_transfer_that_stalls_midway_costs_at_most_the_timeout() -> None:
         async with serving(Files(files)) as (_, port), proxy(port, stall_after=DATA_START + 500_000) as via:
             peer = client(via, timeout=0.5)
             t0 = time.monotonic()
-            assert await peer.fetch(0, 1, DIGEST) is None
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) is None
             assert 0.5 <= time.monotonic() - t0 < 0.5 + SLACK
             assert (peer.counters.timeouts, peer.status()["connections"]) == (1, 0)
-            assert await peer.fetch(0, 1, DIGEST) == files[1]
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) == files[1]
             await peer.aclose()
 
     run(main)
@@ -511,7 +516,7 @@ def test_a_cancelled_fetch_closes_its_connection() -> None:
         with hung_listener() as port:
             peer = client(port, timeout=5.0)
             with trio.move_on_after(0.2):
-                await peer.fetch(0, 1, DIGEST)
+                await peer.fetch(0, 1, DIGEST, file_id(1, 1))
             assert peer.status()["connections"] == 0
             assert peer.counters.failures == 0  # the caller gave up; the peer is not blamed
 
@@ -530,7 +535,7 @@ def test_a_hung_peer_costs_at_most_the_timeout_per_fetch_then_is_down() -> None:
             async def one(i: int) -> None:
                 t0 = time.monotonic()
                 with suppress(PeerDown):
-                    assert await peer.fetch(0, i, DIGEST) is None
+                    assert await peer.fetch(0, i, DIGEST, file_id(i, 1)) is None
                 elapsed.append(time.monotonic() - t0)
 
             async with trio.open_nursery() as nursery:  # 8 reads at once: 4 wait for a slot
@@ -541,7 +546,7 @@ def test_a_hung_peer_costs_at_most_the_timeout_per_fetch_then_is_down() -> None:
             assert peer.counters.timeouts >= 2  # the rest waited for a slot until their deadline or the verdict
             t0 = time.monotonic()
             with pytest.raises(PeerDown):
-                await peer.fetch(0, 1, DIGEST)
+                await peer.fetch(0, 1, DIGEST, file_id(1, 1))
             assert time.monotonic() - t0 < 0.05  # no network while down
             assert peer.status()["connections"] == 0
 
@@ -552,12 +557,12 @@ def test_a_down_peer_is_probed_by_one_fetch_after_the_retry_delay_and_comes_back
     async def main() -> None:
         with hung_listener() as port:
             peer = client(port, timeout=0.2, down_after=1, retry_down_after=0.3)
-            assert await peer.fetch(0, 1, DIGEST) is None
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 4)) is None
             assert peer.state == "down"
             with trio.fail_after(5):  # the probe after retry_down_after fails: down again
                 while True:
                     try:
-                        assert await peer.fetch(0, 1, DIGEST) is None
+                        assert await peer.fetch(0, 1, DIGEST, file_id(1, 4)) is None
                         break
                     except PeerDown:
                         await trio.sleep(0.02)
@@ -568,7 +573,7 @@ def test_a_down_peer_is_probed_by_one_fetch_after_the_retry_delay_and_comes_back
 
             async def one() -> None:
                 try:
-                    results.append(await peer.fetch(0, 1, DIGEST))
+                    results.append(await peer.fetch(0, 1, DIGEST, file_id(1, 4)))
                 except PeerDown:
                     results.append("down")
 
@@ -579,7 +584,7 @@ def test_a_down_peer_is_probed_by_one_fetch_after_the_retry_delay_and_comes_back
                             nursery.start_soon(one)
                     await trio.sleep(0.02)
             assert results[-3:].count(b"back") == 1 and results[-3:].count("down") == 2  # one probe at a time
-            assert await peer.fetch(0, 1, DIGEST) == b"back"
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 4)) == b"back"
             await peer.aclose()
 
     run(main)
@@ -592,7 +597,7 @@ def test_closing_the_client_ends_an_in_flight_fetch_with_none() -> None:
             result: list[bytes | None] = []
 
             async def fetch() -> None:
-                result.append(await peer.fetch(0, 1, DIGEST))
+                result.append(await peer.fetch(0, 1, DIGEST, file_id(1, 1)))
 
             t0 = time.monotonic()
             async with trio.open_nursery() as nursery:
@@ -611,10 +616,10 @@ def test_closed_client_raises_peer_down() -> None:
     async def main() -> None:
         async with serving(Files({1: b"x"})) as (_, port):
             peer = client(port)
-            assert await peer.fetch(0, 1, DIGEST) == b"x"
+            assert await peer.fetch(0, 1, DIGEST, file_id(1, 1)) == b"x"
             await peer.aclose()
             with pytest.raises(PeerDown):
-                await peer.fetch(0, 1, DIGEST)
+                await peer.fetch(0, 1, DIGEST, file_id(1, 1))
 
     run(main)
 
@@ -625,7 +630,7 @@ def fetch_all(peer: PeerClient, indices: range, size: int) -> Callable[[], Await
         for i in indices:
             t0 = time.monotonic()
             try:
-                data = await peer.fetch(0, i, PLAN_DIGEST, size)
+                data = await peer.fetch(0, i, PLAN_DIGEST, file_id(i, size))
             except PeerDown:
                 data = None
             times.append(time.monotonic() - t0)
@@ -640,16 +645,18 @@ def test_a_killed_peer_process_fails_fast_and_is_marked_down() -> None:
         with server_process(TOKEN, 8, 50_000) as (proc, port):
             peer = client(port, timeout=5.0, down_after=2)
             for i in range(8):
-                assert await peer.fetch(0, i, PLAN_DIGEST, 50_000) == file_bytes(i, 50_000)
+                assert await peer.fetch(0, i, PLAN_DIGEST, file_id(i, 50_000)) == file_bytes(i, 50_000)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
             t0 = time.monotonic()
-            assert await peer.fetch(0, 1, PLAN_DIGEST) is None  # pooled connection reset, reconnect refused
-            assert await peer.fetch(0, 2, PLAN_DIGEST) is None
+            assert (
+                await peer.fetch(0, 1, PLAN_DIGEST, file_id(1, 50_000)) is None
+            )  # pooled connection reset, reconnect refused
+            assert await peer.fetch(0, 2, PLAN_DIGEST, file_id(2, 50_000)) is None
             assert time.monotonic() - t0 < 1.0  # refused connections cost no timeout
             assert peer.state == "down" and "cannot connect" in peer.last_error
             with pytest.raises(PeerDown):
-                await peer.fetch(0, 3, PLAN_DIGEST)
+                await peer.fetch(0, 3, PLAN_DIGEST, file_id(3, 50_000))
             await peer.aclose()
 
     run(main)
@@ -672,7 +679,7 @@ def test_a_stopped_peer_process_costs_at_most_the_timeout_is_marked_down_and_rec
             with trio.fail_after(5):
                 while await fetch_all(peer, range(1), 50_000)() and peer.state == "down":
                     await trio.sleep(0.05)
-            assert await peer.fetch(0, 5, PLAN_DIGEST, 50_000) == file_bytes(5, 50_000)
+            assert await peer.fetch(0, 5, PLAN_DIGEST, file_id(5, 50_000)) == file_bytes(5, 50_000)
             assert peer.status()["state"] == "up"
             await peer.aclose()
 

@@ -48,3 +48,25 @@ def test_other_user_is_bound_by_source_permissions(public_dir: Path, cache_dir: 
         assert seed_write.returncode != 0 and "Permission denied" in seed_write.stderr
         assert as_nobody("cat", str(mp / ".control" / "seed")).stdout == "0\n"  # reading is fine
         assert (mp / ".control" / "seed").read_text() == "0\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_control_owner_hands_the_seed_to_one_other_user(public_dir: Path, cache_dir: Path) -> None:
+    """A root mount for a job (Slurm prolog): control_owner's user writes the seed, nobody else but root."""
+    src = public_dir / "src"
+    (src / "cls").mkdir(parents=True)
+    (src / "cls" / "a.jpg").write_bytes(b"x")
+    mp = public_dir / "mnt"
+    with mounted(src, mp, "-o", "allow_other=true,control_owner=65534", cache_dir=cache_dir):
+        owner = as_nobody("sh", "-c", f"echo 5 > {mp}/.control/seed")
+        assert owner.returncode == 0, owner.stderr
+        assert (mp / ".control" / "seed").read_text() == "5\n"
+        other = subprocess.run(
+            ["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups", "sh", "-c", f"echo 6 > {mp}/.control/seed"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert other.returncode != 0 and "Permission denied" in other.stderr
+        (mp / ".control" / "seed").write_text("7\n")  # root still may
+        assert as_nobody("cat", str(mp / ".control" / "seed")).stdout == "7\n"

@@ -33,6 +33,7 @@ import trio
 
 from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.peer_server import PeerServer, Provider, Provision
+from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import format_bytes, parse_bytes
 
 MB = 1e6
@@ -46,15 +47,24 @@ def file_bytes(index: int, size: int) -> bytes:
     return random.Random(index * 1_000_003 + size).randbytes(size)
 
 
-def snapshot_provider(files: list[bytes]) -> Provider:
-    """A provider that answers as a daemon would: dataset 0 only, indices of its snapshot only."""
+def file_id(index: int, size: int) -> FileId:
+    """File ``index``'s identity in the benchmark's "snapshot": entry = index, mtime fixed."""
+    return FileId(index, size, 1_700_000_000_000_000_000)
 
-    async def provide(dataset: int, index: int, digest: bytes) -> Provision:
-        if digest != PLAN_DIGEST:
+
+def snapshot_provider(files: list[bytes]) -> Provider:
+    """A provider that answers as a daemon would: dataset 0 only, indices of its snapshot only,
+    and only for the file identity it holds there."""
+
+    async def provide(get: Get) -> Provision:
+        if get.digest != PLAN_DIGEST:
             return Provision("bad_request", reason="plan digest differs")
-        if dataset != 0 or not 0 <= index < len(files):
-            return Provision("bad_request", reason=f"no file {index} in dataset {dataset}")
-        return Provision("ok", files[index])
+        if get.dataset != 0 or not 0 <= get.index < len(files):
+            return Provision("bad_request", reason=f"no file {get.index} in dataset {get.dataset}")
+        mine = file_id(get.index, len(files[get.index]))
+        if get.file != mine:
+            return Provision("mismatch", reason=f"index {get.index} is {mine} here", file=mine)
+        return Provision("ok", files[get.index], file=mine)
 
     return provide
 
@@ -149,7 +159,7 @@ async def measure(
             index = next_index % files
             next_index += 1
             t0 = time.perf_counter()
-            data = await client.fetch(0, index, PLAN_DIGEST, size)
+            data = await client.fetch(0, index, PLAN_DIGEST, file_id(index, size))
             if data is None:
                 raise RuntimeError(f"fetch of {index} failed: {client.last_error}")
             if record:

@@ -106,12 +106,32 @@ def seerfs_1() -> str:
         ".B config=FILE",
         "names the configuration and",
         ".B key=value",
-        "overrides a configuration key.  mount(8) "
-        "searches /usr/local/bin, where tools/setup links the command.  Example fstab line:",
+        "overrides a configuration key.  mount(8) clears PATH before it runs the helper, so mount.fuse3's "
+        "/bin/sh looks for",
+        ".B seerfs",
+        "only in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin and /bin: link the installed "
+        "console script there (e.g. /usr/local/bin/seerfs \\-> /opt/seerfs/bin/seerfs), or name it by its "
+        "absolute path with type",
+        ".B fuse",
+        "and",
+        ".IR HELPER # SOURCE .",
+        "Example fstab lines, one of each:",
         ".PP",
         ".nf",
         esc("/lustre/imagenet  /tmp/imagenet  fuse.seerfs  noauto,config=/etc/seerfs.yaml  0 0"),
+        esc("/opt/seerfs/bin/seerfs#/lustre/imagenet  /tmp/imagenet  fuse  noauto,config=/etc/seerfs.yaml  0 0"),
         ".fi",
+        ".SH ORDINARY USERS",
+        "Any user may mount: the mount goes through the setuid",
+        ".BR fusermount3 ,",
+        "which needs read\\-write access to /dev/fuse for that user (mode 0666, as the fuse3 package's udev "
+        "rule sets).",
+        ".B allow_other",
+        "needs",
+        ".B user_allow_other",
+        "in /etc/fuse.conf.  The cache directory defaults to ~/.cache/seerfs of the user (set HOME, or",
+        ".BR cache_dir ),",
+        "the runtime records to $XDG_RUNTIME_DIR/seerfs or /tmp/seerfs\\-UID.",
         ".SH EXIT STATUS",
     ]
     for code in ExitCode:
@@ -126,17 +146,19 @@ def seerfs_1() -> str:
         "daemon logs, one per mountpoint",
         ".TP",
         ".I /run/seerfs/",
-        "per\\-mount runtime records (pid, source) used by umount; $XDG_RUNTIME_DIR/seerfs or "
+        "per\\-mount runtime records (pid, source) used by umount, and the start record (the walk's "
+        "progress) that wait and status read before the mount answers; $XDG_RUNTIME_DIR/seerfs or "
         "/tmp/seerfs\\-UID for other users",
         ".SH EXAMPLES",
         "Slurm job: one daemon per node for the whole job, then training, then the epilogue:",
         ".PP",
         ".nf",
-        esc("srun --overlap --ntasks-per-node=1 seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
-        esc("srun --ntasks-per-node=1 seerfs wait /tmp/imagenet"),
+        esc("N=$SLURM_NNODES"),
+        esc("srun --overlap --mpi=pmix -N $N -n $N seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
+        esc("srun -N $N -n $N seerfs wait /tmp/imagenet"),
         esc("echo 0 > /tmp/imagenet/.control/seed"),
         esc("srun python train.py --data /tmp/imagenet/train"),
-        esc("srun --ntasks-per-node=1 seerfs umount /tmp/imagenet"),
+        esc("srun -N $N -n $N seerfs umount /tmp/imagenet"),
         ".fi",
         ".SH SEE ALSO",
         ".BR seerfs.yaml (5),",
@@ -244,6 +266,7 @@ TOOLS = (
     "bench_mount",
     "bench_plan",
     "bench_streams",
+    "bench_seedsearch",
     "bench_tiers",
     "bench_peers",
     "bench_pfsemu",

@@ -70,7 +70,8 @@ def main() -> int:
     world = spec["world_size"]
     sync = spec.get("sync", True)
     if sync:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
+        master = spec.get("master_addr", "127.0.0.1")  # rank 0's address: another node's under Slurm
+        dist.init_process_group("gloo", init_method=f"tcp://{master}:{spec['port']}", rank=rank, world_size=world)
     digests: dict[str, str] | None = spec.get("digests")
     root = spec["roots"][rank]
     started = time.monotonic()

@@ -15,16 +15,22 @@ from typing import Any
 
 from fusefs.cli.options import load_config
 from fusefs.errors import ExitCode, SeerfsError, TimeoutExpired
+from fusefs.progress import ProgressPrinter, current_line
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from fusefs.cluster.formation import detect_mode
+    from fusefs.cluster.formation import detect_mode, mpi_unavailable
     from fusefs.daemon.checks import check_request
     from fusefs.daemon.lifecycle import mount_background, run_daemon
+    from fusefs.errors import GroupError
 
+    os.umask(0o077)  # the cache directory and everything the daemon makes in it are this user's alone
     cfg = load_config(args)
     req = check_request(args.source, args.mountpoint, cfg, args.rescan)
-    if not args.fg and detect_mode(cfg) == "mpi":
+    mode = detect_mode(cfg)
+    if mode == "mpi" and (missing := mpi_unavailable(cfg)) is not None:
+        raise GroupError(missing)
+    if not args.fg and mode == "mpi":
         raise SeerfsError(
             "launched by mpirun/srun: use 'seerfs mount --fg' (forking after MPI_Init is unsafe)", ExitCode.USAGE
         )
@@ -35,24 +41,70 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    """Until the mount answers and its daemon group has formed (every expected node joined)."""
+    """Until the mount answers and its daemon group has formed (every expected node joined), and with
+    --plan until the plan for the current seed is ready; the progress of each shows on stderr."""
     from fusefs.daemon.lifecycle import wait_answering
 
     mp = os.path.abspath(args.mountpoint)
     deadline = time.monotonic() + args.timeout
-    wait_answering(mp, args.timeout)
-    delay = 0.01
-    while True:
-        group = read_status(mp, max(1.0, deadline - time.monotonic())).get("group", {})
-        if group.get("state", "ready") == "ready":
-            return 0
-        if time.monotonic() >= deadline:
-            raise TimeoutExpired(
-                f"{mp}: daemon group still forming after {args.timeout:g}s ({group.get('size')} of "
-                f"{group.get('expect')} nodes)"
-            )
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
+    printer = ProgressPrinter(sys.stderr)
+    try:
+        wait_answering(mp, args.timeout, poll=lambda: _show_starting(mp, printer))
+        delay = 0.01
+        while True:
+            doc = read_status(mp, max(1.0, deadline - time.monotonic()))
+            group = doc.get("group", {})
+            waiting_for = ""
+            if group.get("state", "ready") != "ready":
+                waiting_for = f"daemon group still forming ({group.get('size')} of {group.get('expect')} nodes)"
+                printer.show(f"group: forming, {group.get('size')} of {group.get('expect')} nodes")
+            elif args.plan:
+                plan, seed = doc.get("plan") or {}, (doc.get("seed") or {}).get("value")
+                if plan.get("state") == "ready" and plan.get("seed") == seed:
+                    return 0
+                if plan.get("state") == "failed" and plan.get("seed") == seed:
+                    raise SeerfsError(f"{mp}: plan for seed {seed} failed: {plan.get('message')}", ExitCode.CONFIG)
+                waiting_for = f"plan for seed {seed} not ready ({plan.get('state')}, {plan.get('progress')})"
+                printer.show(str(((doc.get("progress") or {}).get("plan") or {}).get("line", waiting_for)))
+            else:
+                return 0
+            if time.monotonic() >= deadline:
+                raise TimeoutExpired(f"{mp}: {waiting_for} after {args.timeout:g}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+    finally:
+        printer.close()
+
+
+def _show_starting(mountpoint: str, printer: ProgressPrinter) -> None:
+    """While the daemon walks the source its mount does not answer yet: show its start record."""
+    doc = starting_status(mountpoint)
+    if doc is not None:
+        printer.show(current_line(doc["progress"]))
+
+
+def starting_status(mountpoint: str) -> dict[str, Any] | None:
+    """The status of a daemon still starting on ``mountpoint`` (from its start record), or None.
+
+    A record whose daemon is gone (killed while starting) is ignored: a new mount may be on its way.
+    """
+    from fusefs import __version__
+    from fusefs.daemon.runtime import StartRecord, pid_alive
+
+    rec = StartRecord.read(mountpoint)
+    if rec is None or not pid_alive(rec.pid):
+        return None
+    return {
+        "version": __version__,
+        "state": "starting",
+        "pid": rec.pid,
+        "source": rec.source,
+        "mountpoint": rec.mountpoint,
+        "log_file": rec.log_file,
+        "started_at": round(rec.started, 3),
+        "uptime_s": round(time.time() - rec.started, 3),
+        "progress": rec.progress,
+    }
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -65,6 +117,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 def read_status(mountpoint: str, timeout: float) -> dict[str, Any]:
     """Read .control/status in a thread so a hung daemon costs a timeout, not a hung CLI."""
     from fusefs import mountinfo
+    from fusefs.daemon.lifecycle import DEAD_ERRNOS, dead_mount
     from fusefs.errors import NotMounted
 
     if not mountinfo.is_seerfs(mountpoint):
@@ -85,9 +138,24 @@ def read_status(mountpoint: str, timeout: float) -> dict[str, Any]:
         raise TimeoutExpired(f"{mountpoint}: daemon not answering after {timeout:g}s (hung?)")
     if "error" in result:
         err = result["error"]
+        if isinstance(err, OSError) and err.errno in DEAD_ERRNOS:
+            raise dead_mount(mountpoint)
         raise SeerfsError(f"{mountpoint}: cannot read status: {getattr(err, 'strerror', None) or err}")
     doc: dict[str, Any] = result["doc"]
     return doc
+
+
+def current_status(mountpoint: str, timeout: float) -> dict[str, Any]:
+    """The mount's status document, or while its daemon is still starting, the start record's."""
+    from fusefs.errors import NotMounted
+
+    try:
+        return read_status(mountpoint, timeout)
+    except NotMounted:
+        doc = starting_status(mountpoint)
+        if doc is None:
+            raise
+        return doc
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -95,11 +163,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     mp = os.path.abspath(args.mountpoint)
     if args.watch is None:
-        doc = read_status(mp, args.timeout)
+        doc = current_status(mp, args.timeout)
         print(json.dumps(doc, indent=2) if args.json else render(doc))
         return 0
     while True:
-        doc = read_status(mp, args.timeout)
+        doc = current_status(mp, args.timeout)
         text = json.dumps(doc, indent=2) if args.json else render(doc)
         if sys.stdout.isatty():
             sys.stdout.write("\033[H\033[2J")
@@ -120,6 +188,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from fusefs.cli import plan_report
 
+    os.umask(0o077)  # the snapshot it may persist in cache_dir is private, as the daemon's are
     return plan_report.run(args)
 
 

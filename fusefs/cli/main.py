@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount SOURCE (a dataset directory on the PFS) on MOUNTPOINT. Daemonises and "
-        "returns once the mount answers, unless --fg.",
+        "returns once the mount answers, unless --fg. The walk of SOURCE shows its progress on stderr "
+        "(entries walked, per second, and the time left when a previous snapshot gives the count): a "
+        "refreshing line on a terminal, else a line every 10 s; with --fg, a log line every 10 s.",
     )
     p.add_argument("source", metavar="SOURCE", help="the dataset directory on the PFS")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory to mount on")
@@ -55,8 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait until MOUNTPOINT answers and its daemon group has formed",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Wait until MOUNTPOINT answers and its daemon group has formed. While the daemon walks "
+        "the source, and with --plan while it plans, progress shows on stderr: a refreshing line on a "
+        "terminal, else a line every 10 s.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="also wait until the plan for the current seed is ready (exit 3 if planning fails)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
 
     p = sub.add_parser(
@@ -64,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="unmount MOUNTPOINT and wait for its daemon",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Unmount; also cleans up a mount whose daemon died. When busy, names the processes holding it.",
+        description="Unmount; also cleans up a mount whose daemon died, and stops a daemon still starting "
+        "(walking its source). When busy, names the processes holding it.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--lazy", action="store_true", help="detach now; the daemon exits when the last user closes it")
@@ -81,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a mount's status",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show a mount's status (seerfs-control(7)); while its daemon is still starting, the "
+        "progress of the walk of the source, from the daemon's start record.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--json", action="store_true", help="print the raw JSON document (seerfs-control(7))")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,18 @@ def _snapshot(source: str, cfg: Any, rescan: bool) -> Any:
             raise SourceError(f"{source}: not a seerfs snapshot ({exc})") from None
     if not os.path.exists(source):
         raise SourceError(f"source {source}: No such file or directory")
-    snap, _reason = load_or_scan(
-        source, cfg.cache_path, threads=cfg.snapshot.walk_threads, reuse=cfg.snapshot.reuse, rescan=rescan
-    )
+    from fusefs.progress import Progress, shown
+
+    walk = Progress("walk", "entries")
+    with shown(walk, sys.stderr):  # a large SOURCE takes minutes to walk: say how far it got
+        snap, _reason = load_or_scan(
+            source,
+            cfg.cache_path,
+            threads=cfg.snapshot.walk_threads,
+            reuse=cfg.snapshot.reuse,
+            rescan=rescan,
+            progress=walk,
+        )
     return snap
 
 

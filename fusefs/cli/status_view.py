@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fusefs.progress import current_line
+
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -25,6 +27,11 @@ def render(doc: dict[str, Any]) -> str:
         f"up {doc.get('uptime_s', 0):.0f}s",
         f"  {doc.get('source')} -> {doc.get('mountpoint')}",
     ]
+    progress = doc.get("progress") or {}
+    if any(isinstance(t, dict) and t.get("state") == "running" for t in progress.values()):
+        lines.append(f"progress  {current_line(progress)}")
+    if doc.get("state") == "starting":
+        lines.append(f"  not mounted yet; log {doc.get('log_file')}")
     snap = doc.get("snapshot", {})
     if snap:
         lines.append(

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 from fusefs import mountinfo
-from fusefs.daemon.runtime import MountRecord, wait_pid_exit
+from fusefs.daemon.runtime import MountRecord, StartRecord, pid_alive, wait_pid_exit
 from fusefs.errors import BusyError, FuseUnavailable, NotMounted, SeerfsError, TimeoutExpired
 
 
@@ -67,6 +68,9 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 30.0) -> str:
     if entry is None:
         if record is not None:
             record.remove()
+        starting = StartRecord.read(mp)
+        if starting is not None and pid_alive(starting.pid):
+            return _stop_starting(starting, timeout)
         raise NotMounted(f"{mp}: not mounted")
     if entry.fstype != mountinfo.FSTYPE:
         raise NotMounted(f"{mp}: not a seerfs mount (type {entry.fstype})")
@@ -87,3 +91,19 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 30.0) -> str:
         raise TimeoutExpired(f"{mp}: unmounted, but daemon {record.pid} still running after {timeout:g}s")
     record.remove()
     return f"unmounted {mp}"
+
+
+def _stop_starting(starting: StartRecord, timeout: float) -> str:
+    """A daemon still walking its source (a mount of the wrong tree can take hours) is stopped.
+
+    SIGTERM ends it before it mounts; should it mount in the meantime, its mount is left without a
+    daemon, which a second ``seerfs umount`` cleans up like any dead daemon's.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(starting.pid, signal.SIGTERM)
+    if not wait_pid_exit(starting.pid, timeout):
+        raise TimeoutExpired(f"{starting.mountpoint}: daemon {starting.pid} still starting after {timeout:g}s")
+    starting.remove()
+    if mountinfo.find(starting.mountpoint) is not None:
+        return unmount(starting.mountpoint, timeout=timeout)
+    return f"stopped daemon {starting.pid}, which was still starting on {starting.mountpoint}"

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import socket
@@ -31,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.config import Config
-from fusefs.errors import GroupError
+from fusefs.errors import ExitCode, GroupError, SeerfsError
+
+log = logging.getLogger(__name__)
 
 TOKEN_BYTES = 32
 _SIOCGIFADDR = 0x8915
@@ -43,8 +46,19 @@ class Member:
     index: int  # position in the group (not the training node, which is detected from opens)
     host: str
     port: int
-    label: str  # hostname-pid: who it is, for people
+    label: str  # hostname-pid-nonce: who it is, for people; unique to one daemon's lifetime
     inputs: str = ""  # inputs digest the member announced
+    hostname: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """Who this member is across membership changes: indices shift when members come and go,
+        and an address can pass to a restarted daemon, so peers are told apart by all three."""
+        return (self.label, self.host, self.port)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
 
 @dataclass
@@ -108,8 +122,16 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+_LABEL: tuple[int, str] | None = None
+
+
 def label() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """``hostname-pid-nonce``: the nonce tells a restarted daemon from its predecessor even when
+    the pid repeats (containers start every daemon with the same pid)."""
+    global _LABEL
+    if _LABEL is None or _LABEL[0] != os.getpid():  # computed again in a forked daemon
+        _LABEL = (os.getpid(), f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
+    return _LABEL[1]
 
 
 def detect_mode(cfg: Config) -> str:
@@ -130,6 +152,23 @@ def under_mpi() -> bool:
     return any(k in os.environ for k in MPI_ENV)
 
 
+MPI_EXTRA = "pip install 'seerfs[mpi]' (mpi4py, built against the Open MPI that launches the job)"
+
+
+def mpi_unavailable(cfg: Config) -> str | None:
+    """Why MPI formation cannot run in this installation, or None when mpi4py is there.
+
+    Looked up without importing ``mpi4py.MPI``, which would initialise MPI in the calling process.
+    mpi4py is an optional extra: a node alone, a rendezvous directory or a static list never need it.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is not None:
+        return None
+    why = "peers.discovery is mpi" if cfg.peers.discovery == "mpi" else "launched by mpirun/srun"
+    return f"{why}, but MPI group formation needs mpi4py, which is not installed: {MPI_EXTRA}"
+
+
 # --------------------------------------------------------------------------- forming
 
 
@@ -141,8 +180,8 @@ def form_mpi(host: str, port: int, inputs: str) -> Group:
     """Blocking, before the event loop: allgather addresses and digests, broadcast the token."""
     try:
         from mpi4py import MPI
-    except ImportError:
-        raise GroupError("peers.discovery is mpi but mpi4py cannot be imported") from None
+    except ImportError as exc:
+        raise GroupError(f"MPI group formation needs mpi4py ({exc}): {MPI_EXTRA}") from None
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     token = comm.bcast(secrets.token_bytes(TOKEN_BYTES) if rank == 0 else None, root=0)
@@ -180,23 +219,63 @@ def form_static(cfg: Config, host: str, port: int, inputs: str) -> Group:
     return Group("static", me, members, token, inputs, expect=len(members))
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically, readable by this user only from its first byte.
+
+    The file is born 0600 (O_CREAT|O_EXCL with that mode on a fresh temporary name), never
+    created with the default mode and narrowed afterwards: another local user watching the
+    directory could open it in between and keep the descriptor.  Then renamed over ``path``.
+    """
+    tmp = path.with_name(f".{path.name}.{label()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _check_private_file(path: Path) -> None:
+    """Refuse a token others can read or write: anyone holding it can serve this job wrong bytes."""
+    st = path.stat()
+    if st.st_mode & 0o077:
+        raise SeerfsError(
+            f"peers.token_file: {path} is open to other users (mode {st.st_mode & 0o777:04o}); chmod 600 it",
+            ExitCode.CONFIG,
+        )
+
+
 def read_or_create_token(path: Path | None) -> bytes:
-    """The job token from ``path``, created atomically by whichever daemon comes first."""
+    """The job token from ``path``, created atomically by whichever daemon comes first.
+
+    Created under a temporary name with mode 0600 and O_EXCL, written whole, then hard-linked to
+    ``path``: link fails when another daemon's token is already there (exactly one wins, and a
+    reader never sees a half-written token), and the file is never readable by others.
+    """
     if path is None:
         raise GroupError("peers.token_file: needed to share a job token without MPI")
     for _ in range(100):
         try:
             text = path.read_text().strip()
+            _check_private_file(path)
             if text:
                 token = bytes.fromhex(text)
                 if len(token) >= 16:
                     return token
                 raise GroupError(f"peers.token_file: {path} holds a token shorter than 16 bytes")
         except FileNotFoundError:
-            tmp = path.with_name(f".{path.name}.{label()}")
+            tmp = path.with_name(f".{path.name}.{label()}.{secrets.token_hex(4)}")
             try:
-                tmp.write_text(secrets.token_bytes(TOKEN_BYTES).hex() + "\n")
-                tmp.chmod(0o600)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(fd, (secrets.token_bytes(TOKEN_BYTES).hex() + "\n").encode())
+                finally:
+                    os.close(fd)
                 with contextlib.suppress(FileExistsError):
                     os.link(tmp, path)  # atomic: exactly one daemon's token wins
             except OSError as exc:
@@ -204,6 +283,7 @@ def read_or_create_token(path: Path | None) -> bytes:
             finally:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
+            continue
         except ValueError:
             raise GroupError(f"peers.token_file: {path} does not hold a hex token") from None
         except OSError as exc:
@@ -212,53 +292,106 @@ def read_or_create_token(path: Path | None) -> bytes:
     raise GroupError(f"peers.token_file: {path} stays empty")
 
 
+def _sort_key(m: Member) -> tuple[str, bytes, str]:
+    """Rendezvous order: by host name, then address, then label.  A daemon restarted on the same
+    node takes the place (and so the index, its first guess of its training node) it had."""
+    try:
+        packed = socket.inet_pton(socket.AF_INET6 if ":" in m.host else socket.AF_INET, m.host)
+    except OSError:
+        packed = m.host.encode()
+    return (m.hostname, packed, m.label)
+
+
+def _refuses(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when nothing listens at host:port (the daemon that published it is gone); False when
+    something answers or we cannot tell (a timeout: hung, or unreachable)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
 class Rendezvous:
     """Address files in a shared directory; the member list grows as daemons arrive.
 
     Files name the token by a fingerprint, so a directory reused across jobs never mixes them;
-    a daemon removes its file when it stops (a crashed one's stays and is marked down by health).
+    a daemon removes its file when it stops.  A crashed daemon's file stays (its member is marked
+    down by health, and requests go to the live member that answers for its training node) until a
+    daemon joins on its host: that one removes the entries of its host whose port refuses
+    connections or is its own, so a restarted daemon never counts its predecessor and takes its
+    place and index.
     """
 
     def __init__(self, cfg: Config, host: str, port: int, inputs: str) -> None:
         assert cfg.peers.rendezvous_dir is not None
         self.dir = Path(os.path.expanduser(cfg.peers.rendezvous_dir))
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise GroupError(f"peers.rendezvous_dir: {self.dir}: {exc.strerror}") from None
         token_path = Path(os.path.expanduser(cfg.peers.token_file)) if cfg.peers.token_file else self.dir / "token"
         token = read_or_create_token(token_path)
         self.fingerprint = hmac.new(token, b"seerfs-rendezvous", "sha256").hexdigest()[:16]
-        self.me = Member(-1, host, port, label(), inputs)
+        self.me = Member(-1, host, port, label(), inputs, socket.gethostname())
         self.file = self.dir / f"node-{self.me.label}.json"
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**asdict(self.me), "job": self.fingerprint}))
-        os.replace(tmp, self.file)
+        self.removed: list[str] = []  # labels of stale entries this daemon removed (status)
+        self.publish()
         self.group = Group("rendezvous", 0, [self.me], token, inputs, state="forming", expect=max(1, cfg.peers.expect))
-        self.scan()
+        self.apply(self.read(probe_local=True))
 
-    def scan(self) -> bool:
-        """Re-read the directory; True when the member list changed."""
+    def publish(self) -> None:
+        write_private(self.file, json.dumps({**asdict(self.me), "job": self.fingerprint}).encode())
+
+    def read(self, probe_local: bool = False) -> tuple[list[Member], dict[str, str]]:
+        """The directory's entries for this job (blocking file I/O: call it from a thread).
+
+        ``probe_local``: remove entries of this host that are certainly stale first (the address is
+        ours now, or its port refuses connections), so a restarted daemon never counts its own
+        predecessor and takes its index.
+        """
         found: dict[str, Member] = {}
         excluded: dict[str, str] = {}
+        mine = False
         for path in sorted(self.dir.glob("node-*.json")):
             try:
                 info = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+                member = Member(
+                    -1,
+                    str(info["host"]),
+                    int(info["port"]),
+                    str(info["label"]),
+                    str(info["inputs"]),
+                    str(info.get("hostname", "")),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half-written by a crash, or not ours: never a reason to stop
             if info.get("job") != self.fingerprint:
                 continue
-            if info.get("inputs") != self.me.inputs:
-                excluded[info.get("label", path.name)] = "disagrees on the config or the dataset snapshot"
+            if member.label == self.me.label:
+                mine = True
                 continue
-            found[info["label"]] = Member(-1, info["host"], int(info["port"]), info["label"], info["inputs"])
-        ordered = sorted(found.values(), key=lambda m: m.label)
-        members = [Member(i, m.host, m.port, m.label, m.inputs) for i, m in enumerate(ordered)]
-        if not any(m.label == self.me.label for m in members):  # our own file went missing: keep counting us
-            members = [
-                Member(i, m.host, m.port, m.label, m.inputs)
-                for i, m in enumerate(sorted([*ordered, self.me], key=lambda m: m.label))
-            ]
+            if member.host == self.me.host and (
+                member.port == self.me.port or (probe_local and _refuses(member.host, member.port))
+            ):
+                self._remove(path, member.label, "its address is this daemon's or refuses connections")
+                continue
+            if member.inputs != self.me.inputs:
+                excluded[member.label] = "disagrees on the config or the dataset snapshot"
+                continue
+            found[member.label] = member
+        if not mine:  # our own file went missing (removed by mistake): publish it again
+            with contextlib.suppress(OSError):
+                self.publish()
+        ordered = sorted([*found.values(), self.me], key=_sort_key)
+        members = [Member(i, m.host, m.port, m.label, m.inputs, m.hostname) for i, m in enumerate(ordered)]
+        return members, excluded
+
+    def apply(self, entries: tuple[list[Member], dict[str, str]]) -> bool:
+        """Adopt what :meth:`read` found; True when the member list changed."""
+        members, excluded = entries
         changed = members != self.group.members
         self.group.members = members
         self.group.me = next(m.index for m in members if m.label == self.me.label)
@@ -266,6 +399,19 @@ class Rendezvous:
         if len(members) >= self.group.expect:
             self.group.state = "ready"
         return changed
+
+    def scan(self) -> bool:
+        """Re-read the directory (blocking); True when the member list changed."""
+        return self.apply(self.read())
+
+    def _remove(self, path: Path, who: str, why: str) -> None:
+        try:
+            path.unlink()
+        except OSError:
+            return
+        self.removed.append(who)
+        del self.removed[:-20]
+        log.warning("rendezvous: removed the stale entry of %s (%s)", who, why)
 
     def leave(self) -> None:
         with contextlib.suppress(OSError):

@@ -8,6 +8,12 @@ is down: fetches raise :class:`PeerDown` at once, without touching the network, 
 ``retry_down_after`` seconds have passed; then one fetch is let through as a probe and its
 outcome decides.
 
+Every time here is trio's clock (``trio.current_time()``), never the wall or monotonic clock
+directly, so health runs on a test's MockClock exactly as in the daemon.
+
+Every file asked for is named by its identity in this node's snapshot (entry, size, mtime_ns); an
+answer for any other file is refused, counted and logged, and the caller reads the PFS.
+
 Concurrency rules:
 * At most ``max_requests`` fetches talk to the peer at once (a ``CapacityLimiter``); each uses a
   pooled connection alone and returns it only after a complete, verified exchange.  A fetch that
@@ -18,7 +24,6 @@ Concurrency rules:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -33,13 +38,14 @@ from fusefs.cluster.protocol import (
     CHALLENGE_LEN,
     DEFAULT_MAX_FILE_SIZE,
     FRAME_HEADER,
+    SERVER_KINDS,
     VERDICT_LEN,
     VERSION,
     Challenge,
+    FileId,
     Get,
     Greeting,
     Hello,
-    Kind,
     Note,
     Ping,
     Pong,
@@ -87,6 +93,10 @@ class _Mismatch(_Failed):
     """The bytes did not match their digests or the expected size."""
 
 
+class _WrongFile(_Mismatch):
+    """An OK answer for another file than the one asked for (its identity differs)."""
+
+
 class _Busy(Exception):
     """The peer refused the connection for lack of room (alive, so not a health failure)."""
 
@@ -115,6 +125,7 @@ class PeerCounters:
     failures: int = 0  # timeouts, connection errors, protocol errors, mismatches
     timeouts: int = 0
     mismatches: int = 0
+    identity_mismatches: int = 0  # answers (or refusals) naming another file than the one asked for
     refused_down: int = 0  # fetches answered PeerDown without a request
     times_down: int = 0
     bytes: int = 0
@@ -163,7 +174,7 @@ class PeerClient:
         self.counters = PeerCounters()
         self.consecutive_failures = 0
         self.last_error = ""
-        self._down_since: float | None = None  # time.monotonic() when marked down (or last probe failed)
+        self._down_since: float | None = None  # trio.current_time() when marked down (or last probe failed)
         self._probing = False
         self._closed = False
         self._limiter = trio.CapacityLimiter(max_requests)
@@ -181,30 +192,35 @@ class PeerClient:
 
     # ------------------------------------------------------------------ public API
 
-    async def fetch(self, dataset: int, index: int, digest: bytes, expect_size: int | None = None) -> bytes | None:
-        """The file's bytes (every block verified), or None: fall back to the PFS now."""
-        received = await self.fetch_verified(dataset, index, digest, expect_size)
+    async def fetch(self, dataset: int, index: int, digest: bytes, file: FileId) -> bytes | None:
+        """The file's bytes (every block verified, the answer for ``file`` and no other), or None:
+        fall back to the PFS now."""
+        received = await self.fetch_verified(dataset, index, digest, file)
         return None if received is None else received.data
 
-    async def fetch_verified(
-        self, dataset: int, index: int, digest: bytes, expect_size: int | None = None
-    ) -> Received | None:
+    async def fetch_verified(self, dataset: int, index: int, digest: bytes, file: FileId) -> Received | None:
         """Like :meth:`fetch`, with the block digests when they can be handed to a tier put."""
-        outcome = await self._exchange(lambda rid: Get(rid, dataset, index, digest), expect_size)
+        outcome = await self._exchange(lambda rid: Get(rid, dataset, index, digest, file))
         if isinstance(outcome, Received | None):
             return outcome
         return None
 
     async def note(self, body: bytes) -> bytes | None:
         """Tell the peer a state note; its own note back, or None when the exchange failed."""
-        outcome = await self._exchange(lambda rid: Note(rid, body), None)
+        outcome = await self._exchange(lambda rid: Note(rid, body))
         return outcome.body if isinstance(outcome, Note) else None
 
     async def ping(self) -> float | None:
         """Round-trip seconds of a PING, or None when it failed (counted like a fetch)."""
-        t0 = time.monotonic()
-        outcome = await self._exchange(Ping, None)
-        return time.monotonic() - t0 if isinstance(outcome, Pong) else None
+        t0 = trio.current_time()
+        outcome = await self._exchange(Ping)
+        return trio.current_time() - t0 if isinstance(outcome, Pong) else None
+
+    def heard_from(self) -> None:
+        """The peer just talked to us (a state note over its own connection): it is alive, so a
+        down verdict is stale; let the next request probe it now instead of after retry_down_after."""
+        if self._down_since is not None and not self._probing:
+            self._down_since = min(self._down_since, trio.current_time() - self.retry_down_after)
 
     def status(self) -> dict[str, Any]:
         c = self.counters
@@ -215,12 +231,21 @@ class PeerClient:
         out["mean_seconds"] = round(c.ok_seconds / c.ok, 6) if c.ok else None
         out["consecutive_failures"] = self.consecutive_failures
         out["last_error"] = self.last_error
-        out["down_for_seconds"] = (
-            round(time.monotonic() - self._down_since, 3) if self._down_since is not None else None
-        )
+        now, since = _now(), self._down_since
+        out["down_for_seconds"] = round(now - since, 3) if now is not None and since is not None else None
         out["connections"] = len(self._open)
         out["idle_connections"] = len(self._idle)
         return out
+
+    def close_now(self) -> None:
+        """Like :meth:`aclose` without a checkpoint (its member left the group)."""
+        self._closed = True
+        for conn in self._idle:
+            self._discard_now(conn)
+        self._idle.clear()
+        for stream in list(self._open):
+            stream.socket.close()
+        self._open.clear()
 
     async def aclose(self) -> None:
         """Close every connection; later fetches raise PeerDown."""
@@ -238,7 +263,7 @@ class PeerClient:
             raise PeerDown(f"peer {self.node} ({self.address}): client closed")
         if self._down_since is None:
             return False
-        if self._probing or time.monotonic() - self._down_since < self.retry_down_after:
+        if self._probing or trio.current_time() - self._down_since < self.retry_down_after:
             self.counters.refused_down += 1
             raise PeerDown(f"peer {self.node} ({self.address}) is down: {self.last_error}")
         self._probing = True
@@ -256,10 +281,10 @@ class PeerClient:
         self.last_error = why
         if self._down_since is not None:
             if probe:  # wait retry_down_after again (a fetch from before the verdict changes nothing)
-                self._down_since = time.monotonic()
+                self._down_since = trio.current_time()
                 log.info("peer %d (%s) still down: %s", self.node, self.address, why)
         elif self.consecutive_failures >= self.down_after:
-            self._down_since = time.monotonic()
+            self._down_since = trio.current_time()
             self.counters.times_down += 1
             log.warning(
                 "peer %d (%s) marked down after %d consecutive failures: %s",
@@ -276,12 +301,10 @@ class PeerClient:
 
     # ------------------------------------------------------------------ one exchange
 
-    async def _exchange(
-        self, make: Callable[[int], Get | Ping | Note], expect_size: int | None
-    ) -> Received | Pong | Note | None:
+    async def _exchange(self, make: Callable[[int], Get | Ping | Note]) -> Received | Pong | Note | None:
         probe = self._admit()
-        t0 = time.monotonic()
-        deadline = trio.current_time() + self.timeout
+        t0 = trio.current_time()
+        deadline = t0 + self.timeout
         slot = False
         try:
             with trio.move_on_at(deadline) as scope:
@@ -292,7 +315,7 @@ class PeerClient:
                         raise PeerDown(f"peer {self.node} ({self.address}) went down: {self.last_error}")
                     self.counters.requests += 1
                     self._next_id = (self._next_id + 1) & _U32
-                    reply, received = await self._request(make(self._next_id), expect_size)
+                    reply, received = await self._request(make(self._next_id))
             if scope.cancelled_caught:
                 if not slot:
                     self.counters.busy += 1
@@ -302,6 +325,8 @@ class PeerClient:
                 return None
         except _Mismatch as exc:
             self.counters.mismatches += 1
+            if isinstance(exc, _WrongFile):
+                self._wrong_file(str(exc))
             self._failed(str(exc), probe)
             return None
         except _Failed as exc:
@@ -316,7 +341,7 @@ class PeerClient:
         self._succeeded()
         if isinstance(reply, Pong | Note):
             return reply
-        return self._count_reply(reply, received, time.monotonic() - t0)
+        return self._count_reply(reply, received, trio.current_time() - t0)
 
     def _count_reply(self, reply: Reply, received: Received | None, seconds: float) -> Received | None:
         c = self.counters
@@ -330,6 +355,10 @@ class PeerClient:
             c.not_yet += 1
         elif reply.status is Status.NOT_OWNED:
             c.not_owned += 1
+        elif reply.status is Status.MISMATCH:
+            self._wrong_file(f"the peer holds another file at that index: {reply.reason}")
+        elif reply.status is Status.BUSY:
+            c.busy += 1
         elif reply.status is Status.BAD_REQUEST:
             c.bad_request += 1
             if c.bad_request <= 10:
@@ -340,9 +369,19 @@ class PeerClient:
                 log.warning("peer %d (%s) could not serve a file: %s", self.node, self.address, reply.reason)
         return None
 
-    async def _request(
-        self, message: Get | Ping | Note, expect_size: int | None
-    ) -> tuple[Reply | Pong | Note, Received | None]:
+    def _wrong_file(self, why: str) -> None:
+        c = self.counters
+        c.identity_mismatches += 1
+        if c.identity_mismatches <= 10 or c.identity_mismatches % 1000 == 0:
+            log.warning(
+                "peer %d (%s): %s (%d identity mismatches so far; read from the PFS)",
+                self.node,
+                self.address,
+                why,
+                c.identity_mismatches,
+            )
+
+    async def _request(self, message: Get | Ping | Note) -> tuple[Reply | Pong | Note, Received | None]:
         conn, reused = await self._checkout()
         try:
             try:
@@ -355,7 +394,8 @@ class PeerClient:
                 answer = await self._ask(conn, message)
             received = None
             if isinstance(answer, Reply) and answer.status is Status.OK:
-                received = await self._receive_body(conn.rx, answer, expect_size)
+                assert isinstance(message, Get)
+                received = await self._receive_body(conn.rx, answer, message.file)
             self._checkin(conn)
             return answer, received
         except BaseException:
@@ -378,9 +418,7 @@ class PeerClient:
         except OSError as exc:
             raise _Failed(f"connection error: {exc}") from None
         try:
-            kind, length = parse_frame_header(header)
-            if kind not in (Kind.REPLY, Kind.PONG, Kind.NOTED):
-                raise ProtocolError(f"{kind.name} frame where an answer was expected")
+            kind, length = parse_frame_header(header, accept=SERVER_KINDS)
             answer = decode_message(kind, await self._receive(conn.rx, length))
         except ProtocolError as exc:
             raise _Failed(f"protocol error: {exc}") from None
@@ -396,12 +434,12 @@ class PeerClient:
         with _lost_midway():
             return await rx.exactly(n)
 
-    async def _receive_body(self, rx: Receiver, reply: Reply, expect_size: int | None) -> Received:
+    async def _receive_body(self, rx: Receiver, reply: Reply, file: FileId) -> Received:
         size, bs = reply.size, reply.block_size
+        if reply.file != file:  # before a byte of data: another file's bytes are never taken
+            raise _WrongFile(f"answer for {reply.file}, asked for {file}")
         if size > self.max_file_size:
             raise _Failed(f"protocol error: file of {size} bytes (limit {self.max_file_size})")
-        if expect_size is not None and size != expect_size:
-            raise _Mismatch(f"peer has {size} bytes, the snapshot says {expect_size}")
         pieces: list[bytes] = []
         digests: list[int] = []
         left = size
@@ -431,7 +469,7 @@ class PeerClient:
     # ------------------------------------------------------------------ connections
 
     async def _checkout(self) -> tuple[_Conn, bool]:
-        now = time.monotonic()
+        now = trio.current_time()
         while self._idle:
             conn = self._idle.pop()
             if now - conn.last_used < self.pool_idle and conn.stream in self._open:
@@ -448,7 +486,7 @@ class PeerClient:
         ):
             self._discard_now(conn)
             return
-        conn.last_used = time.monotonic()
+        conn.last_used = trio.current_time()
         self._idle.append(conn)
 
     def _discard_now(self, conn: _Conn) -> None:
@@ -467,7 +505,7 @@ class PeerClient:
         except OSError as exc:
             raise _Failed(f"cannot connect: {exc.strerror or exc}") from None
         self._open.add(stream)
-        conn = _Conn(stream, Receiver(stream, _RECEIVE_CHUNK), time.monotonic())
+        conn = _Conn(stream, Receiver(stream, _RECEIVE_CHUNK), trio.current_time())
         try:
             await self._handshake(conn)
         except BaseException:
@@ -499,3 +537,11 @@ class PeerClient:
             raise _Failed(f"handshake: connection error: {exc}") from None
         if verdict is not Verdict.ACCEPTED:
             raise _Failed("peer refused this daemon's job token")
+
+
+def _now() -> float | None:
+    """trio's clock, or None when called outside a trio run (status read after the loop ended)."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return None

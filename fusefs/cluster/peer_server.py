@@ -9,8 +9,15 @@ Concurrency rules:
   once its header arrived (the provider's answer included), on the idle wait between requests and
   on each block's send (one cancel scope per connection whose deadline moves), frame sizes capped
   by the protocol.
+* Memory: a connection is accepted only the frames a client may send (GET, PING, NOTE: at most
+  1 KiB each), refused by kind from the header before any payload is read, so its receive side
+  holds a few KiB.  The file data of replies is reserved in a byte budget before the provider is
+  asked (by the size the request names): at most ``connection_memory`` for one reply and
+  ``memory`` for all of them together; a request that finds no room within ``memory_wait`` is
+  answered BUSY and its asker reads the PFS.
 * The server never reads a path from the wire: the provider maps (dataset, index, plan digest) to
-  a snapshot entry and answers from local tiers only.
+  a snapshot entry and answers from local tiers only, and only when that entry's identity is the
+  one the request names; the server checks the identity and length of what it sends once more.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ import xxhash
 
 from fusefs.cluster import auth
 from fusefs.cluster.protocol import (
+    CLIENT_KINDS,
     FRAME_HEADER,
     HELLO_LEN,
     MAX_BLOCK_SIZE,
     PROOF_LEN,
     VERSION,
     Challenge,
+    FileId,
     Get,
     Greeting,
     Hello,
@@ -51,13 +60,14 @@ from fusefs.cluster.streams import Closed, Receiver
 
 log = logging.getLogger(__name__)
 
-ProvisionStatus = Literal["ok", "not_yet", "not_owned", "bad_request"]
+ProvisionStatus = Literal["ok", "not_yet", "not_owned", "bad_request", "mismatch"]
 
 _STATUS = {
     "ok": Status.OK,
     "not_yet": Status.NOT_YET,
     "not_owned": Status.NOT_OWNED,
     "bad_request": Status.BAD_REQUEST,
+    "mismatch": Status.MISMATCH,
 }
 
 _SMALL_BLOCK = 256 << 10
@@ -72,17 +82,44 @@ _LOG_REFUSAL_EVERY = 1000
 
 @dataclass
 class Provision:
-    """The daemon's answer to one GET: the file's bytes, or why not."""
+    """The daemon's answer to one GET: the file's bytes and its identity here, or why not."""
 
     status: ProvisionStatus
     data: bytes | None = None
     reason: str = ""
+    file: FileId | None = None
 
 
-Provider = Callable[[int, int, bytes], Awaitable[Provision]]
-"""(dataset, index, plan digest) -> Provision, from local tiers only (never the PFS).  It runs under
-the server's ``frame_timeout`` (cancelled past it, and the connection closed); an exception becomes
-an ERROR reply and a logged traceback, never a dead server."""
+Provider = Callable[[Get], Awaitable[Provision]]
+"""GET -> Provision, from local tiers only (never the PFS); "mismatch" when the entry the request's
+(dataset, index, plan digest) maps to here is not the file ``get.file`` names.  It runs under the
+server's ``frame_timeout`` (cancelled past it, and the connection closed); an exception becomes an
+ERROR reply and a logged traceback, never a dead server."""
+
+
+class ByteBudget:
+    """Bytes of reply data held at once, shared by every connection (trio thread only)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._freed = trio.Event()
+
+    async def acquire(self, n: int, wait: float) -> bool:
+        """Reserve ``n`` bytes, waiting up to ``wait`` seconds for others to release; False if none came."""
+        with trio.move_on_after(wait):
+            while self.used + n > self.limit:
+                await self._freed.wait()
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+        return False
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._freed.set()  # wake every waiter; each re-checks, and later waiters wait on a fresh event
+        self._freed = trio.Event()
 
 
 class PeerServer:
@@ -92,6 +129,9 @@ class PeerServer:
         provider: Provider,
         *,
         max_connections: int = 256,
+        memory: int = 512 << 20,
+        connection_memory: int = 256 << 20,
+        memory_wait: float = 0.5,
         block_size: int = 1 << 20,
         handshake_timeout: float = 10.0,
         frame_timeout: float = 10.0,
@@ -106,6 +146,9 @@ class PeerServer:
         self._provider = provider
         self.notes = notes  # answers a peer's state note with ours (runs on the trio thread)
         self.max_connections = max_connections
+        self.budget = ByteBudget(memory)
+        self.connection_memory = min(connection_memory, memory)
+        self.memory_wait = memory_wait
         self.block_size = block_size
         self.handshake_timeout = handshake_timeout
         self.frame_timeout = frame_timeout
@@ -119,8 +162,10 @@ class PeerServer:
         self.requests: Counter[str] = Counter()
         self.protocol_errors = 0
         self.provider_errors = 0
+        self.identity_mismatches = 0
         self.bytes_sent = 0
         self.blocks_sent = 0
+        self._warnings = 0
 
     async def serve(
         self,
@@ -151,6 +196,8 @@ class PeerServer:
             "requests": dict(self.requests),
             "protocol_errors": self.protocol_errors,
             "provider_errors": self.provider_errors,
+            "identity_mismatches": self.identity_mismatches,
+            "reply_memory": {"used": self.budget.used, "peak": self.budget.peak, "limit": self.budget.limit},
             "bytes_sent": self.bytes_sent,
             "blocks_sent": self.blocks_sent,
         }
@@ -193,6 +240,13 @@ class PeerServer:
         if n <= _LOG_FIRST_REFUSALS or n % _LOG_REFUSAL_EVERY == 0:
             log.warning("peer connection from %s refused: %s (%d refused so far)", who, detail, n)
 
+    def _warn(self, fmt: str, *args: object) -> None:
+        """Log what a peer got wrong, rate-limited: a hostile or broken peer must not flood the log."""
+        self._warnings += 1
+        n = self._warnings
+        if n <= _LOG_FIRST_REFUSALS or n % _LOG_REFUSAL_EVERY == 0:
+            log.warning(fmt + " (%d such so far)", *args, n)
+
     async def _handshake(self, stream: trio.SocketStream, rx: Receiver, who: str) -> bool:
         try:
             hello = Hello.decode(await rx.exactly(HELLO_LEN))
@@ -232,14 +286,16 @@ class PeerServer:
                 return
             clock.set("request", self.frame_timeout)
             try:
-                kind, length = parse_frame_header(header)
+                # The kind decides before the payload is read: a client never sends BLOCK (up to
+                # 16 MiB), so that length is never awaited, let alone buffered.
+                kind, length = parse_frame_header(header, accept=CLIENT_KINDS)
                 message = decode_message(kind, await rx.exactly(length))
                 if not isinstance(message, Get | Ping | Note) or (isinstance(message, Note) and message.reply):
                     raise ProtocolError(f"{kind.name} frame sent to a server")
             except ProtocolError as exc:
                 self.protocol_errors += 1
                 self.requests["malformed"] += 1
-                log.warning("peer connection from %s: %s; closed", who, exc)
+                self._warn("peer connection from %s: %s; closed", who, exc)
                 clock.set("error reply", 1.0)
                 await stream.send_all(Reply(0, Status.BAD_REQUEST, reason=str(exc)).encode())
                 return
@@ -263,28 +319,57 @@ class PeerServer:
             await self._answer(stream, message, clock)
 
     async def _answer(self, stream: trio.SocketStream, get: Get, clock: _Deadline) -> None:
+        want = get.file.size
+        if want > self.connection_memory:
+            self.requests["too_large"] += 1
+            clock.set("send", self.send_timeout)
+            reason = f"file of {want} bytes is over this server's {self.connection_memory}-byte reply limit"
+            await stream.send_all(Reply(get.request_id, Status.BUSY, reason=reason).encode())
+            return
+        if not await self.budget.acquire(want, self.memory_wait):
+            self.requests["busy"] += 1
+            clock.set("send", self.send_timeout)
+            reason = f"no room for a {want}-byte reply ({self.budget.used} of {self.budget.limit} bytes in use)"
+            await stream.send_all(Reply(get.request_id, Status.BUSY, reason=reason).encode())
+            return
+        try:
+            await self._answer_within(stream, get, clock)
+        finally:
+            self.budget.release(want)
+
+    async def _answer_within(self, stream: trio.SocketStream, get: Get, clock: _Deadline) -> None:
         data: bytes | None = None
         try:
-            provision = await self._provider(get.dataset, get.index, get.digest)
+            provision = await self._provider(get)
             status, data, reason = _STATUS[provision.status], provision.data, provision.reason
-            if status is Status.OK and data is None:
-                raise ValueError("provider said ok without data")
+            if status is Status.OK:
+                if data is None:
+                    raise ValueError("provider said ok without data")
+                nbytes = memoryview(data).nbytes
+                if provision.file != get.file or nbytes != get.file.size:  # never another file's bytes
+                    status, data = Status.MISMATCH, None
+                    reason = f"this node holds {provision.file} with {nbytes} bytes there"
         except Exception as exc:
             self.provider_errors += 1
             log.exception("peer request for dataset %d index %d failed", get.dataset, get.index)
             status, data, reason = Status.ERROR, None, f"server error: {exc}"
         self.requests[status.name.lower()] += 1
+        if status is Status.MISMATCH:
+            self.identity_mismatches += 1
+            self._warn(
+                "peer asked for dataset %d index %d as %s: %s; refused", get.dataset, get.index, get.file, reason
+            )
         if data is None or status is not Status.OK:
             clock.set("send", self.send_timeout)
             await stream.send_all(Reply(get.request_id, status, reason=reason).encode())
             return
-        await self._send_file(stream, get.request_id, data, clock)
+        await self._send_file(stream, get, data, clock)
 
-    async def _send_file(self, stream: trio.SocketStream, request_id: int, data: bytes, clock: _Deadline) -> None:
+    async def _send_file(self, stream: trio.SocketStream, get: Get, data: bytes, clock: _Deadline) -> None:
         view = memoryview(data).cast("B")
         size = len(view)
         bs = self.block_size
-        prefix = Reply(request_id, Status.OK, size, bs).encode()
+        prefix = Reply(get.request_id, Status.OK, size, bs, entry=get.file.entry, mtime_ns=get.file.mtime_ns).encode()
         for first in range(0, max(size, 1), bs):
             block = view[first : first + bs]
             head = prefix + block_header(len(block), xxhash.xxh3_64_intdigest(block))

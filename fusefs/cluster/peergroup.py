@@ -11,26 +11,39 @@
   marked down by its client and skipped until a probe finds it back.
 * State: every couple of seconds each daemon tells every peer its training node (detected from
   opens: torchrun hands out node ranks in any order), its plan digest and its seed, and learns
-  theirs.  A seed written on any node reaches all: the highest (generation, writer) wins.
+  theirs.  A seed written on any node reaches all: the highest (generation, writer) wins.  A
+  peer's note is input like any other: every field is checked as local input would be (a seed in
+  torch's range, a node of this job, a hex digest...), and a note that fails is logged
+  (rate-limited), counted and ignored whole.
+* Membership: peers are told apart by their member key (label, host, port), never by their index
+  in the group, which shifts as members come and go (rendezvous).  Clients and views follow the
+  member list by key, so a client always talks to the address of the member it is shown with; a
+  member that left is dropped, one that joins (a restarted daemon, at its old address or a new
+  one) gets a fresh client and is asked for its files as soon as it tells us its node and plan.
+  Requests for a training node go to the member that answers for it: up, and heard from last.
 
 Concurrency rules: everything here runs on the trio thread; the notes handler is synchronous (it
 only reads and updates small dicts), and fetches are bounded by the peer client's own deadline.
+Rendezvous directory reads run in a worker thread (a shared filesystem can be slow) and are
+applied on the trio thread.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from fusefs.cluster.formation import Group, Rendezvous
+from fusefs.cluster.formation import Group, Member, Rendezvous
 from fusefs.cluster.peer_client import PeerClient, PeerDown
 from fusefs.cluster.peer_server import PeerServer, Provision
+from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import Config
-from fusefs.planning.seed import SeedState
+from fusefs.planning.seed import SeedState, valid_seed
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.prefetch import Prefetcher
@@ -39,6 +52,77 @@ from fusefs.readpath.staging import Staging
 log = logging.getLogger(__name__)
 
 STATE_INTERVAL = 2.0  # seconds between state notes to each peer
+
+MemberKey = tuple[str, str, int]
+
+_NOTE_KEYS = frozenset({"l", "a", "node", "plan", "plan_seed", "seed"})
+_HEX = re.compile(r"[0-9a-f]{1,128}")
+_LABEL = re.compile(r"[\x21-\x7e]{1,255}")
+_MAX_GENERATION = (1 << 62) - 1
+_MAX_WRITER = (1 << 31) - 1
+_LOG_FIRST = 10
+_LOG_EVERY = 1000
+
+
+class BadNote(ValueError):
+    """A peer's note that this daemon would not accept as local input."""
+
+
+@dataclass(frozen=True)
+class StateNote:
+    """A peer's state note, every field checked."""
+
+    label: str
+    address: str
+    node: int | None
+    plan: str | None
+    plan_seed: int | None
+    seed: tuple[int, int, int] | None  # value, generation, writer
+
+
+def _int(value: object) -> bool:
+    return type(value) is int  # not bool, not float
+
+
+def parse_note(body: bytes, nodes: int) -> StateNote:
+    """Check a peer's note like local input: the seed as .control/seed would, the node against this
+    job's node count, the digest as hex, the sender as a printable label and a host:port."""
+    try:
+        note = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
+        raise BadNote(f"not JSON ({type(exc).__name__})") from None
+    if not isinstance(note, dict):
+        raise BadNote("not a JSON object")
+    if set(note) != _NOTE_KEYS:
+        raise BadNote(f"fields {sorted(map(str, note))[:8]}, expected {sorted(_NOTE_KEYS)}")
+    label, address = note["l"], note["a"]
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
+        raise BadNote("label is not printable text of 1..255 characters")
+    host, sep, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not sep or not host or len(address) > 300 or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise BadNote(f"address {str(address)[:40]!r} is not host:port")
+    node = note["node"]
+    if node is not None and not (_int(node) and 0 <= node < nodes):
+        raise BadNote(f"node {str(node)[:40]} is outside this job's 0..{nodes - 1}")
+    plan = note["plan"]
+    if plan is not None and not (isinstance(plan, str) and _HEX.fullmatch(plan)):
+        raise BadNote("plan digest is not hex")
+    plan_seed = note["plan_seed"]
+    if plan_seed is not None and not valid_seed(plan_seed):
+        raise BadNote(f"plan seed {str(plan_seed)[:40]} is outside torch's range")
+    seed = note["seed"]
+    if seed is not None:
+        if not (isinstance(seed, list) and len(seed) == 3):
+            raise BadNote("seed is not [value, generation, writer]")
+        value, generation, writer = seed
+        if not valid_seed(value):
+            raise BadNote(f"seed {str(value)[:40]} is outside torch's range [-2**63, 2**64-1]")
+        if not (_int(generation) and 1 <= generation <= _MAX_GENERATION):
+            raise BadNote(f"seed generation {str(generation)[:40]} is out of range")
+        if not (_int(writer) and 0 <= writer <= _MAX_WRITER):
+            raise BadNote(f"seed writer {str(writer)[:40]} is out of range")
+        seed = (value, generation, writer)
+    return StateNote(label, address, node, plan, plan_seed, seed)
 
 
 @dataclass
@@ -72,51 +156,87 @@ class PeerGroup:
         self.seed = seed
         self.counters = counters
         self.rendezvous = rendezvous
-        self.server = PeerServer(group.token, self.provide, notes=self.on_note)
-        self.clients: dict[int, PeerClient] = {}
-        self.views: dict[int, PeerView] = {}
-        self.digest_mismatch: dict[int, str] = {}
+        p = cfg.peers
+        self.server = PeerServer(
+            group.token,
+            self.provide,
+            notes=self.on_note,
+            max_connections=p.server_connections,
+            memory=int(p.server_memory),
+            connection_memory=int(p.server_connection_memory),
+        )
+        self.clients: dict[MemberKey, PeerClient] = {}
+        self.views: dict[MemberKey, PeerView] = {}
+        self.digest_mismatch: dict[MemberKey, str] = {}
+        self.nodes = max(1, cfg.job.world_size // cfg.job.ranks_per_node)
+        self.notes_refused = 0
+        self.notes_unknown = 0  # well-formed notes from no current member (not yet scanned, or gone)
+        self.last_bad_note = ""
         # Answer before the asker gives up: it then still has time for its PFS fallback.
         self.answer_within = max(0.05, cfg.peers.timeout * 0.8)
+        self._rescan = False
         self._sync_clients()
-        seed.me = group.me
         seed.listeners.append(self._seed_changed)
         fetcher.peer_fetch = self.fetch
 
+    @property
+    def me(self) -> Member:
+        return self.group.members[self.group.me]
+
     def _sync_clients(self) -> None:
+        """Make clients and views follow the member list, by key (see the module docstring)."""
         p = self.cfg.peers
-        for m in self.group.members:
-            if m.index == self.group.me or m.index in self.clients:
-                continue
-            self.clients[m.index] = PeerClient(
-                m.index,
-                m.host,
-                m.port,
-                self.group.token,
-                timeout=p.timeout,
-                max_requests=p.max_requests,
-                down_after=p.down_after,
-                retry_down_after=p.retry_down_after,
-            )
-            self.views.setdefault(m.index, PeerView())
+        wanted = {m.key: m for i, m in enumerate(self.group.members) if i != self.group.me}
+        for key in [k for k in self.clients if k not in wanted]:
+            self.clients.pop(key).close_now()
+            self.views.pop(key, None)
+            self.digest_mismatch.pop(key, None)
+        for key, m in wanted.items():
+            client = self.clients.get(key)
+            if client is None:
+                self.clients[key] = PeerClient(
+                    m.index,
+                    m.host,
+                    m.port,
+                    self.group.token,
+                    timeout=p.timeout,
+                    max_requests=p.max_requests,
+                    down_after=p.down_after,
+                    retry_down_after=p.retry_down_after,
+                )
+                self.views[key] = PeerView()
+            else:
+                client.node = m.index  # its index may have shifted; the address never does
+        self.seed.me = self.group.me
 
     # ------------------------------------------------------------------ serving
 
-    async def provide(self, dataset: int, index: int, digest: bytes) -> Provision:
+    def identity(self, entry: int) -> FileId:
+        """This node's snapshot identity of ``entry``: what a peer request and reply name."""
+        tree = self.fetcher.snapshot.tree
+        return FileId(entry, int(tree.size[entry]), int(tree.mtime_ns[entry]))
+
+    async def provide(self, get: Get) -> Provision:
+        dataset, index = get.dataset, get.index
         plan = self.prefetcher.plan
         if plan is None:
             return Provision("not_yet", reason="no plan yet")
-        if digest != bytes.fromhex(plan.digest):
+        if get.digest != bytes.fromhex(plan.digest):
             return Provision("bad_request", reason=f"plan digest mismatch (this node plans {plan.digest})")
         if not 0 <= dataset < len(plan.catalogs) or not 0 <= index < len(plan.catalogs[dataset]):
             return Provision("bad_request", reason=f"no file {index} in dataset {dataset}")
         entry = int(plan.entry_of(int(plan.offsets[dataset]) + index))
+        if not 0 <= entry < len(self.fetcher.snapshot.tree):
+            return Provision("mismatch", reason=f"index {index} maps to no entry here ({entry})")
+        mine = self.identity(entry)
+        if mine != get.file:  # checked before any byte is read: a damaged plan refuses, never serves
+            return Provision("mismatch", reason=f"index {index} is {mine} here", file=mine)
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
-            return Provision("ok", local.data)
+            return Provision("ok", local.data, file=mine)
         staged = self.staging.files.get(entry)
         if staged is not None and staged.data is not None:
-            return Provision("ok", staged.data)
+            return Provision("ok", staged.data, file=mine)
         job = self.fetcher.inflight.get(entry)
         if job is None:
             tier = self.prefetcher.planned_tier_for(entry)
@@ -125,18 +245,26 @@ class PeerGroup:
             job = self.fetcher.start(entry, keep_in=tier, use_peer=False, why="peer")  # the owner reads the PFS
         with trio.move_on_after(self.answer_within):
             try:
-                return Provision("ok", await job.wait())
+                return Provision("ok", await job.wait(), file=mine)
             except Exception as exc:  # the asker falls back to the PFS and meets the same error there
                 return Provision("not_yet", reason=f"fetch failed: {exc}")
         return Provision("not_yet", reason="still fetching")
 
     # ------------------------------------------------------------------ fetching
 
-    def member_of(self, node: int) -> int | None:
-        for member, view in self.views.items():
-            if view.node == node:
-                return member
-        return None
+    def member_of(self, node: int) -> MemberKey | None:
+        """The member answering for training node ``node``: up before down, then heard from last
+        (a dead member's stale view must never win over its restarted successor's)."""
+        best: tuple[bool, float] | None = None
+        chosen: MemberKey | None = None
+        for key, view in self.views.items():
+            client = self.clients.get(key)
+            if view.node != node or client is None:
+                continue
+            rank = (client.state == "up", view.heard)
+            if best is None or rank > best:
+                best, chosen = rank, key
+        return chosen
 
     async def fetch(self, entry: int) -> bytes | None:
         """The entry from its owner, or None: go to the PFS now (never waits past the peer timeout)."""
@@ -149,17 +277,15 @@ class PeerGroup:
         owner = int(plan.owner()[gid])
         if owner < 0 or owner == view.node:
             return None
-        member = self.member_of(owner)
-        if member is None:
+        key = self.member_of(owner)
+        if key is None:
             return None
-        client = self.clients.get(member)
-        if client is None or self.views[member].plan != plan.digest:
+        client = self.clients.get(key)
+        if client is None or self.views[key].plan != plan.digest:
             return None
         dataset, index = plan.dataset_of(gid)
         try:
-            return await client.fetch(
-                dataset, index, bytes.fromhex(plan.digest), expect_size=int(self.fetcher.snapshot.tree.size[entry])
-            )
+            return await client.fetch(dataset, index, bytes.fromhex(plan.digest), self.identity(entry))
         except PeerDown:
             return None
 
@@ -168,9 +294,11 @@ class PeerGroup:
     def my_note(self) -> bytes:
         plan = self.prefetcher.plan
         seed = self.seed
+        me = self.me
         return json.dumps(
             {
-                "m": self.group.me,
+                "l": me.label,
+                "a": me.address,
                 # Also the presumed node: peers can ask before our first opens confirm it (a wrong guess
                 # only costs them a not-owned answer and a PFS read).
                 "node": self.prefetcher.view.node if self.prefetcher.view.state in ("tracking", "presumed") else None,
@@ -181,26 +309,43 @@ class PeerGroup:
         ).encode()
 
     def on_note(self, body: bytes) -> bytes:
-        self._absorb(body)
+        self._absorb(body, None)
         return self.my_note()
 
-    def _absorb(self, body: bytes) -> None:
+    def _refuse_note(self, why: str) -> None:
+        self.notes_refused += 1
+        self.last_bad_note = why
+        if self.notes_refused <= _LOG_FIRST or self.notes_refused % _LOG_EVERY == 0:
+            log.warning("ignored a peer note: %s (%d ignored so far)", why, self.notes_refused)
+
+    def _absorb(self, body: bytes, expect: MemberKey | None) -> None:
+        """Take in a peer's note; ``expect``: the member we asked (its answer must come from it)."""
         try:
-            note = json.loads(body)
-            member = int(note["m"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignored a malformed peer note")
+            note = parse_note(body, self.nodes)
+        except BadNote as exc:
+            self._refuse_note(str(exc))
             return
-        view = self.views.setdefault(member, PeerView())
-        view.node = note.get("node") if isinstance(note.get("node"), int) else None
-        view.plan = note.get("plan")
+        host, _, port = note.address.rpartition(":")
+        key = (note.label, host, int(port))
+        if expect is not None and key != expect:
+            # The address we asked is answered by another daemon: the entry we hold is stale.
+            self._refuse_note(f"{expect[1]}:{expect[2]} answered as {note.label} at {note.address}")
+            self._rescan = self.rendezvous is not None
+            return
+        view = self.views.get(key)
+        client = self.clients.get(key)
+        if view is None or client is None:
+            self.notes_unknown += 1
+            self._rescan = self.rendezvous is not None  # one we have not scanned yet: look again soon
+            return
+        client.heard_from()
+        view.node = note.node
+        view.plan = note.plan
+        view.plan_seed = note.plan_seed
         view.heard = trio.current_time()
-        seed = note.get("seed")
-        if isinstance(seed, list) and len(seed) == 3:
-            view.seed = (int(seed[0]), int(seed[1]), int(seed[2]))
-            self.seed.set(view.seed[0], "peer", generation=view.seed[1], writer=view.seed[2])
-        plan_seed = note.get("plan_seed")
-        view.plan_seed = plan_seed if isinstance(plan_seed, int) else None
+        if note.seed is not None:
+            view.seed = note.seed
+            self.seed.set(note.seed[0], "peer", generation=note.seed[1], writer=note.seed[2])
         mine = self.prefetcher.plan
         # Digests are comparable only between plans for the same seed: right after a new seed, a
         # peer still serving its previous plan is behind, not configured differently.
@@ -210,16 +355,16 @@ class PeerGroup:
             and view.plan != mine.digest
             and view.plan_seed == mine.seed == self.seed.value
         ):
-            if member not in self.digest_mismatch:
+            if key not in self.digest_mismatch:
                 log.error(
-                    "peer %d plans %s for the same seed, this node %s: config or dataset differ",
-                    member,
+                    "peer %s plans %s for the same seed, this node %s: config or dataset differ",
+                    note.label,
                     view.plan,
                     mine.digest,
                 )
-            self.digest_mismatch[member] = view.plan
+            self.digest_mismatch[key] = view.plan
         else:
-            self.digest_mismatch.pop(member, None)
+            self.digest_mismatch.pop(key, None)
 
     def _seed_changed(self, seed: SeedState) -> None:
         if seed.origin == "written" and self._nursery is not None:
@@ -227,16 +372,16 @@ class PeerGroup:
 
     async def _tell_all(self) -> None:
         async with trio.open_nursery() as nursery:
-            for member, client in list(self.clients.items()):
-                nursery.start_soon(self._tell, member, client)
+            for key, client in list(self.clients.items()):
+                nursery.start_soon(self._tell, key, client)
 
-    async def _tell(self, member: int, client: PeerClient) -> None:
+    async def _tell(self, key: MemberKey, client: PeerClient) -> None:
         try:
             answer = await client.note(self.my_note())
         except PeerDown:
             return
-        if answer:
-            self._absorb(answer)
+        if answer and self.clients.get(key) is client:  # still a member when the answer came
+            self._absorb(answer, key)
 
     _nursery: trio.Nursery | None = None
 
@@ -246,10 +391,25 @@ class PeerGroup:
             self._nursery = nursery
             await nursery.start(self._serve, sock)
             while True:
-                if self.rendezvous is not None and self.rendezvous.scan():
-                    self._sync_clients()
+                self._rescan = False
+                if self.rendezvous is not None:
+                    await self._follow_rendezvous(self.rendezvous)
                 await self._tell_all()
-                await trio.sleep(STATE_INTERVAL)
+                with trio.move_on_after(STATE_INTERVAL):
+                    await trio.sleep(0.5)  # at most two rounds a second, however many notes ask
+                    while not self._rescan:  # a note from an unknown member: scan again now
+                        await trio.sleep(0.1)
+
+    async def _follow_rendezvous(self, rendezvous: Rendezvous) -> None:
+        """Re-read the directory (in a worker thread: a shared filesystem can be slow), follow it."""
+        entries = await trio.to_thread.run_sync(rendezvous.read)
+        if rendezvous.apply(entries):
+            self._sync_clients()
+            log.info(
+                "group now: %s (this daemon is member %d)",
+                ", ".join(f"{m.label}@{m.address}" for m in self.group.members),
+                self.group.me,
+            )
 
     async def _serve(self, sock: Any, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         host = self.group.members[self.group.me].host
@@ -263,21 +423,29 @@ class PeerGroup:
 
     def status(self) -> dict[str, Any]:
         members = []
-        for m in self.group.members:
-            entry: dict[str, Any] = {"index": m.index, "address": f"{m.host}:{m.port}", "label": m.label}
-            if m.index == self.group.me:
+        mismatched = []
+        for i, m in enumerate(self.group.members):
+            entry: dict[str, Any] = {"index": i, "address": m.address, "label": m.label}
+            if i == self.group.me:
                 entry.update(state="self", node=self.prefetcher.view.node)
             else:
-                view = self.views.get(m.index, PeerView())
-                client = self.clients.get(m.index)
-                entry.update(node=view.node, plan=view.plan, plan_mismatch=m.index in self.digest_mismatch)
+                view = self.views.get(m.key, PeerView())
+                client = self.clients.get(m.key)
+                entry.update(node=view.node, plan=view.plan, plan_mismatch=m.key in self.digest_mismatch)
+                if m.key in self.digest_mismatch:
+                    mismatched.append(i)
                 if client is not None:
                     entry.update(client.status())
                     entry["node"] = view.node
+                    entry["address"] = m.address  # the member's, and so its client's
             members.append(entry)
         return {
             **self.group.status(),
             "members": members,
             "server": self.server.status(),
-            "plan_mismatches": sorted(self.digest_mismatch),
+            "plan_mismatches": mismatched,
+            "notes_refused": self.notes_refused,
+            "notes_unknown": self.notes_unknown,
+            "last_bad_note": self.last_bad_note or None,
+            "removed_stale": list(self.rendezvous.removed) if self.rendezvous is not None else [],
         }

@@ -15,14 +15,26 @@ Connection (all integers big-endian)::
 
 then any number of requests, one at a time, each a frame ``kind u8 | payload length u32 | payload``::
 
-    GET    0x10  request id u32 | dataset u32 | index u64 | digest length u8 | plan digest (<= 64)
+    GET    0x10  request id u32 | dataset u32 | index u64 | FILE | digest length u8 | plan digest (<= 64)
     PING   0x11  request id u32
-    REPLY  0x20  request id u32 | status u8 | size u64 | block size u32 | reason length u16 | reason
+    NOTE   0x12  request id u32 | JSON state note (<= 1020 bytes)
+    REPLY  0x20  request id u32 | status u8 | size u64 | block size u32 | FILE | reason length u16 | reason
     PONG   0x21  request id u32
     BLOCK  0x22  xxh3_64 of the data u64 | data (<= the reply's block size)
+    NOTED  0x23  request id u32 | JSON state note (<= 1020 bytes)
 
-A REPLY with status OK is followed by ``block_count(size, block size)`` BLOCK frames (at least one:
-an empty file is one empty block); every block but the last is exactly ``block size`` long.
+    FILE = entry u64 | size u64 | mtime_ns i64   (a file's identity in a snapshot)
+
+A client sends only GET, PING and NOTE; a server only REPLY, PONG, BLOCK and NOTED.  Each side
+refuses any other kind from the frame header, before a byte of its payload is read.
+
+A GET carries the identity of the file the requester means, from its own snapshot; the server
+answers a file only when its own snapshot's identity for the index it maps that request to is the
+same (else MISMATCH), and its REPLY repeats the identity of what it sends, which the requester
+checks again.  A peer whose plan or snapshot disagrees can so refuse, but never hand out the bytes
+of another file.  A REPLY with status OK is followed by ``block_count(size, block size)`` BLOCK
+frames (at least one: an empty file is one empty block); every block but the last is exactly
+``block size`` long.
 """
 
 from __future__ import annotations
@@ -33,7 +45,8 @@ from enum import IntEnum
 from typing import ClassVar, Self
 
 MAGIC = b"SRFS"
-VERSION = 1
+VERSION = 2
+"""2: GET and REPLY carry the file's identity (entry, size, mtime_ns)."""
 NONCE_LEN = 16
 PROOF_LEN = 32
 
@@ -51,9 +64,10 @@ BLOCK_HEADER_LEN = FRAME_HEADER.size + BLOCK_DIGEST.size
 
 _HELLO = struct.Struct(f"!4sB{NONCE_LEN}s")
 _CHALLENGE = struct.Struct(f"!4sBB{NONCE_LEN}s{PROOF_LEN}s")
-_GET = struct.Struct("!IIQB")
+_FILE = struct.Struct("!QQq")
+_GET = struct.Struct("!IIQQQqB")
 _REQ_ID = struct.Struct("!I")
-_REPLY = struct.Struct("!IBQIH")
+_REPLY = struct.Struct("!IBQIQqH")
 
 HELLO_LEN = _HELLO.size
 CHALLENGE_LEN = _CHALLENGE.size
@@ -82,6 +96,8 @@ class Status(IntEnum):
     NOT_OWNED = 2  # the peer does not hold the file
     BAD_REQUEST = 3  # wrong plan digest, index outside the snapshot, malformed frame
     ERROR = 4  # the peer failed to read its own copy
+    MISMATCH = 5  # the peer's file at that index is not the file the request names
+    BUSY = 6  # the peer has no room (memory for replies) now; ask the PFS
 
 
 class Greeting(IntEnum):
@@ -97,8 +113,32 @@ class Verdict(IntEnum):
     REFUSED = 1
 
 
+CLIENT_KINDS = frozenset({Kind.GET, Kind.PING, Kind.NOTE})
+"""What a server accepts: everything else is refused from its header."""
+SERVER_KINDS = frozenset({Kind.REPLY, Kind.PONG, Kind.NOTED})
+"""What a client accepts as an answer (BLOCK frames only where a reply announced them)."""
+
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def block_count(size: int, block_size: int) -> int:
     return max(1, -(-size // block_size))
+
+
+@dataclass(frozen=True, slots=True)
+class FileId:
+    """A file's identity in a snapshot: which entry, and the size and mtime it had when walked."""
+
+    entry: int
+    size: int
+    mtime_ns: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.entry <= U64_MAX and 0 <= self.size <= U64_MAX and I64_MIN <= self.mtime_ns <= I64_MAX):
+            raise ValueError(f"file identity out of range: {self}")
+
+
+NO_FILE = FileId(0, 0, 0)
 
 
 # ---------------------------------------------------------------- handshake
@@ -158,8 +198,11 @@ def frame_header(kind: Kind, length: int) -> bytes:
     return FRAME_HEADER.pack(kind, length)
 
 
-def parse_frame_header(data: bytes, *, max_block: int = MAX_BLOCK_SIZE) -> tuple[Kind, int]:
-    """The kind and payload length of a frame, refused before its payload is read when too long."""
+def parse_frame_header(
+    data: bytes, *, max_block: int = MAX_BLOCK_SIZE, accept: frozenset[Kind] | None = None
+) -> tuple[Kind, int]:
+    """The kind and payload length of a frame, refused before its payload is read when too long
+    or (``accept``) of a kind this side must never receive."""
     if len(data) != FRAME_HEADER.size:
         raise ProtocolError(f"frame header of {len(data)} bytes")
     raw_kind, length = FRAME_HEADER.unpack(data)
@@ -167,6 +210,8 @@ def parse_frame_header(data: bytes, *, max_block: int = MAX_BLOCK_SIZE) -> tuple
         kind = Kind(raw_kind)
     except ValueError:
         raise ProtocolError(f"unknown frame kind 0x{raw_kind:02x}") from None
+    if accept is not None and kind not in accept:
+        raise ProtocolError(f"{kind.name} frame is not accepted here")
     limit = BLOCK_DIGEST.size + max_block if kind is Kind.BLOCK else MAX_CONTROL_PAYLOAD
     if length > limit:
         raise ProtocolError(f"{kind.name} frame of {length} bytes (limit {limit})")
@@ -179,21 +224,24 @@ class Get:
     dataset: int
     index: int
     digest: bytes
+    file: FileId = NO_FILE
 
     def encode(self) -> bytes:
         if len(self.digest) > MAX_DIGEST_LEN:
             raise ValueError(f"plan digest of {len(self.digest)} bytes (limit {MAX_DIGEST_LEN})")
-        payload = _GET.pack(self.request_id, self.dataset, self.index, len(self.digest)) + self.digest
+        f = self.file
+        head = _GET.pack(self.request_id, self.dataset, self.index, f.entry, f.size, f.mtime_ns, len(self.digest))
+        payload = head + self.digest
         return frame_header(Kind.GET, len(payload)) + payload
 
     @classmethod
     def decode(cls, payload: bytes) -> Get:
         if len(payload) < _GET.size:
             raise ProtocolError(f"GET of {len(payload)} bytes")
-        request_id, dataset, index, n = _GET.unpack_from(payload)
+        request_id, dataset, index, entry, size, mtime_ns, n = _GET.unpack_from(payload)
         if len(payload) != _GET.size + n or n > MAX_DIGEST_LEN:
             raise ProtocolError(f"GET of {len(payload)} bytes with a {n}-byte digest")
-        return cls(request_id, dataset, index, payload[_GET.size :])
+        return cls(request_id, dataset, index, payload[_GET.size :], FileId(entry, size, mtime_ns))
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,22 +273,34 @@ class Pong(_Probe):
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """``size`` is the size of the data that follows an OK reply; ``file`` the identity the server
+    holds for it (its entry, size and mtime), which the requester compares with its own."""
+
     request_id: int
     status: Status
     size: int = 0
     block_size: int = 0
     reason: str = ""
+    entry: int = 0
+    mtime_ns: int = 0
+
+    @property
+    def file(self) -> FileId:
+        return FileId(self.entry, self.size, self.mtime_ns)
 
     def encode(self) -> bytes:
         reason = self.reason.encode("utf-8", "replace")[:MAX_REASON_LEN]
-        payload = _REPLY.pack(self.request_id, self.status, self.size, self.block_size, len(reason)) + reason
+        head = _REPLY.pack(
+            self.request_id, self.status, self.size, self.block_size, self.entry, self.mtime_ns, len(reason)
+        )
+        payload = head + reason
         return frame_header(Kind.REPLY, len(payload)) + payload
 
     @classmethod
     def decode(cls, payload: bytes) -> Reply:
         if len(payload) < _REPLY.size:
             raise ProtocolError(f"REPLY of {len(payload)} bytes")
-        request_id, raw_status, size, block_size, n = _REPLY.unpack_from(payload)
+        request_id, raw_status, size, block_size, entry, mtime_ns, n = _REPLY.unpack_from(payload)
         if len(payload) != _REPLY.size + n or n > MAX_REASON_LEN:
             raise ProtocolError(f"REPLY of {len(payload)} bytes with a {n}-byte reason")
         try:
@@ -250,7 +310,7 @@ class Reply:
         if status is Status.OK and not 0 < block_size <= MAX_BLOCK_SIZE:
             raise ProtocolError(f"block size {block_size} (limit {MAX_BLOCK_SIZE})")
         reason = payload[_REPLY.size :].decode("utf-8", "replace")
-        return cls(request_id, status, size, block_size, reason)
+        return cls(request_id, status, size, block_size, reason, entry, mtime_ns)
 
 
 MAX_NOTE_BODY = MAX_CONTROL_PAYLOAD - _REQ_ID.size

@@ -46,6 +46,7 @@ from fusefs.meta.snapshot import Snapshot, load_or_scan, snapshot_file
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
+from fusefs.progress import LOG_INTERVAL_S, Progress
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
@@ -140,9 +141,8 @@ def build_readpath(
 def build_operations(readpath: ReadPath, seed: SeedState, status: StatusBoard) -> SeerOperations:
     """The pyfuse3 Operations over ``readpath``, with the ``.control`` directory."""
     cfg = readpath.cfg
-    control = ControlFiles(
-        seed, status, cfg.to_yaml(), os.getuid(), os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
-    )
+    owner = os.getuid() if cfg.control_owner is None else cfg.control_owner  # who may write the seed
+    control = ControlFiles(seed, status, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout)
     attrs = AttrFactory(readpath.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
     return SeerOperations(readpath.snapshot, control, readpath.files, attrs)
 
@@ -154,19 +154,35 @@ class Daemon:
         self.mounted = False
         self.record: MountRecord | None = None
         self.board = StatusBoard(req.source, req.mountpoint)
+        # Read by the startup reporter thread while start() runs (Progress locks its own fields).
+        self.startup = Progress("start", "steps")
+        self.walk = Progress("walk", "entries")
+        self.startup.start("starting")
+
+    def startup_progress(self) -> dict[str, Any]:
+        """What the daemon is doing before its mount answers; the last running task is the one shown."""
+        return {"start": self.startup.doc(), "walk": self.walk.doc()}
 
     # ------------------------------------------------------------------ startup
 
     def start(self) -> None:
         self.assemble()
+        self.startup.set_phase("mounting")
         self.mount()
+        self.startup.finish()
 
     def assemble(self) -> None:
         """Everything the mount serves with, built without mounting (group formation included)."""
         cfg = self.cfg
         t0 = time.monotonic()
+        self.startup.set_phase("walking the source")
         self.snapshot, self.snapshot_reason = load_or_scan(
-            self.req.source, cfg.cache_path, cfg.snapshot.walk_threads, cfg.snapshot.reuse, self.req.rescan
+            self.req.source,
+            cfg.cache_path,
+            cfg.snapshot.walk_threads,
+            cfg.snapshot.reuse,
+            self.req.rescan,
+            progress=self.walk,
         )
         log.info(
             "snapshot of %s: %s (%s, %.3fs)",
@@ -180,7 +196,9 @@ class Daemon:
         self.counters = ReadCounters()
         self.seed = SeedState()
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        self.startup.set_phase("forming the daemon group")
         self._form_group()
+        self.startup.set_phase("opening the cache tiers")
         self._build_cache()
         self._join_group()
         self.ops = build_operations(self.readpath, self.seed, self.board)
@@ -193,6 +211,7 @@ class Daemon:
         self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
         self.board.add("reads", self.counters.status)
         self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
+        self.board.add("progress", lambda: {"walk": self.walk.doc(), "plan": self.plans.progress.doc()})
 
     def _form_group(self) -> None:
         """Find the peers before mounting (MPI formation is blocking and must precede serving)."""
@@ -319,6 +338,7 @@ class Daemon:
             nursery.start_soon(self._signals, nursery.cancel_scope)
             nursery.start_soon(self._tune_read_ahead)
             nursery.start_soon(self.plans.run)
+            nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)
             self.plans.request(self.seed.value)  # the sampler default until a seed is written
@@ -328,6 +348,14 @@ class Daemon:
             await tier.close()
         if self.peering is not None:
             await self.peering.close()
+
+    async def _log_progress(self) -> None:
+        """A plan being built shows in the log (the output of ``mount --fg``) every 10 s."""
+        while True:
+            await trio.sleep(LOG_INTERVAL_S)
+            doc = self.plans.progress.doc()
+            if doc["state"] == "running":
+                log.info("%s", doc["line"])
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:

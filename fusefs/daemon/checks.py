@@ -7,6 +7,8 @@ is one line on the user's terminal instead of a line in a daemon log.
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,16 +64,35 @@ def check_request(source: str | None, mountpoint: str, cfg: Config, rescan: bool
         fd = os.open("/dev/fuse", os.O_RDWR)
         os.close(fd)
     except OSError as exc:
-        raise FuseUnavailable(
-            f"/dev/fuse: {exc.strerror} (load the fuse module or give the container the device)"
-        ) from None
+        hint = "load the fuse module or give the container the device"
+        if os.geteuid() != 0 and isinstance(exc, PermissionError):
+            hint = "a non-root mount needs read-write access to it: mode 0666, as the fuse3 package's udev rule sets"
+        raise FuseUnavailable(f"/dev/fuse: {exc.strerror} ({hint})") from None
+    if os.geteuid() != 0:
+        _check_fusermount()
     if cfg.allow_other and os.geteuid() != 0 and not _user_allow_other():
         raise FuseUnavailable("allow_other needs 'user_allow_other' in /etc/fuse.conf (or mount as root)")
     for tier in cfg.tiers:
         if tier.kind == "directory" and tier.path:
             _check_writable_dir(Path(os.path.expanduser(tier.path)), "tier directory")
     _check_writable_dir(cfg.cache_path, "cache_dir")
+    _check_free(cfg.cache_path, "cache_dir")
+    if cfg.peers.rendezvous_dir:
+        rendezvous = Path(os.path.expanduser(cfg.peers.rendezvous_dir))
+        if rendezvous.is_dir():  # created private (0700) by the daemon when missing
+            check_private_dir(rendezvous, "peers.rendezvous_dir")
     return MountRequest(os.path.abspath(src), mp, cfg, rescan)
+
+
+def _check_fusermount() -> None:
+    """A non-root mount goes through fusermount3, which must be setuid root to call mount(2)."""
+    exe = shutil.which("fusermount3") or "/usr/bin/fusermount3"
+    try:
+        st = os.stat(exe)
+    except OSError:
+        raise FuseUnavailable("fusermount3 not found: a non-root mount needs it (install the fuse3 package)") from None
+    if st.st_uid != 0 or not st.st_mode & stat.S_ISUID:
+        raise FuseUnavailable(f"{exe} is not setuid root: a non-root mount needs it (chmod u+s, owned by root)")
 
 
 def _user_allow_other() -> bool:
@@ -82,10 +103,45 @@ def _user_allow_other() -> bool:
         return False
 
 
+MIN_CACHE_FREE = 1 << 20
+"""Free bytes cache_dir needs at mount: the log, the persisted snapshot and the first plan (a full
+cache_dir is the user's to fix, one line and exit status 3, not a startup failure)."""
+
+
 def _check_writable_dir(path: Path, what: str) -> None:
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise SeerfsError(f"{what} {path}: {exc.strerror}", ExitCode.CONFIG) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise SeerfsError(f"{what} {path}: not writable", ExitCode.CONFIG)
+    check_private_dir(path, what)
+
+
+def check_private_dir(path: Path, what: str) -> None:
+    """Refuse a directory another local user can write: they could swap cached bytes, plans, the
+    job token or a rendezvous entry under the daemon (the sticky bit stops deletes, not creates)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise SeerfsError(f"{what} {path}: {exc.strerror}", ExitCode.CONFIG) from None
+    if st.st_mode & stat.S_IWOTH:
+        raise SeerfsError(
+            f"{what} {path}: writable by other users (mode {stat.S_IMODE(st.st_mode):04o}); use a private directory",
+            ExitCode.CONFIG,
+        )
+    if st.st_uid not in (0, os.geteuid()):
+        raise SeerfsError(f"{what} {path}: owned by uid {st.st_uid}, not by this user or root", ExitCode.CONFIG)
+
+
+def _check_free(path: Path, what: str) -> None:
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        raise SeerfsError(f"{what} {path}: {exc.strerror}", ExitCode.CONFIG) from None
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_CACHE_FREE:
+        raise SeerfsError(
+            f"{what} {path}: full ({free // 1024} KiB free, at least {MIN_CACHE_FREE >> 20} MiB needed)",
+            ExitCode.CONFIG,
+        )

@@ -5,6 +5,11 @@ listed ``.control`` class 0 and shift every label (DESIGN 4.1).  ``status`` and 
 with ``direct_io`` so ``cat`` always sees fresh, whole text; their content is rendered once per open
 so a reader paging through it sees one consistent document.  Only the mounting user and root may
 write ``seed`` (the kernel enforces the 0644 mode under default_permissions; open re-checks).
+
+Whatever is written, at whatever offset, in however many writes: the seed is the whole text of the
+handle (at most ``MAX_SEED_TEXT`` bytes, so a write past that is refused before anything is
+allocated), every write that leaves it not a seed fails with EINVAL and the reason in status, and a
+write that leaves it a seed adopts it.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import pyfuse3
 
-from fusefs.planning.seed import SeedState, SeedSyntaxError, parse_seed
+from fusefs.planning.seed import MAX_SEED_TEXT, SeedState, SeedSyntaxError, parse_seed
 
 CONTROL_NAME = b".control"
 # Far above any snapshot inode (entries are < 2**32), so the two ranges never meet.
@@ -116,24 +121,38 @@ class ControlFiles:
     def write(self, handle: ControlHandle, off: int, buf: bytes) -> int:
         if not handle.writable:
             raise pyfuse3.FUSEError(errno.EBADF)
+        end = off + len(buf)
+        if end > MAX_SEED_TEXT:  # before touching the buffer: a pwrite at 1 GB must not allocate 1 GB
+            self._refuse(f"seed text would end at byte {end} (at most {MAX_SEED_TEXT})")
         if off > len(handle.buffer):
             handle.buffer.extend(b"\0" * (off - len(handle.buffer)))
-        handle.buffer[off : off + len(buf)] = buf
+        handle.buffer[off:end] = buf
         try:
             value = parse_seed(bytes(handle.buffer))
         except SeedSyntaxError as exc:
-            self.seed.reject(str(exc))
-            raise pyfuse3.FUSEError(errno.EINVAL) from None
+            self._refuse(str(exc))
         if value != self.seed.value or self.seed.origin != "written":
             self.seed.set(value, "written")
         return len(buf)
 
-    def truncate(self, inode: int, ctx: pyfuse3.RequestContext) -> None:
-        """``echo N > seed`` may arrive as setattr(size=0) before open: accept it, change nothing yet."""
+    def _refuse(self, reason: str) -> NoReturn:
+        self.seed.reject(reason)
+        raise pyfuse3.FUSEError(errno.EINVAL)
+
+    def truncate(self, inode: int, size: int, ctx: pyfuse3.RequestContext, handle: ControlHandle | None) -> None:
+        """``echo N > seed`` may arrive as setattr(size=0) before open: accept it, change nothing yet.
+
+        An ftruncate on an open handle empties that handle's text, so its next write starts afresh;
+        any other size is not a seed edit and is refused like a bad seed.
+        """
         if inode != CTL_SEED:
             raise pyfuse3.FUSEError(errno.EACCES if inode != CTL_DIR else errno.EISDIR)
         if ctx.uid not in (0, self.uid):
             raise pyfuse3.FUSEError(errno.EACCES)
+        if size != 0:
+            self._refuse(f"seed truncated to {size} bytes (only to 0)")
+        if handle is not None and handle.inode == CTL_SEED and handle.writable:
+            handle.buffer.clear()
 
     @staticmethod
     def name_of(inode: int) -> bytes:

@@ -7,11 +7,13 @@ handle is never seen half-registered.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
+import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pyfuse3
 import trio
@@ -23,12 +25,30 @@ from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.opens import CachedFiles, OpenFile
 from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
+log = logging.getLogger(__name__)
+
 _READDIR_BATCH = 32
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
 def _erofs() -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno.EROFS)
+
+
+@contextlib.contextmanager
+def _contained(what: str) -> Iterator[None]:
+    """Turn a bug in a control-file handler into EIO and a log line.
+
+    pyfuse3 ends its main loop (and so the mount) on any exception but FUSEError; control files
+    take arbitrary user input, so a mistake there must cost one request, never the daemon.
+    """
+    try:
+        yield
+    except pyfuse3.FUSEError:
+        raise
+    except Exception:
+        log.exception("%s failed", what)
+        raise pyfuse3.FUSEError(errno.EIO) from None
 
 
 class SeerOperations(pyfuse3.Operations):
@@ -155,7 +175,8 @@ class SeerOperations(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         if self.control.owns(inode):
-            handle, direct = self.control.open(inode, flags, ctx)
+            with _contained("control open"):
+                handle, direct = self.control.open(inode, flags, ctx)
             fh = next(self._fh)
             self.handles[fh] = handle
             return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), direct_io=direct, keep_cache=False)
@@ -184,7 +205,8 @@ class SeerOperations(pyfuse3.Operations):
         handle = self.handles.get(fh)
         if not isinstance(handle, ControlHandle):
             raise _erofs()
-        return self.control.write(handle, off, buf)
+        with _contained("control write"):
+            return self.control.write(handle, off, buf)
 
     async def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
@@ -208,10 +230,11 @@ class SeerOperations(pyfuse3.Operations):
         if (
             self.control.owns(inode)
             and fields.update_size
-            and attr.st_size == 0
             and not (fields.update_mode or fields.update_uid or fields.update_gid)
         ):
-            self.control.truncate(inode, ctx)
+            handle = self.handles.get(fh) if fh is not None else None
+            with _contained("control truncate"):
+                self.control.truncate(inode, attr.st_size, ctx, handle if isinstance(handle, ControlHandle) else None)
             return self.control.attrs(inode)
         raise _erofs()
 

@@ -24,6 +24,7 @@ import xxhash
 
 from fusefs.errors import SourceError
 from fusefs.meta.walker import STAT_FIELDS, DirChunk, stat_paths, stat_row, walk_levels
+from fusefs.progress import Progress
 from placement.tree import (
     KIND_DIR,
     KIND_FILE,
@@ -123,8 +124,8 @@ class Snapshot:
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def scan(cls, source: str | bytes, threads: int = 8) -> Snapshot:
-        """Walk ``source`` (a directory) into a new snapshot."""
+    def scan(cls, source: str | bytes, threads: int = 8, progress: Progress | None = None) -> Snapshot:
+        """Walk ``source`` (a directory) into a new snapshot; ``progress`` counts the entries walked."""
         t0 = time.monotonic()
         root = os.path.realpath(os.fsencode(source))
         try:
@@ -138,10 +139,14 @@ class Snapshot:
 
         chunks: list[DirChunk] = []
         dir_indices: list[int] = []
-        for indices, level_chunks in walk_levels(root, threads):
+        for indices, level_chunks in walk_levels(root, threads, progress):
             dir_indices.extend(indices)
             chunks.extend(level_chunks)
+        if progress is not None:
+            progress.set_phase("indexing")
         snap = cls._assemble(root, root_stat, dir_indices, chunks)
+        if progress is not None:
+            progress.set_phase("fingerprinting directories")
         snap.fingerprint = snap.compute_fingerprint(threads)
         snap.build_seconds = time.monotonic() - t0
         return snap
@@ -330,15 +335,34 @@ def snapshot_file(cache_dir: Path, source: bytes) -> Path:
     return cache_dir / "snapshots" / f"{xxhash.xxh64_hexdigest(source)}.npz"
 
 
+def previous_entries(path: Path) -> int | None:
+    """Entries in the persisted snapshot at ``path`` (one byte per entry is read), or None."""
+    try:
+        with np.load(path) as data:
+            return int(data["kind"].shape[0])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def load_or_scan(
-    source: str, cache_dir: Path, threads: int = 8, reuse: bool = True, rescan: bool = False
+    source: str,
+    cache_dir: Path,
+    threads: int = 8,
+    reuse: bool = True,
+    rescan: bool = False,
+    progress: Progress | None = None,
 ) -> tuple[Snapshot, str]:
     """The mount's snapshot: the persisted one when its fingerprint still matches, else a new walk.
 
-    Returns the snapshot and a one-line reason for the choice (shown in status).
+    Returns the snapshot and a one-line reason for the choice (shown in status).  ``progress``
+    follows the walk; a persisted snapshot of the same source, even a stale one, gives the walk its
+    expected entry count, hence a remaining time.
     """
     root = os.path.realpath(os.fsencode(source))
     path = snapshot_file(cache_dir, root)
+    if progress is not None:
+        progress.start("checking the persisted snapshot")
+    expected: int | None = None
     reason = "no persisted snapshot"
     if rescan:
         reason = "rescan requested"
@@ -354,11 +378,25 @@ def load_or_scan(
             if old.source == root and _fingerprint(root, old.dir_paths(), threads) == old.fingerprint:
                 old.reused = True
                 old.build_seconds = time.monotonic() - t0
+                if progress is not None:
+                    progress.finish(done=len(old), detail="persisted snapshot reused")
                 return old, "source unchanged since the persisted snapshot"
             reason = "source changed since the persisted snapshot"
-    snap = Snapshot.scan(root, threads)
+            expected = len(old)
+    if progress is not None:
+        if expected is None and path.exists():
+            expected = previous_entries(path)
+        progress.start("walking", total=expected)
+    try:
+        snap = Snapshot.scan(root, threads, progress)
+    except BaseException:
+        if progress is not None:
+            progress.finish("failed")
+        raise
     try:
         snap.save(path)
     except OSError as exc:
         snap.errors.append(f"snapshot not persisted: {path}: {exc.strerror}")
+    if progress is not None:
+        progress.finish(done=len(snap))
     return snap, reason

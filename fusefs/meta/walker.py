@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from fusefs.progress import Progress
 from placement.tree import KIND_DIR, KIND_FILE, KIND_OTHER, KIND_SYMLINK
 
 # Columns recorded per entry, in this order, by scan_dir.
@@ -106,17 +107,27 @@ def scan_dir(path: bytes) -> DirChunk:
     return DirChunk(b"".join(names), lens, kind, stats, pos_links)
 
 
-def walk_levels(root: bytes, threads: int) -> Iterator[tuple[list[int], list[DirChunk]]]:
+def walk_levels(
+    root: bytes, threads: int, progress: Progress | None = None
+) -> Iterator[tuple[list[int], list[DirChunk]]]:
     """Yield, level by level, (directory indices, their chunks) in index order.
 
     Indices are assigned BFS: the root is 0 and each level's children follow, grouped by parent in
-    parent-index order.  The caller assigns child indices from the chunk lengths.
+    parent-index order.  The caller assigns child indices from the chunk lengths.  ``progress``
+    counts entries as each directory is scanned, not per level: an ImageFolder tree is two levels.
     """
+
+    def scan(path: bytes) -> DirChunk:
+        chunk = scan_dir(path)
+        if progress is not None:
+            progress.add(len(chunk))
+        return chunk
+
     next_index = 1
     level: list[tuple[int, bytes]] = [(0, root)]
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="walk") as pool:
         while level:
-            chunks = list(pool.map(scan_dir, (p for _, p in level), chunksize=max(1, len(level) // (threads * 8))))
+            chunks = list(pool.map(scan, (p for _, p in level), chunksize=max(1, len(level) // (threads * 8))))
             yield [i for i, _ in level], chunks
             nxt: list[tuple[int, bytes]] = []
             for (_, dpath), chunk in zip(level, chunks, strict=True):

@@ -26,11 +26,15 @@ import trio
 from fusefs.config import Config
 from fusefs.planning.inputs import plan_key, planning_config
 from fusefs.planning.store import load_plan
+from fusefs.progress import Progress
 from placement.plan import Plan
 
 log = logging.getLogger(__name__)
 
 KEEP_PLANS = 4
+LAST_BUILD = "last_build.json"
+"""How long the last plan built under this plans directory took, for how many files: the remaining
+time of the next build is estimated from it (status ``progress.plan.eta_s``)."""
 
 
 def load_daemon_plan(directory: Path) -> Plan:
@@ -54,6 +58,7 @@ class PlanManager:
         self.seconds = 0.0
         self.reused = False
         self.listeners: list[Callable[[Plan | None], None]] = []
+        self.progress = Progress("plan", "files")
         self._wanted: int | None = None
         self._wakeup = trio.Event()
 
@@ -78,20 +83,25 @@ class PlanManager:
     async def _plan(self, seed: int, scope: trio.CancelScope) -> None:
         self.state, self.seed, self.phase, self.message = "planning", seed, "starting", None
         self.started = time.monotonic()
+        self.progress.start("starting", detail=f"seed {seed}")
         out = self.plans_dir / plan_key(self.fingerprint, self.config, seed)
         try:
             plan = await self._cached(out)
             self.reused = plan is not None
             if plan is None:
+                if (last := self._last_build()) is not None:
+                    self.progress.expect(last[0])  # until the worker names the file count
                 plan = await self._build(seed, out)
         except PlanFailed as exc:
             self.state, self.message = "failed", str(exc)
+            self.progress.finish("failed", detail=f"seed {seed}: {exc}")
             log.warning("planning for seed %d failed: %s", seed, exc)
             self._notify(None)
             return
         self.plan = plan
         self.state, self.phase = "ready", "done"
         self.seconds = time.monotonic() - self.started
+        self.progress.finish(done=plan.files, detail=f"seed {seed}{', reused' if self.reused else ''}")
         log.info(
             "plan for seed %d ready (digest %s, %.2fs%s)",
             seed,
@@ -144,6 +154,7 @@ class PlanManager:
                     except ValueError:
                         continue
                     self.phase = str(last.get("phase", ""))
+                    self._follow(seed, last)
             stderr = bytes(await proc.stderr.receive_some(65536))
             code = await proc.wait()
         finally:
@@ -156,9 +167,37 @@ class PlanManager:
             reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
             raise PlanFailed(reason if isinstance(reason, str) else reason[0])
         try:
-            return await trio.to_thread.run_sync(load_daemon_plan, out)
+            plan = await trio.to_thread.run_sync(load_daemon_plan, out)
         except ValueError as exc:
             raise PlanFailed(str(exc)) from None
+        self._record_build(time.monotonic() - self.started, plan.files)
+        return plan
+
+    def _last_build(self) -> tuple[float, int] | None:
+        """(seconds, files) of the last plan built under this directory, if one was."""
+        try:
+            last = json.loads((self.plans_dir / LAST_BUILD).read_text())
+            return float(last["seconds"]), int(last["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _follow(self, seed: int, line: dict[str, Any]) -> None:
+        """One progress line of the worker: its phase, and once it names the file count, the estimate
+        of the whole build (the last build's time) scaled by files."""
+        files = line.get("files")
+        if not isinstance(files, int):
+            self.progress.set_phase(self.phase)
+            return
+        self.progress.set_phase(self.phase, detail=f"seed {seed}, {files:,} files")
+        last = self._last_build()
+        if last is not None and last[1] > 0:
+            self.progress.expect(last[0] * files / last[1])
+
+    def _record_build(self, seconds: float, files: int) -> None:
+        try:
+            (self.plans_dir / LAST_BUILD).write_text(json.dumps({"seconds": round(seconds, 3), "files": files}))
+        except OSError as exc:  # only the next estimate is lost
+            log.debug("%s not written: %s", LAST_BUILD, exc)
 
     def _prune(self, keep: Path) -> None:
         dirs = sorted(

@@ -24,8 +24,27 @@ class SeedSyntaxError(ValueError):
     """The text written is not a seed; the message is shown in status."""
 
 
+MAX_SEED_TEXT = 256
+"""Longest text ``.control/seed`` takes (digits, sign and surrounding whitespace): a seed has at most
+20 digits, and a bound keeps both the write buffer and the parse of hostile input small."""
+
+_SEED_DIGITS = len(str(SEED_MAX))
+
+
+def show(text: str, limit: int = 40) -> str:
+    """A bounded, printable rendering of user text for a one-line error."""
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
 def parse_seed(data: bytes) -> int:
-    """A decimal integer, surrounding whitespace and a trailing newline allowed."""
+    """A decimal integer, surrounding whitespace and a trailing newline allowed.
+
+    Never converts more than a seed's worth of digits: Python refuses (ValueError) to convert
+    decimal strings above 4,300 digits, and the length alone already proves such a value is out of
+    range, so the range check comes from the digit count first.
+    """
+    if len(data) > MAX_SEED_TEXT:
+        raise SeedSyntaxError(f"seed text of {len(data)} bytes (at most {MAX_SEED_TEXT})")
     try:
         text = data.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -33,13 +52,19 @@ def parse_seed(data: bytes) -> int:
     if not text:
         raise SeedSyntaxError("seed must be a decimal integer (got nothing)")
     body = text[1:] if text[0] in "+-" else text
-    if not body.isdigit():
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise SeedSyntaxError(f"seed must be a decimal integer (got {shown!r})")
+    if not (body.isascii() and body.isdigit()):
+        raise SeedSyntaxError(f"seed must be a decimal integer (got {show(text)})")
+    if len(body.lstrip("0")) > _SEED_DIGITS:
+        raise SeedSyntaxError(f"seed {show(text)} is outside torch's range [-2**63, 2**64-1]")
     value = int(text)
     if not SEED_MIN <= value <= SEED_MAX:
         raise SeedSyntaxError(f"seed {value} is outside torch's range [-2**63, 2**64-1]")
     return value
+
+
+def valid_seed(value: object) -> bool:
+    """Whether a value from elsewhere (a peer's note) is a seed this daemon would accept locally."""
+    return type(value) is int and SEED_MIN <= value <= SEED_MAX
 
 
 @dataclass
