@@ -47,15 +47,13 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from placement.cursor import CursorState
 from placement.plan import Plan
 from placement.reactive import StaticFrequencySet
 
 Mode = Literal["reactive", "detecting", "predicting"]
 """reactive: no plan can be trusted; detecting: a plan, waiting for opens to place this node;
 predicting: the cursor follows this node's ranks and the window is staged ahead of them."""
-CursorState = Literal["detecting", "presumed", "tracking", "mismatch"]
-CURSOR_STATES: dict[str, CursorState] = {s: s for s in ("detecting", "presumed", "tracking", "mismatch")}
-"""The cursor's state names, typed (``CURSOR_STATES[cursor.state]``; an unknown one is a KeyError)."""
 PageState = Literal["fetching", "pushing", "pushed", "held", "reading"]
 """fetching: room reserved, the staging fetch in flight; pushing: notify_store in flight; pushed: in
 the page cache; held: in daemon RAM (memory staging, or a push the kernel refused); reading: pages

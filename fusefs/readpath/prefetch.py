@@ -42,7 +42,6 @@ from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer
 from fusefs.readpath.policy import (
-    CURSOR_STATES,
     Answer,
     CancelStage,
     CopyLost,
@@ -360,8 +359,7 @@ class Prefetcher:
                 last_epoch = upcoming[-1][0]
                 if last_epoch + 1 < cursor.job.epochs:
                     cursor.job.epoch_map(last_epoch + 1)  # warm the next epoch while we are here
-        state = CURSOR_STATES[cursor.state]
-        return CursorView(state, cursor.node, cursor.epoch, due, stage, cursor.status(), predicted)
+        return CursorView(cursor.state, cursor.node, cursor.epoch, due, stage, cursor.status(), predicted)
 
     async def _stage_one(self, ins: Stage) -> None:
         entry = ins.entry
