@@ -102,6 +102,13 @@ class FuseSettings:
 class SnapshotSettings:
     walk_threads: int = doc("threads that walk the source at mount", 8)
     reuse: bool = doc("reuse the persisted snapshot when the source's fingerprint is unchanged", True)
+    revalidate_per_s: float = doc(
+        "stats per second per node that recheck the sources of cached files while mounted; each cached "
+        "file is checked once per round (by its owner node in a group; replicas on other nodes every Nth "
+        "round), so a change is seen within (cached files / rate) seconds: 1280 s for 1.28M files on one "
+        "node at the default, 1280/N s on N nodes, plus the PFS client's own attribute cache (e.g. NFS actimeo)",
+        1000.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -396,6 +403,7 @@ def check(cfg: Config) -> Config:
         ("peers.join_timeout", cfg.peers.join_timeout),
         ("peers.retry_down_after", cfg.peers.retry_down_after),
         ("model.network_mbps", cfg.model.network_mbps),
+        ("snapshot.revalidate_per_s", cfg.snapshot.revalidate_per_s),
     ):
         _check_positive(key, value, allow_zero=key.startswith("fuse."))
     for key, ivalue in (

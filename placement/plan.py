@@ -51,8 +51,9 @@ from placement.samplers import make_sampler
 from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
 
-FORMAT = 1
-"""Version of the planning algorithm, hashed into every digest: plans of another version never match."""
+FORMAT = 2
+"""Version of the planning algorithm, hashed into every digest: plans of another version never match.
+2: the digest covers every output column (objects and fill order too), not only tiers and owners."""
 HEAVY_DELTA = 0.8  # NoPFS's example threshold for "read much more often than average"
 I64 = npt.NDArray[np.int64]
 
@@ -165,6 +166,26 @@ def _segments(js: JobStreams, ranks_per_node: int) -> list[Segment]:
 def _le_bytes(a: npt.NDArray[Any]) -> bytes:
     arr = np.ascontiguousarray(a)
     return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def _outputs(objects: Objects, assignment: Assignment) -> list[npt.NDArray[Any]]:
+    """Every output column a node acts on: which entry an object is, its size, where it goes and when.
+
+    All of them, because a node that agrees on owners but not on ``obj_entry`` serves another file's
+    bytes under the right name.  Hashing them costs a few ms at 1.28M files (xxh3, no copies)."""
+    out: list[npt.NDArray[Any]] = [
+        assignment.tier_of,
+        assignment.owner,
+        assignment.fill_obj,
+        assignment.fill_due,
+        assignment.fill_off,
+        objects.obj_entry,
+        objects.size,
+        objects.cacheable,
+    ]
+    if objects.gid_obj is not None:
+        out.append(objects.gid_obj)
+    return out
 
 
 def _digest(
@@ -320,7 +341,7 @@ class Plan:
         first = objects.fold(stats.first_use, "min")
         budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
         assignment = assign(counts, first, objects.size, objects.cacheable, budgets, spread=inputs["spread"])
-        digest = _digest(inputs, cats, order_arrays, [assignment.tier_of, assignment.owner])
+        digest = _digest(inputs, cats, order_arrays, _outputs(objects, assignment))
         t_summary = time.monotonic()
         model = PerfModel.from_config(config)
         summary = _summarize(inputs, cats, objects, stats, counts, first, assignment, model, nodes, follows)
@@ -475,7 +496,7 @@ class Plan:
 
     def recompute_digest(self) -> str:
         """The digest from this plan's own inputs and outputs (a loaded plan can check itself)."""
-        return _digest(self.inputs, self.catalogs, self.orders, [self.assignment.tier_of, self.assignment.owner])
+        return _digest(self.inputs, self.catalogs, self.orders, _outputs(self.objects, self.assignment))
 
 
 # --------------------------------------------------------------------------- summary

@@ -49,7 +49,13 @@ def check_shared_job(
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     docs = [status(m) for m in mnts]
     assert sorted(d["cursor"]["node"] for d in docs) == [0, 1, 2]
-    assert all(d["cursor"]["hit_rate"] >= 0.999 for d in docs), [d["cursor"] for d in docs]
+    # Each node finds its place from its first opens: at most two batches of its one rank go
+    # unpredicted (they are not credited afterwards), and every open of the last epoch is predicted.
+    for d in docs:
+        cursor = d["cursor"]
+        assert cursor["opens"] - cursor["hits"] <= 2 * job.batch_size, cursor
+        last = cursor["history"][-1]
+        assert last["epoch"] == job.epochs - 1 and last["hits"] == last["opens"], cursor["history"]
     assert len({d["plan"]["digest"] for d in docs}) == 1
     assert all(peer_reads(m) > 0 for m in mnts), [peer_reads(m) for m in mnts]
     ratio = pfs_bytes() / total

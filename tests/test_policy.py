@@ -46,6 +46,7 @@ from fusefs.readpath.policy import (
     ReadThrough,
     Released,
     RetryFillLater,
+    SourceChanged,
     Stage,
     StageFetched,
     StagingMode,
@@ -381,6 +382,29 @@ def test_a_tier_put_reclaims_unprotected_pages_first(one_node: tuple[Plan, npt.N
     s.view([k0])
     assert s.budget.try_reserve(2_000)  # the memory tier's put: the budget asks the policy
     assert [i.entry for i in s.policy.drain() if isinstance(i, DropPages)] == [k1]
+
+
+def test_a_changed_source_leaves_no_copy_here(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """Staged, being fetched, kept: every record of a file whose source changed goes, with its charge,
+    and its pages are invalidated even when nothing recorded them."""
+    s = Setup(*one_node)
+    s.follow()
+    a, b, k, n = s.files[:4]
+    s.view([a, b])
+    s.do(StageFetched(a, b"a" * s.size(a)))
+    s.do(Pushed(a, ok=True))
+    s.do(ReadThrough(k, s.size(k)))
+    s.do(Released(k))
+    assert s.budget.used == s.size(a) + s.size(b) + s.size(k)
+
+    def forget(e: int) -> list[Instruction]:
+        return [i for i in s.do(SourceChanged(e)) if not isinstance(i, Fill)]  # the room freed starts fills
+
+    assert forget(a) == [DropPages(a, 0)]
+    assert forget(b) == [CancelStage(b), DropPages(b, 0)]  # still being fetched
+    assert forget(k) == [DropPages(k, s.size(k))]
+    assert forget(n) == [DropPages(n, 0)]  # nothing recorded: invalidated all the same
+    assert s.policy.pages == {} and not s.policy.kept and s.budget.used == 0
 
 
 # ---------------------------------------------------------------------------- trust in the plan

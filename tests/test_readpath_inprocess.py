@@ -108,8 +108,7 @@ def test_tiers(tmp_path: Path, source: tuple[Path, dict[str, bytes]], tier: int)
     kind = m.rp.tiers[tier].kind
 
     async def body() -> None:
-        mtime = int(m.rp.snapshot.tree.mtime_ns[entry])
-        assert await m.rp.tiers[tier].put(entry, m.files[rel], mtime)
+        assert await m.rp.tiers[tier].put(entry, m.files[rel], m.rp.reader.ids.of(entry))
         assert (await m.read(rel))[0] == m.files[rel]
 
     serve(m, body)
@@ -128,7 +127,7 @@ def test_a_damaged_tier_copy_is_refetched_and_leaves_the_reactive_set(
     ssd = m.rp.tiers[1]
 
     async def body() -> None:
-        assert await ssd.put(entry, m.files[rel], int(m.rp.snapshot.tree.mtime_ns[entry]))
+        assert await ssd.put(entry, m.files[rel], m.rp.reader.ids.of(entry))
         m.rp.prefetcher.on_plan(None)  # no plan: the reactive policy adopts what the tiers hold
         assert m.rp.policy.reactive.where == {entry: 1}
         path = file_path(ssd.path, entry)  # type: ignore[attr-defined]

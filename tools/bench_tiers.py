@@ -31,6 +31,7 @@ from pathlib import Path
 import trio
 
 from fusefs.config import parse_bytes
+from fusefs.meta.identity import SourceId
 from fusefs.tiers import Budget, DirectoryTier, MemoryTier
 
 MB = 1e6
@@ -70,7 +71,7 @@ async def measure(tier: DirectoryTier | MemoryTier, files: list[bytes], threads:
         async def worker() -> None:
             for e in queue:
                 if op == "put":
-                    if not await tier.put(e, files[e], 0):
+                    if not await tier.put(e, files[e], SourceId(len(files[e]), 0, 0, 0)):
                         raise SystemExit(f"bench_tiers: {tier.name} refused a put: budget too small")
                 else:
                     got = await tier.get(e)
@@ -125,7 +126,7 @@ def memory_charge_check(n: int, size: int) -> tuple[int, int]:
     async def fill() -> None:
         pool = os.urandom(size + 64)
         for e in range(n):
-            await tier.put(e, pool[e % 64 : e % 64 + size], 0)  # a new bytes object per file
+            await tier.put(e, pool[e % 64 : e % 64 + size], SourceId(size, 0, 0, 0))  # a new bytes object per file
 
     trio.run(fill)
     gc.collect()

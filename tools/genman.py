@@ -87,8 +87,11 @@ def seerfs_1() -> str:
         "of local cache, a peer node and the PFS.",
         ".PP",
         "The directory tree is read once at mount (the metadata snapshot) and persisted in the cache "
-        "directory; a later mount of an unchanged source reuses it.  A file whose size or mtime changed "
-        "after the mount fails to read with EIO and is named in the status.",
+        "directory; a later mount of an unchanged source reuses it.",
+        ".SS Source changes",
+        esc(SOURCE_CHANGES),
+        ".PP",
+        esc(PERSISTED),
         ".SH COMMANDS",
     ]
     for name, p in sub.choices.items():
@@ -228,7 +231,25 @@ def seerfs_yaml_5() -> str:
         ".SH KEYS",
     ]
     _keys(config.Config, config.Config(), "", out)
+    rate = config.Config().snapshot.revalidate_per_s
+    files = 1_281_167
     out += [
+        ".SH SOURCE CHANGES",
+        esc(SOURCE_CHANGES),
+        ".PP",
+        esc(
+            f"The staleness bound is one round: cached files / snapshot.revalidate_per_s.  At the default "
+            f"{rate:g} stats per second per node, a node holding all {files:,} files of ImageNet's training "
+            f"set checks each once every {files / rate:,.0f} s ({files / rate / 60:.1f} minutes); in a group "
+            f"of N nodes each file is checked by its owner, so about {files / rate:,.0f}/N s (replicas held by "
+            "other nodes: N rounds).  A PFS client's "
+            "own attribute cache adds to the bound: over NFS mounted with actimeo=60 a change becomes "
+            "visible to stat up to 60 s later.  The rounds cost the PFS rate x nodes stats per second."
+        ),
+        ".SH CACHE INTEGRITY AND CRASHES",
+        esc(PERSISTED),
+        ".PP",
+        esc(CRASHES),
         ".SH EXAMPLE",
         "ImageNet with validation after every epoch, two nodes with four ranks each:",
         ".PP",
@@ -241,6 +262,44 @@ def seerfs_yaml_5() -> str:
     ]
     return "\n".join(out) + "\n"
 
+
+SOURCE_CHANGES = (
+    "seerfs never serves a byte that is not the source file's at the snapshot's version, and never mixes "
+    "versions within one read.  Every cached copy (memory and directory tiers, a peer's copy, pages pushed "
+    "into the page cache) records its source's identity: size, mtime, ctime and inode number.  After every "
+    "mount a copy is served only once a stat of its source in that mount matched (these stats run ahead "
+    "of the readers in predicted order); while mounted, every cached file's source is stat'ed again once "
+    "per round (snapshot.revalidate_per_s).  In a group each file is rechecked by its owner every round, and "
+    "a replica another node holds by that node every N-th round (N nodes): its bound is N rounds.  "
+    "A file read from the source is checked on its own descriptor "
+    "before and after the read, and after every range of a large file: a change fails the read with EIO. "
+    "Once a change is seen, opens of the file fail with EIO (the tree keeps the snapshot's sizes), its "
+    "copies are dropped, its page cache is invalidated, status names it (reads.stale_files, "
+    "revalidation.changed), and a remount or seerfs mount --rescan serves the new content.  A source file "
+    "replaced by a FIFO, socket or device reads as EIO with a status note; it never blocks the reader.  "
+    "A change made after a file's last check can be served from a copy until the next round sees it."
+)
+PERSISTED = (
+    "Everything seerfs persists carries a format version and a digest over every array and file its "
+    "loader reads: the snapshot (CACHE_DIR/snapshots), plans (CACHE_DIR/plans) and each directory tier's "
+    "index and journal.  One written by another format, or failing its digest, is refused with a log line "
+    "and a status note (snapshot.reason, plan.cache_refused, tiers[].opened.reason) and walked or planned "
+    "again, as on a cold start.  Every tier copy is also checked against its block digests on each read; a "
+    "damaged copy (or a FIFO or device in its place) is dropped, fetched again and may be cached again.  Once "
+    "mounted, a full cache directory or tier filesystem never stops the daemon: the write fails with a log "
+    "line and a status note, and reads keep being served."
+)
+CRASHES = (
+    "Directory tiers are crash-consistent: each copy's journal record is written before the copy takes its "
+    "final name, so after kill -9 (or an OOM kill) at any moment the next mount keeps every copy that was "
+    "complete.  fsync policy: journal records are written without fsync, which survives the daemon's death "
+    "but not a power loss or kernel crash (the journal's tail may then be lost, costing warmth, never "
+    "correctness: every read is verified); the index is written to a temporary file, fsynced and renamed at "
+    "most every 30 s and whenever a journal file is half full; data files are written back with "
+    "sync_file_range.  The journal (two files of budget/2048 bytes, 16 KiB to 64 MiB) and a reserve for the "
+    "next index write are preallocated and charged to the tier's budget, so a full tier filesystem cannot "
+    "stop the journal or the index.  Index, journal and reserve files are mode 0600."
+)
 
 EXAMPLE = """
 cache_dir: /local/seerfs

@@ -53,7 +53,9 @@ def render(doc: dict[str, Any]) -> str:
     if plan:
         lines.append(
             f"plan      {plan.get('state', '?')} {plan.get('progress', '')} "
-            f"digest {plan.get('digest') or '-'}" + (f"  {plan['message']}" if plan.get("message") else "")
+            f"digest {plan.get('digest') or '-'}"
+            + (f"  {plan['message']}" if plan.get("message") else "")
+            + (f"  (cached plan refused: {plan['cache_refused']})" if plan.get("cache_refused") else "")
         )
     cursor = doc.get("cursor")
     if cursor:
@@ -87,9 +89,18 @@ def render(doc: dict[str, Any]) -> str:
                 lines.append(f"  {name:<10} {c['files']:>8} files {human_bytes(c['bytes']):>11}")
         if reads.get("stale_total"):
             lines.append(
-                f"  {reads['stale_total']} files changed since mount (EIO): "
+                f"  {reads['stale_total']} files changed since the snapshot (EIO until a remount): "
                 + ", ".join(list(reads.get("stale_files", {}))[:5])
             )
+    reval = doc.get("revalidation")
+    if reval:
+        stats = reval.get("stats", {})
+        lines.append(
+            f"sources   {reval.get('round_files', 0)} cached files rechecked every "
+            f"{reval.get('round_seconds', 0):.0f}s "
+            f"({reval.get('rate_per_s', 0):g} stats/s: the staleness bound), {reval.get('fresh_files', 0)} checked "
+            f"this mount, {sum(stats.values())} stats, {reval.get('changed_total', 0)} changed"
+        )
     peers = doc.get("peers")
     if peers:
         for p in peers.get("nodes", []):

@@ -9,6 +9,7 @@ one process without /dev/fuse; :meth:`Daemon.mount` is the step that needs the k
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyfuse3
 import trio
 import xxhash
@@ -42,7 +45,7 @@ from fusefs.errors import FuseUnavailable, MountpointError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
 from fusefs.fuse.operations import SeerOperations
-from fusefs.meta.snapshot import Snapshot, load_or_scan, snapshot_file
+from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_file
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
@@ -53,6 +56,7 @@ from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
+from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.plan import plan_inputs
@@ -81,6 +85,7 @@ class ReadPath:
     fetcher: Fetcher
     prefetcher: Prefetcher
     files: CachedFiles
+    revalidator: Revalidator
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve: fetches, staging and prefetching run in this task's nursery until it is cancelled."""
@@ -88,6 +93,7 @@ class ReadPath:
             self.fetcher.attach(nursery)
             nursery.start_soon(self.staging.run)
             nursery.start_soon(self.prefetcher.run)
+            nursery.start_soon(self.revalidator.run)
             task_status.started()
 
 
@@ -118,9 +124,9 @@ def build_readpath(
     if tiers is None:
         tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path)
         for tier in tiers:
-            dropped = tier.prune_stale(snapshot.tree.size, snapshot.tree.mtime_ns)
+            dropped = tier.prune_stale(snapshot.source_ids())
             if dropped:
-                log.info("%s: dropped %d copies whose source changed", tier.name, dropped)
+                log.info("%s: dropped %d copies made from another version of their source", tier.name, dropped)
     if reader is None:
         reader = PfsReader(snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
     settings = PolicySettings(
@@ -133,9 +139,16 @@ def build_readpath(
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
     staging = Staging(policy, kernel)
     fetcher = Fetcher(reader, tiers, counters, peer_fetch)
+    revalidator = Revalidator(snapshot, tiers, staging, counters, cfg.snapshot.revalidate_per_s)
+    fetcher.revalidator = revalidator
     prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget)
+    prefetcher.upcoming_hook = revalidator.upcoming
+    for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
+        tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
     files = CachedFiles(fetcher, prefetcher, counters, cfg.fuse.whole_file_max)
-    return ReadPath(cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, files)
+    return ReadPath(
+        cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, files, revalidator
+    )
 
 
 def build_operations(readpath: ReadPath, seed: SeedState, status: StatusBoard) -> SeerOperations:
@@ -184,7 +197,8 @@ class Daemon:
             self.req.rescan,
             progress=self.walk,
         )
-        log.info(
+        log.log(
+            logging.WARNING if "refused" in self.snapshot_reason else logging.INFO,
             "snapshot of %s: %s (%s, %.3fs)",
             self.req.source,
             self.snapshot.counts(),
@@ -210,6 +224,7 @@ class Daemon:
         self.board.add("memory_budget", self.budget.status)
         self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
         self.board.add("reads", self.counters.status)
+        self.board.add("revalidation", self.revalidator.status)
         self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
         self.board.add("progress", lambda: {"walk": self.walk.doc(), "plan": self.plans.progress.doc()})
 
@@ -253,6 +268,8 @@ class Daemon:
                 self.rendezvous,
             )
             self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
+            self.revalidator.mine = self._mine
+            self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
     def _build_cache(self) -> None:
         """The read path and the planner for this mount."""
@@ -260,15 +277,42 @@ class Daemon:
         rp = self.readpath = build_readpath(cfg, self.snapshot, counters=self.counters, reader=self.reader)
         self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
         self.fetcher, self.prefetcher, self.files = rp.fetcher, rp.prefetcher, rp.files
+        self.revalidator = rp.revalidator
+        self.revalidator.on_changed.append(self._source_changed)
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
-            self.snapshot.save(snap_file)
+            try:
+                self.snapshot.save(snap_file)
+            except OSError as exc:  # e.g. cache_dir full: serve anyway; planning fails with this reason
+                log.warning("cannot persist the snapshot for the planner: %s", exc.strerror or exc)
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
         self.plans.listeners.append(self.prefetcher.on_plan)
         self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
+
+    def _source_changed(self, path: str, reason: str) -> None:
+        """Mark the persisted snapshot so the next mount walks the source again (best effort)."""
+        try:
+            mark_stale(self.cfg.cache_path, self.snapshot.source, [f"{path}: {reason}"])
+        except OSError as exc:
+            log.warning("cannot mark the persisted snapshot outdated: %s", exc.strerror or exc)
+
+    def _mine(self, entries: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which cached entries this node rechecks in background rounds: those it owns in the plan,
+        and those whose owner is nobody or not a member we know (their holders check them)."""
+        plan, node, peering = self.prefetcher.plan, self.prefetcher.view.node, self.peering
+        if plan is None or node is None or peering is None:
+            return np.ones(entries.shape, np.bool_)
+        gid = self.prefetcher.entry_gid
+        inside = entries < gid.shape[0]
+        g = np.where(inside, gid[np.where(inside, entries, 0)], -1).astype(np.int64)
+        objs = plan.obj_of(np.maximum(g, 0))
+        owner = np.where(g >= 0, plan.assignment.owner[objs], -1)
+        known = {int(o) for o in np.unique(owner).tolist() if o >= 0 and peering.member_of(int(o)) is not None}
+        mine: npt.NDArray[np.bool_] = (owner == node) | (owner < 0) | ~np.isin(owner, list(known))
+        return mine
 
     def mount(self) -> None:
         """Mount the assembled read path (the step that needs /dev/fuse)."""

@@ -1,9 +1,14 @@
 """The metadata snapshot: every entry of the source tree in numpy columns, walked once per mount.
 
 Why: directory scans of millions of files through FUSE are the most reported failure of the
-alternatives (DESIGN section 6).  After the walk, lookup/getattr/readdir/readlink are answered from
-memory and never touch the PFS.  Memory budget (asserted by tests and the benchmark): 74 bytes per
-entry plus its name bytes, far under the 200-byte budget; see :meth:`Snapshot.bytes_per_entry`.
+alternatives.  After the walk, lookup/getattr/readdir/readlink are answered from
+memory and never touch the PFS.  Memory budget (asserted by tests and the benchmark): 82 bytes per
+entry plus its name bytes, far under the 200-byte budget; see :meth:`Snapshot.bytes_per_entry`.  Of
+those, 8 hold the inode number, which with size, mtime and ctime is each file's identity
+(:mod:`fusefs.meta.identity`): cached copies are served only while their source still has it.
+
+The persisted snapshot carries its format version and a digest over every column and its JSON part
+(:mod:`fusefs.meta.digests`); a snapshot of another format or failing its digest is walked again.
 
 Inode numbers are ``entry index + 1`` so the root (entry 0) is FUSE's ROOT_INODE, and they are
 stable across remounts that reuse the persisted snapshot.
@@ -23,6 +28,8 @@ import numpy.typing as npt
 import xxhash
 
 from fusefs.errors import SourceError
+from fusefs.meta.digests import persisted_digest, roundtrip
+from fusefs.meta.identity import SourceColumns
 from fusefs.meta.walker import STAT_FIELDS, DirChunk, stat_paths, stat_row, walk_levels
 from fusefs.progress import Progress
 from placement.tree import (
@@ -35,7 +42,10 @@ from placement.tree import (
     TreeArrays,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the inode column and the persisted digest."""
+STALE_SUFFIX = ".stale"
+"""Next to a persisted snapshot: files a mount saw change since it was walked (the next mount walks again)."""
 _MAX_LINK_DEPTH = 40  # the kernel's own limit (ELOOP)
 
 _EXTRA_COLUMNS = {
@@ -45,6 +55,7 @@ _EXTRA_COLUMNS = {
     "nlink": np.uint32,
     "atime_ns": np.int64,
     "ctime_ns": np.int64,
+    "ino": np.uint64,
 }
 _TREE_COLUMNS = (
     "names",
@@ -72,6 +83,7 @@ class Snapshot:
     nlink: npt.NDArray[np.uint32]
     atime_ns: npt.NDArray[np.int64]
     ctime_ns: npt.NDArray[np.int64]
+    ino: npt.NDArray[np.uint64]
     link_index: npt.NDArray[np.uint32]  # sorted entry indices of symlinks
     link_off: npt.NDArray[np.uint64]  # len(link_index) + 1 offsets into link_blob
     link_blob: npt.NDArray[np.uint8]
@@ -91,6 +103,10 @@ class Snapshot:
         if k >= len(self.link_index) or int(self.link_index[k]) != i:
             raise KeyError(i)
         return self.link_blob[int(self.link_off[k]) : int(self.link_off[k + 1])].tobytes()
+
+    def source_ids(self) -> SourceColumns:
+        """Every entry's identity as recorded by the walk (views of the snapshot's columns)."""
+        return SourceColumns(self.tree.size, self.tree.mtime_ns, self.ctime_ns, self.ino)
 
     def source_path(self, i: int) -> bytes:
         rel = self.tree.path(i)
@@ -285,31 +301,57 @@ class Snapshot:
         """
         return _fingerprint(self.source, self.dir_paths(), threads)
 
+    def _meta(self) -> dict[str, Any]:
+        return roundtrip(
+            {
+                "format": FORMAT_VERSION,
+                "source": os.fsdecode(self.source),
+                "fingerprint": self.fingerprint,
+                "external_links": self.external_links,
+                "errors": self.errors,
+                "build_seconds": self.build_seconds,
+            }
+        )
+
     def save(self, path: Path) -> None:
-        """Persist atomically: a crash mid-write never leaves a snapshot that loads as valid."""
+        """Persist atomically: a crash mid-write never leaves a snapshot that loads as valid.
+
+        Raises OSError (a full disk, say) after removing its temporary file."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "format": FORMAT_VERSION,
-            "source": os.fsdecode(self.source),
-            "fingerprint": self.fingerprint,
-            "external_links": self.external_links,
-            "errors": self.errors,
-            "build_seconds": self.build_seconds,
-        }
+        meta = self._meta()
+        columns = self.columns()
+        meta["digest"] = persisted_digest(meta, columns)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        with open(tmp, "wb") as fh:
-            meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-            arrays: dict[str, Any] = {"meta": meta_bytes, **self.columns()}
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as fh:
+                meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+                arrays: dict[str, Any] = {"meta": meta_bytes, **columns}
+                np.savez(fh, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: Path) -> Snapshot:
-        with np.load(path) as data:
-            meta = json.loads(data["meta"].tobytes())
-            if meta.get("format") != FORMAT_VERSION:
-                raise ValueError("old snapshot format")
-            cols: dict[str, Any] = {k: data[k] for k in data.files if k != "meta"}
+        """The persisted snapshot, verified; ValueError saying why it cannot be used."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(data["meta"].tobytes())
+                cols: dict[str, Any] = {k: data[k] for k in data.files if k != "meta"}
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            raise ValueError(f"unreadable ({exc.__class__.__name__}: {exc})") from None
+        except Exception as exc:  # zipfile.BadZipFile and whatever else a damaged file raises
+            raise ValueError(f"unreadable ({exc.__class__.__name__})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+            found = meta.get("format") if isinstance(meta, dict) else "?"
+            raise ValueError(f"written in format {found}, this seerfs reads format {FORMAT_VERSION}")
+        recorded = meta.pop("digest", None)
+        if recorded != persisted_digest(meta, cols):
+            raise ValueError("digest mismatch (the file was changed or damaged)")
+        expected = set(_TREE_COLUMNS) | set(_EXTRA_COLUMNS) | {"link_index", "link_off", "link_blob"}
+        if set(cols) != expected:
+            raise ValueError(f"columns {sorted(set(cols) ^ expected)} missing or unexpected")
         cols["names"] = np.frombuffer(cols["names"].tobytes(), np.uint8)  # see TreeArrays.blob
         tree = TreeArrays(**{k: cols.pop(k) for k in _TREE_COLUMNS})
         return cls(
@@ -335,12 +377,24 @@ def snapshot_file(cache_dir: Path, source: bytes) -> Path:
     return cache_dir / "snapshots" / f"{xxhash.xxh64_hexdigest(source)}.npz"
 
 
+def mark_stale(cache_dir: Path, source: bytes, lines: list[str]) -> None:
+    """Record next to the persisted snapshot that files changed since it was walked.
+
+    A rewrite in place changes no directory, so the fingerprint alone would let the next mount reuse
+    the old sizes and serve EIO for these files forever; the marker makes it walk again.  Raises
+    OSError (the caller logs it: a full cache_dir must not stop the daemon)."""
+    path = snapshot_file(cache_dir, source)
+    marker = path.with_name(path.name + STALE_SUFFIX)
+    with open(marker, "a") as fh:
+        fh.write("".join(line.replace("\n", " ") + "\n" for line in lines))
+
+
 def previous_entries(path: Path) -> int | None:
     """Entries in the persisted snapshot at ``path`` (one byte per entry is read), or None."""
     try:
         with np.load(path) as data:
             return int(data["kind"].shape[0])
-    except (OSError, ValueError, KeyError):
+    except Exception:  # a damaged file: the walk just shows no total
         return None
 
 
@@ -360,6 +414,7 @@ def load_or_scan(
     """
     root = os.path.realpath(os.fsencode(source))
     path = snapshot_file(cache_dir, root)
+    marker = path.with_name(path.name + STALE_SUFFIX)
     if progress is not None:
         progress.start("checking the persisted snapshot")
     expected: int | None = None
@@ -368,12 +423,14 @@ def load_or_scan(
         reason = "rescan requested"
     elif not reuse:
         reason = "snapshot.reuse is off"
+    elif marker.exists():
+        reason = "files changed since the persisted snapshot (seen by an earlier mount)"
     elif path.exists():
         t0 = time.monotonic()
         try:
             old = Snapshot.load(path)
-        except (OSError, ValueError, KeyError) as exc:
-            reason = f"persisted snapshot unreadable ({exc})"
+        except ValueError as exc:
+            reason = f"persisted snapshot refused: {exc}"
         else:
             if old.source == root and _fingerprint(root, old.dir_paths(), threads) == old.fingerprint:
                 old.reused = True
@@ -395,6 +452,7 @@ def load_or_scan(
         raise
     try:
         snap.save(path)
+        marker.unlink(missing_ok=True)
     except OSError as exc:
         snap.errors.append(f"snapshot not persisted: {path}: {exc.strerror}")
     if progress is not None:

@@ -22,7 +22,14 @@ from fusefs.progress import Progress
 from placement.tree import KIND_DIR, KIND_FILE, KIND_OTHER, KIND_SYMLINK
 
 # Columns recorded per entry, in this order, by scan_dir.
-STAT_FIELDS = ("mode", "uid", "gid", "nlink", "size", "atime_ns", "mtime_ns", "ctime_ns")
+STAT_FIELDS = ("mode", "uid", "gid", "nlink", "size", "atime_ns", "mtime_ns", "ctime_ns", "ino")
+"""The inode number is kept as the same 64 bits in a signed column (``ino_bits``); the snapshot stores it
+unsigned.  With size, mtime and ctime it is a file's identity (:mod:`fusefs.meta.identity`)."""
+
+
+def ino_bits(ino: int) -> int:
+    """An unsigned 64-bit inode number as the signed int64 with the same bits."""
+    return ino - (1 << 64) if ino >= 1 << 63 else ino
 
 
 @dataclass
@@ -66,6 +73,7 @@ def stat_row(st: os.stat_result) -> tuple[int, ...]:
         st.st_atime_ns,
         st.st_mtime_ns,
         st.st_ctime_ns,
+        ino_bits(st.st_ino),
     )
 
 

@@ -6,6 +6,11 @@ Concurrency rules:
 * ``plan`` is replaced in one assignment on the trio thread; readers take a local reference and
   keep using that plan object for the whole of their step.
 * Loading a saved plan (memory maps) runs in a thread; building never runs in the daemon.
+
+A cached plan is used only after its digest checks (:func:`fusefs.planning.store.load_plan`); one
+that fails is deleted, named in status (``cache_refused``) and planned again.  No error of the cache
+directory (a full disk, say) stops the daemon: the plan fails with a one-line message in status and
+the mount keeps serving without one.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class PlanManager:
         self.started = 0.0
         self.seconds = 0.0
         self.reused = False
+        self.refused: str | None = None  # why the last cached plan looked at was not used
         self.listeners: list[Callable[[Plan | None], None]] = []
         self.progress = Progress("plan", "files")
         self._wanted: int | None = None
@@ -91,7 +97,10 @@ class PlanManager:
             if plan is None:
                 if (last := self._last_build()) is not None:
                     self.progress.expect(last[0])  # until the worker names the file count
-                plan = await self._build(seed, out)
+                try:
+                    plan = await self._build(seed, out)
+                except OSError as exc:  # the request file or the plans directory: e.g. cache_dir full
+                    raise PlanFailed(f"cannot write in {self.plans_dir}: {exc.strerror or exc}") from None
         except PlanFailed as exc:
             self.state, self.message = "failed", str(exc)
             self.progress.finish("failed", detail=f"seed {seed}: {exc}")
@@ -109,7 +118,10 @@ class PlanManager:
             self.seconds,
             ", reused" if self.reused else "",
         )
-        self._prune(keep=out)
+        try:
+            self._prune(keep=out)
+        except OSError as exc:
+            log.warning("cannot prune old plans in %s: %s", self.plans_dir, exc.strerror or exc)
         self._notify(plan)
 
     def _notify(self, plan: Plan | None) -> None:
@@ -122,16 +134,21 @@ class PlanManager:
         try:
             return await trio.to_thread.run_sync(load_daemon_plan, out)
         except ValueError as exc:
-            log.info("cached plan %s unusable (%s); planning again", out, exc)
+            self.refused = str(exc)
+            log.warning("cached plan refused: %s; planning again", exc)
             shutil.rmtree(out, ignore_errors=True)
             return None
 
     async def _build(self, seed: int, out: Path) -> Plan:
         out.parent.mkdir(parents=True, exist_ok=True)
         request = out.with_suffix(".request.json")
-        request.write_text(
-            json.dumps({"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)})
-        )
+        try:
+            request.write_text(
+                json.dumps({"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)})
+            )
+        except OSError:
+            request.unlink(missing_ok=True)  # a partial request would only take more of a full disk
+            raise
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "fusefs.planning.worker", str(request)],
@@ -164,6 +181,7 @@ class PlanManager:
                     await proc.wait()
             request.unlink(missing_ok=True)
         if code != 0 or last.get("phase") != "done":
+            shutil.rmtree(out, ignore_errors=True)  # columns written before the failure: space, no use
             reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
             raise PlanFailed(reason if isinstance(reason, str) else reason[0])
         try:
@@ -218,6 +236,7 @@ class PlanManager:
             "reused": self.reused,
             "seconds": round(self.seconds if self.state != "planning" else time.monotonic() - self.started, 3),
             "message": self.message,
+            "cache_refused": self.refused,
             "nodes": summary.get("nodes"),
             "files": summary.get("files"),
         }

@@ -1,4 +1,7 @@
-"""Getting a file's bytes from the fastest place that has them (DESIGN 3: local tiers, in-flight, peer, PFS).
+"""Getting a file's bytes from the fastest place that has them (local tiers, in-flight, peer, PFS).
+
+A local copy is served only once the revalidator says its source is unchanged in this mount
+(fusefs/readpath/revalidate.py); a PFS read checks the source's identity itself.
 
 Concurrency rules:
 * One fetch per entry at a time.  The first caller starts it as a task in the fetcher's own
@@ -23,6 +26,7 @@ import trio
 
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.pfs import PfsReader, StaleFile
+from fusefs.readpath.revalidate import Revalidator
 from fusefs.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,7 @@ class Fetcher:
         self.counters = counters
         self.inflight: dict[int, Inflight] = {}
         self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
-        self.on_lost: Callable[[int, int], None] | None = None  # (entry, tier): a tier dropped a bad copy
+        self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
         self._nursery: trio.Nursery | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
@@ -89,14 +93,16 @@ class Fetcher:
         return None
 
     async def from_tiers(self, entry: int) -> Fetched | None:
-        """The entry from the fastest tier holding a good copy (a corrupt copy is dropped by the tier)."""
-        for t, tier in enumerate(self.tiers):
+        """The entry from the fastest tier holding a good copy (a corrupt copy is dropped by the tier),
+        once its source was seen unchanged in this mount; None when there is none or it changed."""
+        revalidator = self.revalidator
+        if revalidator is not None and self.local_tier(entry) is not None and not await revalidator.ensure(entry):
+            return None  # changed: its copies are gone, and the open fails with EIO
+        for tier in self.tiers:
             if tier.contains(entry):
                 data = await tier.get(entry)
                 if data is not None:
                     return Fetched(data, "memory" if tier.kind == "memory" else "directory")
-                if self.on_lost is not None and not tier.contains(entry):
-                    self.on_lost(entry, t)
         return None
 
     # ------------------------------------------------------------------ fetching
@@ -131,10 +137,15 @@ class Fetcher:
                 assert src.data is not None
                 data = src.data
                 job.source = "pfs"
+                if self.revalidator is not None:
+                    self.revalidator.fresh(entry)
             counter = self.counters.sources[job.source]
             counter.add(len(data), time.monotonic() - t0)
             if keep_in is not None and not keep_in.contains(entry):
-                await keep_in.put(entry, data, int(self.snapshot.tree.mtime_ns[entry]))
+                if self.revalidator is not None and self.revalidator.is_changed(entry):
+                    raise StaleFile(self.revalidator.reason(entry))  # seen changed while we fetched
+                # A peer's bytes are its copy of the same snapshot entry (plan digests agree).
+                await keep_in.put(entry, data, self.pfs.ids.of(entry))
             job.data = data
         except trio.Cancelled:
             # Only at daemon shutdown (the nursery is the daemon's); waiters get an I/O error, never

@@ -1,10 +1,10 @@
 """What the Operations class asks for a dataset file: open it, read from it, release it.
 
-Read order at open (DESIGN 3): staged (pushed into the page cache, or held in RAM) -> local tiers
+Read order at open: staged (pushed into the page cache, or held in RAM) -> local tiers
 -> a fetch already in flight (await it) -> the owning peer -> the PFS.  Files up to
 ``fuse.whole_file_max`` are fetched whole and served from memory; bigger ones not held locally are
 read from the PFS in ranges.  Every open records where its bytes came from and how long the
-reader waited (the stall).
+reader waited (the stall).  A file whose source was seen changed (revalidate.py) fails with EIO.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.pfs import SourceFile, StaleFile
 from fusefs.readpath.policy import UseHeld, UsePages
 from fusefs.readpath.prefetch import Prefetcher
+from fusefs.readpath.revalidate import Revalidator
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,15 @@ class CachedFiles:
         self.prefetcher = prefetcher
         self.counters = counters
         self.whole_file_max = whole_file_max
+        self.revalidator: Revalidator | None = fetcher.revalidator
 
     def fail_stale(self, entry: int, reason: str) -> pyfuse3.FUSEError:
-        path = os.fsdecode(self.tree.path(entry))
-        log.warning("%s: %s; failing with EIO", path, reason)
-        self.counters.mark_stale(path, reason)
+        if self.revalidator is not None:
+            self.revalidator.mark_changed(entry, reason)  # logs it, drops its copies and pages
+        else:
+            path = os.fsdecode(self.tree.path(entry))
+            log.warning("%s: %s; failing with EIO", path, reason)
+            self.counters.mark_stale(path, reason)
         self.counters.errors_eio += 1
         return pyfuse3.FUSEError(errno.EIO)
 
@@ -67,6 +72,9 @@ class CachedFiles:
         t0 = time.monotonic()
         staged = self.prefetcher.opened(entry)
         size = int(self.tree.size[entry])
+        if self.revalidator is not None and self.revalidator.is_changed(entry):
+            self.counters.errors_eio += 1
+            raise pyfuse3.FUSEError(errno.EIO)
         try:
             handle, source = await self._locate(entry, size, staged)
         except (OSError, StaleFile) as exc:
@@ -89,11 +97,16 @@ class CachedFiles:
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
             return OpenFile(entry, size, data=memoryview(local.data)), local.source
+        if self.revalidator is not None and self.revalidator.is_changed(entry):
+            raise StaleFile(self.revalidator.reason(entry))
         running = self.fetcher.inflight.get(entry)
         if running is not None:
             return OpenFile(entry, size, data=memoryview(await running.wait())), "inflight"
         if size > self.whole_file_max:
-            return OpenFile(entry, size, source=await self.pfs.open(entry, whole=False)), "pfs"
+            ranged = await self.pfs.open(entry, whole=False)
+            if self.revalidator is not None:
+                self.revalidator.fresh(entry)
+            return OpenFile(entry, size, source=ranged), "pfs"
         keep = self.prefetcher.keep_decision(entry, size)
         data = await self.fetcher.start(entry, keep_in=keep).wait()
         return OpenFile(entry, size, data=memoryview(data)), "fetched"

@@ -1,18 +1,26 @@
 """Reading files from the source (the PFS): verified against the snapshot, blocking I/O in threads.
 
-A file whose size or mtime no longer match the snapshot is never served: the open fails with EIO
-and status names it.  Checking twice (before and after a whole-file read) also catches a file
-rewritten while we read it, so a reader never gets stale or mixed bytes.
+A file whose identity (size, mtime, ctime, inode: :mod:`fusefs.meta.identity`) no longer matches
+the snapshot is never served: the open fails with EIO and status names it.  Checking twice (before
+and after a whole-file read) also catches a file rewritten while we read it, and a file served in
+ranges is checked after every range (fstat of the open descriptor), so a reader never gets stale or
+mixed bytes: a change during a ranged read fails that read with EIO.
+
+Sources are opened with O_NONBLOCK and checked with fstat before any read: a FIFO, socket or
+device put where a file was would otherwise block the reader forever (D state).  Only regular files
+are served; anything else reads as EIO with a status note.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from dataclasses import dataclass
 
 import trio
 
+from fusefs.meta.identity import SourceId
 from fusefs.meta.snapshot import Snapshot
 
 
@@ -38,24 +46,30 @@ class SourceFile:
 class PfsReader:
     def __init__(self, snapshot: Snapshot, threads: int, whole_file_max: int) -> None:
         self.snapshot = snapshot
+        self.ids = snapshot.source_ids()
         self.whole_file_max = whole_file_max
         # Why a limiter: unbounded threads against a PFS only add contention (NoPFS t(gamma)).
         self.limiter = trio.CapacityLimiter(threads)
 
-    def _check(self, entry: int, st: os.stat_result) -> None:
-        want_size = int(self.snapshot.tree.size[entry])
-        want_mtime = int(self.snapshot.tree.mtime_ns[entry])
-        if st.st_size != want_size:
-            raise StaleFile(f"size changed from {want_size} to {st.st_size} since mount")
-        if st.st_mtime_ns != want_mtime:
-            raise StaleFile("modified since mount (mtime changed)")
+    def check(self, entry: int, st: os.stat_result) -> None:
+        """StaleFile unless ``st`` is a regular file with the identity the snapshot recorded."""
+        if not stat.S_ISREG(st.st_mode):
+            raise StaleFile("not a regular file any more (a FIFO, socket, device or directory)")
+        why = SourceId.of(st).change_from(self.ids.of(entry))
+        if why is not None:
+            raise StaleFile(f"{why} since the snapshot")
 
     def open_sync(self, entry: int, whole: bool | None = None) -> SourceFile:
         """Open and verify; read the whole file when it is small. Runs in a worker thread."""
         path = self.snapshot.source_path(entry)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
-            self._check(entry, os.fstat(fd))
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.ELOOP, errno.ENOENT):  # a socket, a symlink, gone
+                raise StaleFile(f"cannot be opened as the file it was ({exc.strerror})") from None
+            raise
+        try:
+            self.check(entry, os.fstat(fd))
             size = int(self.snapshot.tree.size[entry])
             if whole is None:
                 whole = size <= self.whole_file_max
@@ -64,7 +78,7 @@ class PfsReader:
                 fd = -1  # now owned by the SourceFile
                 return ranged
             data = read_exact(fd, 0, size)
-            self._check(entry, os.fstat(fd))
+            self.check(entry, os.fstat(fd))
             return SourceFile(entry, size, data=data)
         finally:
             if fd >= 0:
@@ -73,9 +87,16 @@ class PfsReader:
     async def open(self, entry: int, whole: bool | None = None) -> SourceFile:
         return await trio.to_thread.run_sync(self.open_sync, entry, whole, limiter=self.limiter)
 
+    def pread_sync(self, src: SourceFile, off: int, size: int) -> bytes:
+        """One range, then the identity check: bytes read before a change are never mixed with
+        bytes after it (the open checked it too, so every range served came from one version)."""
+        data = read_exact(src.fd, off, size)
+        self.check(src.entry, os.fstat(src.fd))
+        return data
+
     async def pread(self, src: SourceFile, off: int, size: int) -> bytes:
         size = max(0, min(size, src.size - off))
-        return await trio.to_thread.run_sync(read_exact, src.fd, off, size, limiter=self.limiter)
+        return await trio.to_thread.run_sync(self.pread_sync, src, off, size, limiter=self.limiter)
 
 
 def read_exact(fd: int, off: int, size: int) -> bytes:

@@ -102,6 +102,7 @@ class CursorView:
     status: dict[str, Any] = field(default_factory=dict)
     predicted: int = 0  # opens of this batch the plan predicted
     fresh: bool = True  # False: the horizon was carried over from the last view (nobody moved a step)
+    upcoming: tuple[int, ...] = ()  # the horizon's entries in predicted read order (what revalidation checks first)
 
 
 @dataclass(slots=True)
@@ -237,6 +238,13 @@ class CopyLost:
 
 
 @dataclass(slots=True)
+class SourceChanged:
+    """The source of ``entry`` was seen changed since the snapshot: no copy of it may be served."""
+
+    entry: int
+
+
+@dataclass(slots=True)
 class PeerDown:
     """Training node ``node``'s daemon stopped answering."""
 
@@ -267,6 +275,7 @@ Event = (
     | FillDone
     | FillRetry
     | CopyLost
+    | SourceChanged
     | PeerDown
     | PeerUp
     | Tick
@@ -475,6 +484,7 @@ class ReadPolicy:
             FillDone: self._fill_done,
             FillRetry: self._fill_retry,
             CopyLost: self._copy_lost,
+            SourceChanged: self._source_changed,
             PeerDown: self._peer_down,
             PeerUp: self._peer_up,
             Tick: self._tick,
@@ -958,6 +968,28 @@ class ReadPolicy:
         if self.reactive.where.get(ev.entry) == ev.tier:
             self.reactive.dropped(ev.entry)
 
+    def _source_changed(self, ev: SourceChanged) -> None:
+        """Forget every copy of the file here (the revalidator drops the tiers' copies itself); its
+        pages are always invalidated, since a reader may have left some that nothing recorded."""
+        entry = ev.entry
+        p = self.pages.pop(entry, None)
+        if p is not None:
+            if p.staged:
+                self.staged_bytes -= p.nbytes
+                if p.state == "fetching":
+                    self._staging_now.discard(entry)
+                    self._out.append(CancelStage(entry))
+            else:
+                self.cached_bytes -= p.nbytes
+            p.data = None
+            self.budget.release(p.nbytes)
+        charge = self.kept.pop(entry, None)
+        if charge is not None:
+            self.kept_bytes -= charge
+            self.budget.release(charge)
+        self._out.append(DropPages(entry, charge or 0))
+        self._pump()
+
     def _peer_down(self, ev: PeerDown) -> None:
         self.peers_down.add(ev.node)
 
@@ -984,6 +1016,10 @@ class ReadPolicy:
         assert fetching <= self._staging_now, (fetching, self._staging_now)
         assert all(self._pushing.get(e) is p for e, p in self.pages.items() if p.state == "pushing")
         assert len(self._staging_now) <= self.settings.stage_threads
+
+    def held_entries(self) -> list[int]:
+        """Entries whose bytes this node holds outside the tiers: kept pages, staged or read files."""
+        return [*self.kept, *(e for e, p in self.pages.items() if p.state != "fetching")]
 
     def held_bytes(self) -> int:
         """Bytes the policy charges to the budget: the window, readers' pages and kept pages."""

@@ -113,6 +113,7 @@ class Prefetcher:
         self._cursor_plan: Plan | None = None
         self._cursor_generation = 0
         self.seed_trusted: Callable[[], bool] = lambda: True  # False while the seed is only assumed
+        self.upcoming_hook: Callable[[tuple[int, ...]], None] | None = None  # told each fresh horizon, in order
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._opens_ready = trio.Event()
         self._cursor_lock = trio.CapacityLimiter(1)
@@ -144,7 +145,7 @@ class Prefetcher:
             RetryFillLater: self._retry_fill_later,
         }
         budget.reclaim = self._reclaim
-        fetcher.on_lost = self.copy_lost
+        staging.carry_out = self._carry_out
 
     # ------------------------------------------------------------------ what others read
 
@@ -312,6 +313,8 @@ class Prefetcher:
                     view.epoch,
                     f": {view.status['mismatch_reason']}" if view.status.get("mismatch_reason") else "",
                 )
+            if view.fresh and view.upcoming and self.upcoming_hook is not None and self.policy.view is view:
+                self.upcoming_hook(view.upcoming)
             # Let opens gather: placing is cheap, recomputing the view per open is not.
             await trio.sleep(VIEW_INTERVAL)
 
@@ -349,17 +352,21 @@ class Prefetcher:
         self._view_where = self._where(cursor)
         due: dict[int, int] = {}
         stage: tuple[int, ...] = ()
+        ahead: tuple[int, ...] = ()
         if cursor.state in ("tracking", "presumed"):
             upcoming = cursor.upcoming(self.horizon_files)
             if upcoming:
                 gids_ahead = np.fromiter((g for _e, g in upcoming), dtype=np.int64, count=len(upcoming))
                 entries = plan.entry_of(gids_ahead).tolist()
                 due = entries_due(entries)
+                ahead = tuple(entries)
                 stage = self.policy.stage_list(entries)
                 last_epoch = upcoming[-1][0]
                 if last_epoch + 1 < cursor.job.epochs:
                     cursor.job.epoch_map(last_epoch + 1)  # warm the next epoch while we are here
-        return CursorView(cursor.state, cursor.node, cursor.epoch, due, stage, cursor.status(), predicted)
+        return CursorView(
+            cursor.state, cursor.node, cursor.epoch, due, stage, cursor.status(), predicted, upcoming=ahead
+        )
 
     async def _stage_one(self, ins: Stage) -> None:
         entry = ins.entry

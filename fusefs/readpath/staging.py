@@ -34,13 +34,14 @@ from __future__ import annotations
 import errno
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import pyfuse3
 import trio
 
 from fusefs.meta.ids import inode_of
-from fusefs.readpath.policy import Pages, ReadPolicy
+from fusefs.readpath.policy import DropPages, Instruction, Pages, ReadPolicy, SourceChanged
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class Staging:
         self.drops_queued = 0
         self.limiter = trio.CapacityLimiter(2)
         self._drop_send, self._drop_recv = trio.open_memory_channel[int](1_000_000)
+        # Carries out what the policy decides on forget(); the prefetcher installs its own executor.
+        self.carry_out: Callable[[list[Instruction]], None] = self._drops_only
 
     @property
     def files(self) -> dict[int, Pages]:
@@ -127,6 +130,24 @@ class Staging:
             except OSError:
                 pass  # the kernel already forgot it: nothing cached
         return done
+
+    def forget(self, entry: int) -> None:
+        """The source of ``entry`` changed: drop every copy of it here and its pages in the kernel.
+
+        The policy drops its record of the file (staged, open, kept) and always asks for the
+        invalidation: pages a reader pulled with direct_io off may be cached unrecorded, and an
+        inode the kernel does not know costs nothing."""
+        self.carry_out(self.policy.handle(SourceChanged(entry)))
+
+    def cached_entries(self) -> list[int]:
+        """Entries whose bytes this node holds here (staged, or pages in the page cache)."""
+        return self.policy.held_entries()
+
+    def _drops_only(self, instructions: list[Instruction]) -> None:
+        """Without a prefetcher to carry out the rest (a stage to cancel), only page drops are expected."""
+        for ins in instructions:
+            assert isinstance(ins, DropPages), ins
+            self.drop_pages(ins.entry)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -15,24 +15,23 @@ Concurrency rules (all tiers):
 * A get verifies what it read against the digests recorded when it started.  If the entry was
   dropped or replaced meanwhile, a mismatch is not counted as corruption and the get returns None;
   it can never return bytes that are not the entry's.
+* Every copy records the identity of the source it was made from (``source_of``); whether that
+  identity still holds is the read path's question (fusefs/readpath/revalidate.py), asked before
+  a copy is served.  ``drop_listeners`` hear of every entry a tier forgets, whatever the cause
+  (evicted, damaged, source changed), so a policy that counted it as kept can cache it again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, SupportsIndex
+from typing import Any, Protocol
 
 import trio
 
+from fusefs.meta.identity import SourceColumns, SourceId
 from fusefs.tiers.budget import Budget
 from fusefs.tiers.digest import BlockDigests
-
-
-class IntColumn(Protocol):
-    """A snapshot column indexable by entry (numpy array or list)."""
-
-    def __getitem__(self, i: SupportsIndex, /) -> Any: ...
-    def __len__(self) -> int: ...
 
 
 @dataclass
@@ -46,7 +45,7 @@ class TierCounters:
     misses: int = 0
     corrupt: int = 0  # a read that failed its digests (or size); the copy was dropped
     drops: int = 0
-    stale: int = 0  # dropped by prune_stale: the source changed since the copy was made
+    stale: int = 0  # dropped by prune_stale: made from another source identity than the snapshot's
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -69,22 +68,33 @@ class Tier(Protocol):
     index: int  # position in config.tiers (0 = fastest)
     limiter: trio.CapacityLimiter  # every blocking call of this tier runs under it
     budget: Budget
+    drop_listeners: list[Callable[[int], None]]
 
     def contains(self, entry: int) -> bool: ...
     def size_of(self, entry: int) -> int | None: ...
     def digests_of(self, entry: int) -> BlockDigests | None: ...
+    def source_of(self, entry: int) -> SourceId | None: ...
     def footprint(self, size: int) -> int: ...
     async def put(
         self,
         entry: int,
         data: bytes,
-        source_mtime_ns: int,
+        source: SourceId,
         digests: BlockDigests | None = None,
     ) -> bool: ...
     async def get(self, entry: int) -> bytes | None: ...
     async def read_range(self, entry: int, off: int, size: int) -> bytes | None: ...
     def drop(self, entry: int) -> None: ...
     def entries(self) -> list[int]: ...
-    def prune_stale(self, sizes: IntColumn, mtimes_ns: IntColumn) -> int: ...
+    def prune_stale(self, ids: SourceColumns) -> int: ...
     def status(self) -> dict[str, Any]: ...
     async def close(self) -> None: ...
+
+
+def in_trio() -> bool:
+    """Whether we run inside the trio loop (startup pruning runs before it, and must not spawn)."""
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True

@@ -9,7 +9,16 @@ during a session because directories do not shrink when files go.
 
 Space is given back only after a dropped file is really unlinked, so the directory never holds
 more than the budget even while deletions are under way.  Unlinks and periodic index writes run
-as trio system tasks; ``close()`` waits for them and writes the index a last time.
+as trio system tasks; ``close()`` waits for them and writes the index a last time.  Drops made
+before the trio loop runs (pruning at startup) unlink at once instead.
+
+Crash consistency: a copy's journal record (journal.py) is written before its file is renamed to
+its final name, so after kill -9 at any moment every final-named copy is kept by the next open
+(index, then the journal replayed over it).  The journal's files and a reserve for the next index
+write are preallocated: on a full tier filesystem the journal still records every copy, and the
+index write frees the reserve and uses its space.  fsync policy: see journal.py (records survive
+the daemon's death, not a power loss; the index is fsynced; every read is verified either way).
+Index, journal and reserve files are mode 0600.
 
 On open, a persisted index for the same snapshot fingerprint makes a warm start: files that exist
 with their recorded size are kept, everything else of ours (temporaries, orphans, files of a
@@ -31,16 +40,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import trio
 
 from fusefs.errors import ConfigError
+from fusefs.meta.identity import SourceColumns, SourceId
 from fusefs.tiers import index as index_io
-from fusefs.tiers.base import IntColumn, PutSlot, TierCounters
+from fusefs.tiers.base import PutSlot, TierCounters, in_trio
 from fusefs.tiers.budget import Budget
 from fusefs.tiers.digest import BLOCK, BlockDigests
-from fusefs.tiers.fileio import read_verified, unlink_quiet, write_atomic
-from fusefs.tiers.index import INDEX_NAME, ROW_BYTES, TierIndex
+from fusefs.tiers.fileio import is_enospc, read_verified, unlink_quiet, write_atomic
+from fusefs.tiers.index import INDEX_NAME, RESERVE_NAME, ROW_BYTES, TierIndex
+from fusefs.tiers.journal import ADD, JOURNAL_NAMES, REMOVE, Journal, JournalFull, Record, journal_bytes
 from fusefs.tiers.layout import (
     LOCK_NAME,
     alloc_unit,
@@ -56,10 +66,14 @@ log = logging.getLogger(__name__)
 
 DIRENT_BYTES = 64
 """Directory space charged per name slot (an ext4 entry for our names takes 16-32 bytes)."""
-NAME_BYTES = DIRENT_BYTES + 2 * ROW_BYTES
-"""Budget per name slot: its directory entry plus its row in the old and the new index."""
-INDEX_FIXED = 64 << 10
-"""Budget for the index files' headers and block rounding, and the lock file."""
+NAME_BYTES = DIRENT_BYTES + 3 * ROW_BYTES
+"""Budget per name slot: its directory entry plus its row in the old and the new index and the reserve."""
+INDEX_FIXED = 96 << 10
+"""Budget for the index files' headers and block rounding, the reserve's margin and the lock file."""
+RESERVE_MARGIN = 8 << 10
+"""The reserve holds the last index's size plus this much (rows added since then)."""
+JOURNAL_SWITCH_AT = 0.5
+"""Write the index (and so start a fresh journal generation) once the journal is this full."""
 
 
 def round_up(n: int, unit: int) -> int:
@@ -105,12 +119,19 @@ class DirectoryTier:
         self._persisted_at = time.monotonic()
         self._persist_lock = trio.Lock()
         self._persister: trio.CancelScope | None = None  # the pending periodic index write
+        self._persist_wake = trio.Event()  # set: write the index now (the journal is filling up)
+        self._persist_now = False
+        self._persist_failed_at = -10.0
         self._persist_errors = 0
         self._background = 0
         self._background_idle: trio.Event | None = None
         self._logged_errnos: set[int] = set()
         self._last_audit: dict[str, Any] | None = None
         self._closed = False
+        self.drop_listeners: list[Callable[[int], None]] = []  # told of every entry this tier forgets
+        self.journal: Journal | None = None
+        self._journal_note: str | None = None  # why the journal is not in use, for status
+        self._journal_errors = 0
         self._lock_fd = self._claim_directory()
         try:
             self._open()
@@ -140,20 +161,40 @@ class DirectoryTier:
         return fd
 
     def _open(self) -> None:
-        """Reconcile the persisted index with the files on disk and charge what stays (blocking)."""
+        """Reconcile the persisted index and journal with the files on disk and charge what stays (blocking)."""
         t0 = time.monotonic()
         self.alloc = alloc_unit(self.path)
         try:
-            loaded: TierIndex | None = index_io.load(self.path / INDEX_NAME, self.fingerprint)
+            journal: Journal | None = Journal(self.path, journal_bytes(self.budget.limit))
+        except OSError as exc:  # e.g. no room for even an empty file: the tier works, not crash-safe
+            journal = None
+            self._journal_note = f"no journal ({exc.strerror or exc}): copies are not crash-safe"
+            log.warning("%s: %s", self.name, self._journal_note)
+        self.journal = journal
+        gen = 0
+        replayed = 0
+        try:
+            loaded, gen = index_io.load(self.path / INDEX_NAME, self.fingerprint)
             reason = "index matches the snapshot"
         except index_io.IndexError_ as exc:
             loaded, reason = None, str(exc)
-        index_tmp = self.path / (INDEX_NAME + ".tmp")
-        unlink_quiet(str(index_tmp))
+        if loaded is not None and journal is not None:
+            # G - 1 may hold records the index's export missed (puts in flight); see journal.py.
+            for g in (gen - 1, gen):
+                for rec in journal.read(g):
+                    replayed += 1
+                    if rec.op == ADD and rec.source is not None and rec.digests is not None:
+                        loaded.add(rec.entry, rec.source, rec.digests)
+                    elif rec.op == REMOVE and loaded.has(rec.entry):
+                        loaded.remove(rec.entry)
+        elif journal is not None:
+            journal.reset()
+        unlink_quiet(str(self.path / (INDEX_NAME + ".tmp")))
+        ours = {LOCK_NAME, INDEX_NAME, RESERVE_NAME, *JOURNAL_NAMES}
         with ThreadPoolExecutor(max(4, self.threads)) as pool:
             scans = list(pool.map(functools.partial(scan_subdir, self.path), subdir_names()))
             remove: list[str] = [p for sc in scans for p in sc.temporary]
-            foreign = foreign_top_level(self.path, {LOCK_NAME, INDEX_NAME})
+            foreign = foreign_top_level(self.path, ours)
             foreign += sum(sc.foreign_bytes for sc in scans)
             found: dict[int, tuple[int, int]] = {}
             for sc in scans:
@@ -165,7 +206,8 @@ class DirectoryTier:
             remove.extend(file_path(self.path, e) for e in found if not idx.has(e))
             dirs = os.lstat(self.path).st_blocks * 512 + sum(max(self.alloc, sc.dir_bytes) for sc in scans)
             self.foreign_bytes = foreign
-            self.base_bytes = dirs + foreign + INDEX_FIXED + 2 * 8 * (self.budget.limit // BLOCK + 1)
+            journal_space = 2 * journal.size if journal is not None else 0
+            self.base_bytes = dirs + foreign + INDEX_FIXED + journal_space + 2 * 8 * (self.budget.limit // BLOCK + 1)
             if not self.budget.try_reserve(min(self.base_bytes, self.budget.limit)):
                 raise AssertionError("a fresh budget refused its base")
             over_budget = 0
@@ -182,29 +224,43 @@ class DirectoryTier:
                     self._over[e] = file_charge - round_up(size, self.alloc)
             list(pool.map(unlink_quiet, remove))
         self._idx = idx
-        if loaded is None or remove or over_budget:
-            try:
-                index_io.save(self.path / INDEX_NAME, idx.export(), self.fingerprint)
-            except OSError as exc:  # e.g. disk full: the tier still works, the index is written later
-                self._changes = 1
-                log.warning("%s: cannot write the index: %s", self.name, exc.strerror or exc)
+        if journal is not None:
+            why_not = journal.reserve() if self.base_bytes <= self.budget.limit else "budget below the fixed overhead"
+            if why_not is not None:
+                log.warning("%s: journal space not reserved (%s); appends may fail on a full disk", self.name, why_not)
+        try:  # claim a fresh generation: the journal is written from the start of its file
+            self._save_index(idx.export(), gen + 1)
+            if journal is not None:
+                journal.switch(gen + 1)
+        except OSError as exc:
+            if loaded is not None and journal is not None:  # the index on disk still covers gen: append to it
+                journal.switch(gen)
+                journal.tail = journal.length(gen)
+            else:
+                self._journal_note = f"no index could be written ({exc.strerror or exc}): copies are not crash-safe"
+            self._changes = 1
+            log.warning("%s: cannot write the index: %s", self.name, exc.strerror or exc)
         self.opened = {
             "warm": loaded is not None,
             "reason": reason,
             "kept_files": idx.count,
             "kept_bytes": idx.data_bytes,
+            "journal_records": replayed,
             "removed_files": len(remove),
             "over_budget": over_budget,
             "seconds": round(time.monotonic() - t0, 3),
         }
-        log.info(
-            "%s: %s start at %s (%s): kept %d files, %d bytes; removed %d files",
+        refused = loaded is None and reason != "no index"  # an index was there and could not be used
+        log.log(
+            logging.WARNING if refused else logging.INFO,
+            "%s: %s start at %s (%s): kept %d files, %d bytes (%d journal records); removed %d files",
             self.name,
             "warm" if loaded is not None else "cold",
             self.path,
             reason,
             idx.count,
             idx.data_bytes,
+            replayed,
             len(remove),
         )
         if self.base_bytes > self.budget.limit:
@@ -215,11 +271,38 @@ class DirectoryTier:
                 self.base_bytes,
             )
 
+    def _save_index(self, arrays: dict[str, Any], gen: int) -> None:
+        """Write the index claiming journal generation ``gen`` (blocking).
+
+        On a full disk the reserve is given up and the write tried again in its space; after a
+        good write the reserve is set to the new index's size plus a margin (best effort)."""
+        path = self.path / INDEX_NAME
+        reserve = self.path / RESERVE_NAME
+        try:
+            written = index_io.save(path, arrays, self.fingerprint, gen)
+        except OSError as exc:
+            if not is_enospc(exc) or not reserve.exists():
+                raise
+            reserve.unlink()
+            log.warning("%s: tier filesystem full: index written in its reserved space", self.name)
+            written = index_io.save(path, arrays, self.fingerprint, gen)
+        try:
+            fd = os.open(reserve, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, written + RESERVE_MARGIN)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # no room for a reserve now: the next write tries again
+
     def abandon(self) -> None:
         """Let go of the directory without writing the index (startup failed elsewhere)."""
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
         self._closed = True
 
     # ------------------------------------------------------------------ queries
@@ -233,8 +316,9 @@ class DirectoryTier:
     def digests_of(self, entry: int) -> BlockDigests | None:
         return self._idx.digests(entry) if self._idx.has(entry) else None
 
-    def source_mtime_of(self, entry: int) -> int | None:
-        return int(self._idx.mtime[entry]) if self._idx.has(entry) else None
+    def source_of(self, entry: int) -> SourceId | None:
+        """The identity of the source the copy of ``entry`` was made from (None: no copy)."""
+        return self._idx.source_of(entry) if self._idx.has(entry) else None
 
     def footprint(self, size: int) -> int:
         """Budget bytes one more file of ``size`` bytes takes at most (data blocks and a name slot)."""
@@ -256,17 +340,19 @@ class DirectoryTier:
         self,
         entry: int,
         data: bytes,
-        source_mtime_ns: int,
+        source: SourceId,
         digests: BlockDigests | None = None,
     ) -> bool:
-        """Store ``data`` (whole file) for ``entry``; False when it does not fit or cannot be
-        written. Never evicts: making room is the caller's decision (drop)."""
+        """Store ``data`` (whole file) for ``entry``, made from the source file ``source``; False when
+        it does not fit or cannot be written. Never evicts: making room is the caller's decision (drop)."""
         self._check_open()
         size = len(data)
         if digests is not None and digests.size != size:
             raise ValueError(f"entry {entry}: digests for {digests.size} bytes, data has {size}")
+        if source.size != size:
+            raise ValueError(f"entry {entry}: source of {source.size} bytes, data has {size}")
         if self._idx.has(entry):
-            if self._idx.size_of(entry) == size:
+            if self._idx.source_of(entry) == source:
                 return True
             self.drop(entry)
         slot = self._inflight.get(entry)
@@ -291,9 +377,10 @@ class DirectoryTier:
                 want -= NAME_BYTES  # a name slot stays charged for the session
             charge = want
             try:
-                written, allocated = await trio.to_thread.run_sync(
-                    self._write, entry, data, digests, limiter=self.limiter
-                )
+                written, allocated = await self._write_journaled(entry, data, source, digests)
+            except JournalFull as exc:
+                self._journal_failed(exc)
+                return False
             except OSError as exc:
                 self._write_failed(entry, exc)
                 return False
@@ -307,7 +394,7 @@ class DirectoryTier:
                 self._schedule_unlink(entry, charge)
                 charge = 0
                 return False
-            self._idx.add(entry, size, source_mtime_ns, written)
+            self._idx.add(entry, source, written)
             if charge > file_charge:
                 self._over[entry] = charge - file_charge
             charge = 0
@@ -322,17 +409,48 @@ class DirectoryTier:
             del self._inflight[entry]
             slot.done.set()
 
-    def _write(self, entry: int, data: bytes, digests: BlockDigests | None) -> tuple[BlockDigests, int]:
-        """Hash (if needed) and write one file; runs in a worker thread."""
+    def _write(
+        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None
+    ) -> tuple[BlockDigests, int]:
+        """Hash (if needed) and write one file, its journal record just before its rename; runs in a
+        worker thread."""
         if digests is None:
             digests = BlockDigests.of(data)
         final, tmp = file_path(self.path, entry), tmp_path(self.path, entry)
+        record = functools.partial(self._journal_add, Record(ADD, entry, source, digests))
         try:
-            allocated = write_atomic(final, tmp, data, self.clean_cache)
+            allocated = write_atomic(final, tmp, data, self.clean_cache, record)
         except FileNotFoundError:  # a fan-out directory was removed under us
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            allocated = write_atomic(final, tmp, data, self.clean_cache)
+            allocated = write_atomic(final, tmp, data, self.clean_cache, record)
         return digests, allocated
+
+    async def _write_journaled(
+        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None
+    ) -> tuple[BlockDigests, int]:
+        """``_write`` in a worker thread; when the journal is full, write the index (which starts a
+        fresh generation) and try again, for as long as index writes succeed (each frees a journal)."""
+        while True:
+            journal = self.journal
+            gen = journal.gen if journal is not None else 0
+            try:
+                return await trio.to_thread.run_sync(self._write, entry, data, source, digests, limiter=self.limiter)
+            except JournalFull:
+                if not await self.persist(switch_from=gen):
+                    raise
+
+    def _journal_add(self, rec: Record) -> None:
+        """Worker thread: the record a copy needs before it may take its final name."""
+        if self.journal is not None and self.journal.gen >= 1:
+            self.journal.append(rec)
+
+    def _journal_failed(self, exc: Exception) -> None:
+        """A put whose record could not be written: the copy is not kept (it would not survive a crash)."""
+        self.counters.put_errors += 1
+        self._journal_errors += 1
+        if self._journal_errors == 1:
+            log.warning("%s: journal: %s; copies are refused until the index is written", self.name, exc)
+        self._persist_soon()
 
     def _write_failed(self, entry: int, exc: OSError) -> None:
         self.counters.put_errors += 1
@@ -405,11 +523,30 @@ class DirectoryTier:
         size = self._idx.remove(entry)
         charge = round_up(size, self.alloc) + self._over.pop(entry, 0)
         self.counters.drops += 1
+        if self.journal is not None and self.journal.gen >= 1:
+            # Synchronous (a few bytes to a local file) so the records keep the index's order.  If
+            # it fails the copy may come back after a crash: harmless, since every read is verified
+            # and the source's identity is checked again after each mount.
+            try:
+                self.journal.append(Record(REMOVE, entry))
+            except (OSError, JournalFull) as exc:
+                self._journal_failed(exc)
+                self.counters.put_errors -= 1  # counted as a journal error, not a failed put
         self._schedule_unlink(entry, charge)
         self._changed()
+        for listener in self.drop_listeners:
+            listener(entry)
 
     def _schedule_unlink(self, entry: int, charge: int) -> None:
         assert entry not in self._unlinking
+        if not in_trio():  # pruning at startup, before the loop runs: unlink now
+            try:
+                unlink_quiet(file_path(self.path, entry))
+                self.budget.release(charge)
+            except OSError as exc:
+                log.error("%s: cannot remove %s: %s", self.name, file_path(self.path, entry), exc.strerror)
+                self._stuck_bytes += charge
+            return
         done = self._unlinking[entry] = trio.Event()
         self._spawn(functools.partial(self._unlink, entry, charge, done), f"unlink {entry}")
 
@@ -428,14 +565,12 @@ class DirectoryTier:
             del self._unlinking[entry]
             done.set()
 
-    def prune_stale(self, sizes: IntColumn, mtimes_ns: IntColumn) -> int:
-        """Drop copies whose source no longer matches the snapshot's size/mtime; returns how many."""
+    def prune_stale(self, ids: SourceColumns) -> int:
+        """Drop copies made from another source identity than the snapshot records; returns how many."""
         ents = self._idx.entries()
-        sz = np.asarray(sizes)
-        mt = np.asarray(mtimes_ns)
-        inside = ents[ents < len(sz)]
-        differs = (sz[inside] != self._idx.size[inside]) | (mt[inside] != self._idx.mtime[inside])
-        stale = ents[ents >= len(sz)].tolist() + inside[differs].tolist()
+        i = self._idx
+        ok = ids.matches(ents, i.size[ents], i.mtime[ents], i.ctime[ents], i.ino[ents])
+        stale = ents[~ok].tolist()
         for e in stale:
             self.drop(int(e))
         self.counters.stale += len(stale)
@@ -445,6 +580,19 @@ class DirectoryTier:
 
     def _changed(self) -> None:
         self._changes += 1
+        if self._persister is None and in_trio():  # before the loop runs, close() writes it
+            self._persister = trio.CancelScope()
+            self._spawn(self._persist_later, "persist index")
+        if self.journal is not None and self.journal.fill() >= JOURNAL_SWITCH_AT:
+            self._persist_soon()
+
+    def _persist_soon(self) -> None:
+        """Write the index without waiting for the interval (the journal is filling up); not within
+        a second of a failed write, so a full disk does not turn this into a loop of failing writes."""
+        if self._persist_now or time.monotonic() - self._persist_failed_at < 1.0 or not in_trio():
+            return
+        self._persist_now = True
+        self._persist_wake.set()
         if self._persister is None:
             self._persister = trio.CancelScope()
             self._spawn(self._persist_later, "persist index")
@@ -454,28 +602,43 @@ class DirectoryTier:
         assert self._persister is not None
         try:
             with self._persister:
-                while self._changes != self._saved_changes:
-                    await trio.sleep(max(0.0, self._persisted_at + self.persist_interval - time.monotonic()))
-                    await self.persist()
+                while self._changes != self._saved_changes or self._persist_now:
+                    if not self._persist_now:
+                        wait = max(0.0, self._persisted_at + self.persist_interval - time.monotonic())
+                        with trio.move_on_after(wait):
+                            await self._persist_wake.wait()
+                    self._persist_wake = trio.Event()
+                    self._persist_now = False
+                    await self.persist(force=True)
         finally:
             self._persister = None
 
-    async def persist(self, force: bool = False) -> bool:
-        """Write the index if it changed (or ``force``); False if the write failed (logged)."""
+    async def persist(self, force: bool = False, switch_from: int | None = None) -> bool:
+        """Write the index if it changed (or ``force``, or the journal is still at generation
+        ``switch_from``); False if the write failed (logged).
+
+        The written index claims the next journal generation, and the journal switches to it only
+        once the index is in place (see journal.py for why that order is crash-safe)."""
         async with self._persist_lock:
-            if self._changes == self._saved_changes and not force:
+            if switch_from is not None:
+                if self.journal is None or self.journal.gen != switch_from:
+                    return True  # another write started a fresh generation meanwhile
+            elif self._changes == self._saved_changes and not force:
                 return True
             changes = self._changes
             arrays = self._idx.export()
+            journal = self.journal
+            gen = journal.gen + 1 if journal is not None else 1
             try:
-                await trio.to_thread.run_sync(
-                    index_io.save, self.path / INDEX_NAME, arrays, self.fingerprint, limiter=self.limiter
-                )
+                await trio.to_thread.run_sync(self._save_index, arrays, gen, limiter=self.limiter)
             except OSError as exc:
                 self._persist_errors += 1
-                self._persisted_at = time.monotonic()  # retry after an interval, not in a loop
+                self._persisted_at = self._persist_failed_at = time.monotonic()  # retry after an interval
                 log.warning("%s: cannot write the index: %s", self.name, exc.strerror or exc)
                 return False
+            if journal is not None:
+                journal.switch(gen)
+                self._journal_note = None
             self._saved_changes = changes
             self._persisted_at = time.monotonic()
             return True
@@ -536,6 +699,16 @@ class DirectoryTier:
             "index_memory_bytes": self._idx.memory_bytes(),
             "index_unsaved_changes": self._changes - self._saved_changes,
             "index_write_errors": self._persist_errors,
+            "journal": None
+            if self.journal is None
+            else {
+                "generation": self.journal.gen,
+                "fill": round(self.journal.fill(), 4),
+                "reserved": self.journal.reserved,
+                "records": self.journal.records,
+                "errors": self._journal_errors,
+                "note": self._journal_note,
+            },
             "opened": dict(self.opened),
             "audit": self._last_audit,
             **self.counters.as_dict(),

@@ -1,6 +1,6 @@
 """Blocking file I/O of the directory tier (run in worker threads), keeping the page cache clean.
 
-Why the page-cache care: a file the mount serves can sit in RAM three times (DESIGN 5): in the
+Why the page-cache care: a file the mount serves can sit in RAM three times: in the
 mount's page cache, in a RAM tier, and in the page cache of the tier disk.  Tier files are written
 back to disk and dropped from the page cache right after writing, and dropped again after each
 read, so the disk tier costs disk, not memory.
@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 from collections.abc import Callable
 from typing import cast
 
@@ -55,15 +56,31 @@ def drop_cache(fd: int, off: int = 0, size: int = 0) -> None:
     advise(fd, os.POSIX_FADV_DONTNEED, off, size)
 
 
-def write_atomic(final: str, tmp: str, data: bytes | memoryview, clean_cache: bool) -> int:
+def write_atomic(
+    final: str,
+    tmp: str,
+    data: bytes | memoryview,
+    clean_cache: bool,
+    before_rename: Callable[[], None] | None = None,
+) -> int:
     """Write ``data`` to ``tmp``, then rename it to ``final``; returns the bytes allocated on disk.
 
     The rename makes a file at ``final`` always whole: a crash leaves only a temporary name, which
-    the next open removes.  On any error the temporary file is removed and the error raised.
+    the next open removes.  ``before_rename`` runs once the data is written (the journal record a
+    final name needs).  On any error the temporary file is removed and the error raised.
+    O_NONBLOCK: a FIFO someone left at the temporary name fails the open (ENXIO) instead of
+    blocking the writer forever; the fstat then refuses anything but a regular file.
     """
     view = memoryview(data).cast("B")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
+        fd = os.open(tmp, flags, 0o600)
+    except OSError:
+        unlink_quiet(tmp)
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, f"{tmp} is not a regular file")
         done = 0
         while done < len(view):
             done += os.pwrite(fd, view[done : done + _MAX_PREAD], done)
@@ -71,6 +88,8 @@ def write_atomic(final: str, tmp: str, data: bytes | memoryview, clean_cache: bo
             write_back(fd)
             drop_cache(fd)
         allocated = os.fstat(fd).st_blocks * 512
+        if before_rename is not None:
+            before_rename()
     except BaseException:
         os.close(fd)
         unlink_quiet(tmp)
@@ -105,15 +124,23 @@ def read_verified(
 ) -> tuple[bytes | None, str | None]:
     """Bytes [start, end) of a tier file (block-aligned range), checked against ``digests``.
 
-    Returns (data, None), or (None, why) when the file is missing, has the wrong size or fails
-    its digests.  Other I/O errors are raised.
+    Returns (data, None), or (None, why) when the file is missing, is not a regular file, has the
+    wrong size or fails its digests.  Other I/O errors are raised.  O_NONBLOCK: a FIFO (or device)
+    in place of a copy must not block the reader; it is refused as damage.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None, "file missing"
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EACCES, errno.EPERM):
+            return None, f"cannot be opened ({exc.strerror})"
+        raise
     try:
-        st_size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        st_size = st.st_size
         if st_size != digests.size:
             return None, f"size {st_size}, recorded {digests.size}"
         if clean_cache and end - start < digests.size:

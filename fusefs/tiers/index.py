@@ -1,13 +1,19 @@
-"""The directory tier's index: entry -> size, source mtime, digests; kept in numpy columns.
+"""The directory tier's index: entry -> size, source identity, digests; kept in numpy columns.
 
 Why columns indexed by entry: a tier on a large SSD holds millions of files, and a Python object
 per file would cost ~250 bytes each; here a slot costs COLUMN_BYTES whether used or not, like the
 snapshot's own columns.  Files of more than one digest block keep their other digests in a dict
 (few files, many blocks each).
 
-The index is persisted in the tier directory as one .npz written to a temporary name, fsynced and
-renamed, so a crash leaves the previous index or the new one, never a torn one.  It may lag the
-files on disk; opening reconciles the two (see directory.py), and every read is verified anyway.
+Each copy records the identity of the source it was made from (size, mtime, ctime, inode:
+:mod:`fusefs.meta.identity`), and is served only while the source still has it.
+
+The index is persisted in the tier directory as one .npz written to a temporary name (mode 0600),
+fsynced and renamed, so a crash leaves the previous index or the new one, never a torn one.  It
+carries its format version, the snapshot fingerprint, the journal generation it is current up to
+(journal.py) and a checksum over all of that and every column; any mismatch means a cold start.
+Changes between two index writes are in the journal; opening replays it (see directory.py), and
+every read is verified anyway.
 """
 
 from __future__ import annotations
@@ -19,18 +25,23 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
+from fusefs.meta.digests import persisted_digest
+from fusefs.meta.identity import SourceId
 from fusefs.tiers.digest import BLOCK, BlockDigests, block_count
 
-FORMAT = 1
+FORMAT = 2
+"""2: source identity columns (ctime, inode), the journal generation and a checksum over the metadata."""
 INDEX_NAME = "seerfs-index.npz"
-COLUMN_BYTES = 8 + 8 + 8 + 4
-"""Bytes per entry slot in memory: size, source mtime, first digest, generation."""
-ROW_BYTES = 8 * 4
-"""Bytes per cached file in the persisted index (entry, size, mtime, first digest)."""
+RESERVE_NAME = "seerfs-index.reserve"
+"""Space held for the next index write: freed and reused when the disk is full (directory.py)."""
+COLUMN_BYTES = 8 * 5 + 4
+"""Bytes per entry slot in memory: size, source mtime/ctime/inode, first digest, generation."""
+ROW_BYTES = 8 * 6
+"""Bytes per cached file in the persisted index (entry, size, mtime, ctime, inode, first digest)."""
 
 _ABSENT = -1
+_COLUMNS = (("size", _ABSENT), ("mtime", 0), ("ctime", 0), ("ino", 0), ("digest0", 0), ("gen", 0))
 
 
 class IndexError_(ValueError):
@@ -41,6 +52,8 @@ class TierIndex:
     def __init__(self) -> None:
         self.size: npt.NDArray[np.int64] = np.full(0, _ABSENT, np.int64)
         self.mtime: npt.NDArray[np.int64] = np.zeros(0, np.int64)
+        self.ctime: npt.NDArray[np.int64] = np.zeros(0, np.int64)
+        self.ino: npt.NDArray[np.uint64] = np.zeros(0, np.uint64)
         self.digest0: npt.NDArray[np.uint64] = np.zeros(0, np.uint64)
         self.gen: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
         self.extra: dict[int, tuple[int, ...]] = {}  # digests after the first, for multi-block files
@@ -50,7 +63,7 @@ class TierIndex:
     def _grow(self, entry: int) -> None:
         n = max(entry + 1, 2 * len(self.size), 1024)
         old = len(self.size)
-        for name, fill in (("size", _ABSENT), ("mtime", 0), ("digest0", 0), ("gen", 0)):
+        for name, fill in _COLUMNS:
             col = getattr(self, name)
             new = np.full(n, fill, col.dtype)
             new[:old] = col
@@ -62,6 +75,10 @@ class TierIndex:
     def size_of(self, entry: int) -> int | None:
         return int(self.size[entry]) if self.has(entry) else None
 
+    def source_of(self, entry: int) -> SourceId:
+        e = entry
+        return SourceId(int(self.size[e]), int(self.mtime[e]), int(self.ctime[e]), int(self.ino[e]))
+
     def generation(self, entry: int) -> int:
         return int(self.gen[entry]) if 0 <= entry < len(self.gen) else 0
 
@@ -70,21 +87,25 @@ class TierIndex:
         rest = self.extra.get(entry, ()) if size > BLOCK else ()
         return BlockDigests(size, (int(self.digest0[entry]), *rest))
 
-    def add(self, entry: int, size: int, mtime_ns: int, digests: BlockDigests) -> None:
+    def add(self, entry: int, source: SourceId, digests: BlockDigests) -> None:
         if entry < 0:
             raise ValueError(f"negative entry {entry}")
+        if source.size != digests.size:
+            raise ValueError(f"entry {entry}: source of {source.size} bytes, digests of {digests.size}")
         if entry >= len(self.size):
             self._grow(entry)
         if self.has(entry):
             self.remove(entry)
-        self.size[entry] = size
-        self.mtime[entry] = mtime_ns
+        self.size[entry] = source.size
+        self.mtime[entry] = source.mtime_ns
+        self.ctime[entry] = source.ctime_ns
+        self.ino[entry] = source.ino
         self.digest0[entry] = digests.digests[0]
         if digests.blocks > 1:
             self.extra[entry] = digests.digests[1:]
         self.gen[entry] += 1
         self.count += 1
-        self.data_bytes += size
+        self.data_bytes += source.size
 
     def remove(self, entry: int) -> int:
         """Forget ``entry``; returns its size."""
@@ -112,6 +133,8 @@ class TierIndex:
             "entry": ents.astype(np.int64),
             "size": self.size[ents],
             "mtime": self.mtime[ents],
+            "ctime": self.ctime[ents],
+            "ino": self.ino[ents],
             "digest0": self.digest0[ents],
             "multi": np.array(multi, np.int64),
             "extra": np.array([d for e in multi for d in self.extra[e]], np.uint64),
@@ -123,15 +146,17 @@ class TierIndex:
         ents = arrays["entry"].astype(np.int64)
         sizes = arrays["size"].astype(np.int64)
         n = len(ents)
-        if not (len(sizes) == len(arrays["mtime"]) == len(arrays["digest0"]) == n):
+        if not all(len(arrays[k]) == n for k in ("size", "mtime", "ctime", "ino", "digest0")):
             raise ValueError("columns of different lengths")
         if n == 0:
             return idx
-        if int(ents.min()) < 0 or int(sizes.min()) < 0 or len(np.unique(ents)) != n:
-            raise ValueError("negative or repeated rows")
+        if int(ents.min()) < 0 or int(ents.max()) >= 1 << 32 or int(sizes.min()) < 0 or len(np.unique(ents)) != n:
+            raise ValueError("entries out of range or repeated, or negative sizes")
         idx._grow(int(ents.max()))
         idx.size[ents] = sizes
         idx.mtime[ents] = arrays["mtime"]
+        idx.ctime[ents] = arrays["ctime"]
+        idx.ino[ents] = arrays["ino"]
         idx.digest0[ents] = arrays["digest0"]
         idx.gen[ents] = 1
         idx.count = n
@@ -149,48 +174,65 @@ class TierIndex:
         return idx
 
 
-def _checksum(arrays: dict[str, npt.NDArray[Any]]) -> str:
-    h = xxhash.xxh3_64()
-    for name in sorted(arrays):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
-    return h.hexdigest()
+_ARRAYS = ("entry", "size", "mtime", "ctime", "ino", "digest0", "multi", "extra")
 
 
-def save(path: Path, arrays: dict[str, npt.NDArray[Any]], fingerprint: str) -> None:
-    """Write atomically (temp name, fsync, rename, fsync the directory). Runs in a worker thread."""
-    meta = {"format": FORMAT, "block": BLOCK, "fingerprint": fingerprint, "checksum": _checksum(arrays)}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        members: dict[str, Any] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
-        np.savez(fh, **members)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+def _meta(fingerprint: str, journal_gen: int) -> dict[str, Any]:
+    return {"format": FORMAT, "block": BLOCK, "fingerprint": fingerprint, "journal_gen": journal_gen}
+
+
+def fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
 
 
-def load(path: Path, fingerprint: str) -> TierIndex:
-    """The persisted index, or IndexError_ saying why it cannot be used."""
+def save(path: Path, arrays: dict[str, npt.NDArray[Any]], fingerprint: str, journal_gen: int) -> int:
+    """Write atomically (temp name, fsync, rename, fsync the directory); returns the bytes written.
+
+    Runs in a worker thread.  On any error the temporary file is removed and the error raised."""
+    meta = _meta(fingerprint, journal_gen)
+    meta["checksum"] = persisted_digest(meta, arrays)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            members: dict[str, Any] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays}
+            np.savez(fh, **members)
+            fh.flush()
+            os.fsync(fh.fileno())
+            written = fh.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return written
+
+
+def load(path: Path, fingerprint: str) -> tuple[TierIndex, int]:
+    """The persisted index and its journal generation, or IndexError_ saying why it cannot be used."""
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(data["meta"].tobytes())
-            arrays = {k: data[k] for k in ("entry", "size", "mtime", "digest0", "multi", "extra")}
+            arrays = {k: data[k] for k in _ARRAYS}
     except FileNotFoundError:
         raise IndexError_("no index") from None
     except Exception as exc:  # OSError, ValueError, KeyError, zipfile.BadZipFile... from a damaged file
         raise IndexError_(f"index unreadable ({exc.__class__.__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("block") != BLOCK:
-        raise IndexError_("index of another format")
+        found = meta.get("format") if isinstance(meta, dict) else "?"
+        raise IndexError_(f"index of another format ({found}, this seerfs reads {FORMAT})")
     if meta.get("fingerprint") != fingerprint:
         raise IndexError_("source changed (snapshot fingerprint differs)")
-    if meta.get("checksum") != _checksum(arrays):
+    gen = meta.get("journal_gen")
+    if not isinstance(gen, int) or gen < 1:
+        raise IndexError_("index without a journal generation")
+    if meta.get("checksum") != persisted_digest(_meta(fingerprint, gen), arrays):
         raise IndexError_("index checksum mismatch")
     try:
-        return TierIndex.from_arrays(arrays)
+        return TierIndex.from_arrays(arrays), gen
     except ValueError as exc:
         raise IndexError_(f"index inconsistent ({exc})") from None

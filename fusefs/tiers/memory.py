@@ -9,12 +9,14 @@ the same buffer), and hashing on every hit would cost more than the hit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from fusefs.tiers.base import IntColumn, PutSlot, TierCounters
+from fusefs.meta.identity import SourceColumns, SourceId
+from fusefs.tiers.base import PutSlot, TierCounters
 from fusefs.tiers.budget import Budget
 from fusefs.tiers.digest import BLOCK, BlockDigests
 
@@ -31,7 +33,7 @@ _MMAP_THRESHOLD = 128 << 10
 class _Held:
     data: bytes
     digests: BlockDigests
-    mtime_ns: int
+    source: SourceId
     charge: int
 
 
@@ -49,6 +51,7 @@ class MemoryTier:
         self._held: dict[int, _Held] = {}
         self._inflight: dict[int, PutSlot] = {}
         self._data_bytes = 0
+        self.drop_listeners: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------------ queries
 
@@ -62,6 +65,10 @@ class MemoryTier:
     def digests_of(self, entry: int) -> BlockDigests | None:
         held = self._held.get(entry)
         return None if held is None else held.digests
+
+    def source_of(self, entry: int) -> SourceId | None:
+        held = self._held.get(entry)
+        return None if held is None else held.source
 
     def footprint(self, size: int) -> int:
         """Budget bytes a file of ``size`` bytes takes in this tier (its RAM, measured by bench_tiers)."""
@@ -78,13 +85,16 @@ class MemoryTier:
         self,
         entry: int,
         data: bytes,
-        source_mtime_ns: int,
+        source: SourceId,
         digests: BlockDigests | None = None,
     ) -> bool:
-        """Keep ``data`` (whole file) for ``entry``; False when it does not fit. Never evicts."""
+        """Keep ``data`` (whole file) for ``entry``, made from the source file ``source``; False when
+        it does not fit. Never evicts."""
+        if source.size != len(data):
+            raise ValueError(f"entry {entry}: source of {source.size} bytes, data has {len(data)}")
         held = self._held.get(entry)
         if held is not None:
-            if len(held.data) == len(data):
+            if held.source == source:
                 return True
             self.drop(entry)
         slot = self._inflight.get(entry)
@@ -106,7 +116,7 @@ class MemoryTier:
                 else:
                     digests = BlockDigests.of(blob)
             if not slot.dropped:
-                self._held[entry] = _Held(blob, digests, source_mtime_ns, charge)
+                self._held[entry] = _Held(blob, digests, source, charge)
                 self._data_bytes += len(blob)
                 self.counters.puts += 1
                 self.counters.put_bytes += len(blob)
@@ -167,15 +177,13 @@ class MemoryTier:
             self._data_bytes -= len(held.data)
             self.budget.release(held.charge)
             self.counters.drops += 1
+            for listener in self.drop_listeners:
+                listener(entry)
 
-    def prune_stale(self, sizes: IntColumn, mtimes_ns: IntColumn) -> int:
-        """Drop copies whose source no longer matches the snapshot's size/mtime; returns how many."""
-        n = len(sizes)
-        stale = [
-            e
-            for e, h in self._held.items()
-            if e >= n or int(sizes[e]) != len(h.data) or int(mtimes_ns[e]) != h.mtime_ns
-        ]
+    def prune_stale(self, ids: SourceColumns) -> int:
+        """Drop copies made from another source identity than the snapshot records; returns how many."""
+        n = len(ids)
+        stale = [e for e, h in self._held.items() if e >= n or ids.of(e) != h.source]
         for e in stale:
             self.drop(e)
         self.counters.stale += len(stale)

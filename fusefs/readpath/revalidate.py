@@ -1,0 +1,260 @@
+"""Serving a cached copy only while its source is the file it was made from.
+
+Every copy a tier holds records its source's identity (size, mtime, ctime, inode:
+:mod:`fusefs.meta.identity`), and the snapshot records what the walk saw.  Rules:
+
+* After every (re)mount, a cached copy is served only after one fresh stat of its source in this
+  mount matched.  Those stats run ahead of the readers, in the order the prefetcher predicts
+  (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself.  A read
+  from the PFS checks the identity on its own descriptor, which counts as that stat.
+* While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
+  second; each file once per round, by its owner when the node is in a group (``mine``).  A round
+  takes (cached files) / rate seconds (at least MIN_ROUND_SECONDS), the staleness bound shown in status.
+* A change seen by any of these (or by a PFS read) makes the file CHANGED for the rest of the
+  mount: its opens fail with EIO (the tree keeps the snapshot's sizes), its copies are dropped
+  from every tier, its kernel page cache is invalidated, status names it, and the persisted
+  snapshot is marked so the next mount walks the source again and serves the new content.
+
+In a group, a replica this node holds of a file another node owns is its owner's to recheck, but no
+message tells this node what the owner saw (that needs a note in the peer protocol); so every
+``replicas_every``-th round (the group's size) also covers this node's replicas.  A file held on k
+of N nodes then costs about 1 + (k - 1) / N stats per round in all, and a replica's staleness bound
+is N rounds instead of one.
+
+What it cannot see: a change the PFS client does not show yet (an NFS client's attribute cache,
+``actimeo``, delays it by up to that many seconds), and one that happens after the last check and
+before a read of a copy (bounded by the round time).
+
+Concurrency rules: bookkeeping (``state``, the queues, counters) changes only on the trio thread;
+stats run in worker threads under ``limiter`` and return results.  Concurrent checks of one entry
+share one stat (``_checking``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from fusefs.meta.identity import SourceId
+from fusefs.meta.snapshot import Snapshot
+from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.staging import Staging
+from fusefs.tiers import Tier
+
+log = logging.getLogger(__name__)
+
+UNCHECKED, FRESH, CHANGED = 0, 1, 2
+TICK = 0.1  # seconds between batches of a background round
+MIN_ROUND_SECONDS = 1.0
+"""A round of a few cached files still takes this long: the rate is a ceiling, not a quota to spend."""
+_MAX_LISTED = 100
+
+MineMask = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]
+"""Which of these entries this node checks in background rounds (the rest have another owner)."""
+
+
+def stat_identity(path: bytes) -> SourceId | str:
+    """The source's identity, or why it has none (gone, not a regular file). Worker thread."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file any more (a FIFO, socket, device, link or directory)"
+    return SourceId.of(st)
+
+
+class Revalidator:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        tiers: Sequence[Tier],
+        staging: Staging,
+        counters: ReadCounters,
+        rate: float,
+        threads: int = 4,
+    ) -> None:
+        self.snapshot = snapshot
+        self.ids = snapshot.source_ids()
+        self.tiers = list(tiers)
+        self.staging = staging
+        self.counters = counters
+        self.rate = rate
+        self.limiter = trio.CapacityLimiter(threads)
+        self.state: npt.NDArray[np.uint8] = np.zeros(len(snapshot), np.uint8)
+        self.changed: dict[int, str] = {}
+        self.mine: MineMask = lambda entries: np.ones(entries.shape, np.bool_)
+        # Every this many rounds, replicas of other owners' files are rechecked too (the group's size,
+        # asked each round: a rendezvous group grows after the mount).
+        self.replicas_every: Callable[[], int] = lambda: 1
+        self.on_changed: list[Callable[[str, str], None]] = []  # (relative path, reason)
+        self.stats = {"ahead": 0, "open": 0, "background": 0}
+        self.rounds = 0
+        self.round_files = 0  # files the current round checks
+        self.last_round_seconds: float | None = None
+        self.round_started = 0.0
+        self._checking: dict[int, trio.Event] = {}
+        self._ahead: Sequence[int] = ()
+        self._ahead_pos = 0
+        self._ahead_wake = trio.Event()
+
+    # ------------------------------------------------------------------ questions of the read path
+
+    def is_changed(self, entry: int) -> bool:
+        return int(self.state[entry]) == CHANGED
+
+    def reason(self, entry: int) -> str:
+        return self.changed.get(entry, "changed since the snapshot")
+
+    def fresh(self, entry: int) -> None:
+        """A PFS read just checked the identity on its descriptor: as good as a stat."""
+        if int(self.state[entry]) == UNCHECKED:
+            self.state[entry] = FRESH
+
+    def cached(self, entry: int) -> bool:
+        return any(t.contains(entry) for t in self.tiers)
+
+    async def ensure(self, entry: int) -> bool:
+        """Before a cached copy of ``entry`` is served: True when its source was seen unchanged in
+        this mount (stat it now if not yet), False when it changed (its copies are dropped then)."""
+        state = int(self.state[entry])
+        if state == UNCHECKED:
+            await self._check(entry, "open")
+            state = int(self.state[entry])
+        return state == FRESH
+
+    # ------------------------------------------------------------------ checking
+
+    async def _check(self, entry: int, why: str) -> None:
+        running = self._checking.get(entry)
+        if running is not None:
+            await running.wait()
+            return
+        done = self._checking[entry] = trio.Event()
+        try:
+            path = self.snapshot.source_path(entry)
+            seen = await trio.to_thread.run_sync(stat_identity, path, limiter=self.limiter)
+            self.stats[why] += 1
+            self._judge(entry, seen)
+        finally:
+            del self._checking[entry]
+            done.set()
+
+    def _judge(self, entry: int, seen: SourceId | str) -> None:
+        if int(self.state[entry]) == CHANGED:
+            return
+        reason = seen if isinstance(seen, str) else seen.change_from(self.ids.of(entry))
+        if reason is None:
+            self.state[entry] = FRESH
+        else:
+            self.mark_changed(entry, f"{reason} since the snapshot")
+
+    def mark_changed(self, entry: int, reason: str) -> None:
+        """The source of ``entry`` is not the file the snapshot saw: never serve it again this mount."""
+        if int(self.state[entry]) == CHANGED:
+            return
+        self.state[entry] = CHANGED
+        if len(self.changed) < _MAX_LISTED:
+            self.changed[entry] = reason
+        for tier in self.tiers:
+            tier.drop(entry)
+        self.staging.forget(entry)  # staged copies, kept pages: dropped, the kernel's pages invalidated
+        path = os.fsdecode(self.snapshot.tree.path(entry))
+        self.counters.mark_stale(path, reason)
+        log.warning("%s: %s; its reads fail with EIO until a remount or --rescan", path, reason)
+        for listener in self.on_changed:
+            listener(path, reason)
+
+    # ------------------------------------------------------------------ ahead of the readers
+
+    def upcoming(self, entries: Sequence[int]) -> None:
+        """The prefetcher's predicted reads, in order: check their cached copies before the opens come."""
+        self._ahead, self._ahead_pos = entries, 0
+        self._ahead_wake.set()
+
+    async def _ahead_loop(self, parallel: int) -> None:
+        async with trio.open_nursery() as nursery:
+            slots = trio.Semaphore(parallel)
+            while True:
+                await self._ahead_wake.wait()
+                self._ahead_wake = trio.Event()
+                while self._ahead_pos < len(self._ahead) and not self._ahead_wake.is_set():
+                    entry = int(self._ahead[self._ahead_pos])
+                    self._ahead_pos += 1
+                    if int(self.state[entry]) != UNCHECKED or not self.cached(entry):
+                        continue
+                    await slots.acquire()
+                    nursery.start_soon(self._ahead_one, entry, slots)
+
+    async def _ahead_one(self, entry: int, slots: trio.Semaphore) -> None:
+        try:
+            await self._check(entry, "ahead")
+        finally:
+            slots.release()
+
+    # ------------------------------------------------------------------ background rounds
+
+    def cached_entries(self) -> npt.NDArray[np.int64]:
+        """Every entry with a copy this node could serve: tier copies and pages kept in the page cache."""
+        parts = [np.asarray(t.entries(), np.int64) for t in self.tiers]
+        parts.append(np.asarray(self.staging.cached_entries(), np.int64))
+        ents = np.unique(np.concatenate(parts))  # sorted: a round walks the source in entry order
+        return ents[self.state[ents] != CHANGED] if ents.size else ents
+
+    async def _round_loop(self) -> None:
+        while True:
+            ents = self.cached_entries()
+            with_replicas = self.rounds % max(1, self.replicas_every()) == 0
+            ents = ents[self.mine(ents)] if ents.size and not with_replicas else ents
+            if not ents.size:
+                await trio.sleep(1.0)
+                continue
+            self.round_files = int(ents.size)
+            self.round_started = time.monotonic()
+            per_tick = max(1, int(self.rate * TICK))
+            for k in range(0, ents.size, per_tick):
+                batch = [int(e) for e in ents[k : k + per_tick].tolist() if int(self.state[e]) != CHANGED]
+                paths = [self.snapshot.source_path(e) for e in batch]
+                seen = await trio.to_thread.run_sync(_stat_all, paths, limiter=self.limiter)
+                self.stats["background"] += len(batch)
+                for entry, result in zip(batch, seen, strict=True):
+                    self._judge(entry, result)
+                # Pace by the clock: stat number k + per_tick is due at round start + (k + per_tick) / rate.
+                await trio.sleep(max(0.0, self.round_started + (k + per_tick) / self.rate - time.monotonic()))
+            self.last_round_seconds = time.monotonic() - self.round_started
+            self.rounds += 1
+            await trio.sleep(max(0.0, self.round_started + MIN_ROUND_SECONDS - time.monotonic()))
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._ahead_loop, max(1, int(self.limiter.total_tokens)))
+            nursery.start_soon(self._round_loop)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        cached = self.round_files
+        return {
+            "rate_per_s": self.rate,
+            "round_files": cached,
+            "replicas_every_rounds": self.replicas_every(),
+            "round_seconds": round(max(cached / self.rate, MIN_ROUND_SECONDS), 3),  # the staleness bound
+            "last_round_seconds": None if self.last_round_seconds is None else round(self.last_round_seconds, 3),
+            "rounds": self.rounds,
+            "stats": dict(self.stats),
+            "fresh_files": int(np.count_nonzero(self.state == FRESH)),
+            "changed_total": int(np.count_nonzero(self.state == CHANGED)),
+            "changed": {os.fsdecode(self.snapshot.tree.path(e)): r for e, r in self.changed.items()},
+        }
+
+
+def _stat_all(paths: list[bytes]) -> list[SourceId | str]:
+    return [stat_identity(p) for p in paths]
