@@ -1,111 +1,138 @@
-"""Staging bookkeeping when a reader's open races the push of the same file (no mount: pushes are recorded)."""
+"""Staging against the kernel when a reader's open races the push of the same file.
+
+In process (see ``inprocess``): the read path is served under trio with the real executor, policy
+and handlers; the kernel's notify_store / invalidate_inode are recorded, and a push can be held in
+its worker thread to open the race.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Awaitable, Callable
+import os
+from pathlib import Path
 
+import pyfuse3
+import pytest
 import trio
+import trio.testing
+from inprocess import CTX, Mount, assemble, drained, make_source, serve, until
 
 from fusefs.meta.ids import inode_of
-from fusefs.readpath.staging import Staging
-from fusefs.tiers import Budget
-
-SIZE = 1000
 
 
-class Kernel:
-    """Stands in for notify_store / invalidate_inode; a push can be held mid-way to open the race."""
-
-    def __init__(self) -> None:
-        self.pushed: list[int] = []
-        self.invalidated: list[int] = []
-        self.hold = threading.Event()
-        self.hold.set()
-        self.entered = threading.Event()
-
-    def push(self, inode: int, offset: int, data: bytes) -> None:
-        self.entered.set()
-        self.hold.wait(10)
-        self.pushed.append(inode)
-
-    def invalidate(self, inode: int) -> None:
-        self.invalidated.append(inode)
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("staging") / "src"
+    return root, make_source(root)
 
 
-def staging_with(kernel: Kernel) -> tuple[Staging, Budget]:
-    budget = Budget(100 * SIZE, "memory")
-    return Staging(budget, 50 * SIZE, "page_cache", push=kernel.push, invalidate=kernel.invalidate), budget
+def held_push(m: Mount) -> int:
+    """An entry whose push the kernel holds (the others of the window wait behind it)."""
+    pushing = [e for e, p in m.rp.policy.pages.items() if p.state == "pushing"]
+    assert pushing
+    return pushing[0]
 
 
-async def during_push(staging: Staging, kernel: Kernel, entry: int, meanwhile: Callable[[], Awaitable[None]]) -> None:
-    """Stage ``entry``, run ``meanwhile`` while its push is held in flight, then let the push end."""
-    assert staging.reserve(entry, SIZE)
-    kernel.hold.clear()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(staging.fill, entry, b"x" * SIZE)
-        await trio.to_thread.run_sync(kernel.entered.wait, 10)
-        await meanwhile()
-        kernel.hold.set()
-    await drain(staging)
+def test_a_file_opened_and_released_during_its_push_keeps_its_pages(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """The reader is served the bytes being pushed and its pages are cached; the push that ends after
+    the release must not invalidate them, and their charge moves to kept pages."""
+    m = assemble(source[0], source[1], tmp_path)
+    m.kernel.hold.clear()
+    seen: list[tuple[int, bytes]] = []
+
+    async def body() -> None:
+        m.rp.prefetcher.on_plan(m.plan())
+        await trio.to_thread.run_sync(m.kernel.entered.wait, 10)
+        entry = held_push(m)
+        seen.append((entry, (await m.read_inode(inode_of(entry)))[0]))
+        m.kernel.hold.set()
+        await until(lambda: inode_of(entry) in m.kernel.pushed)
+        await drained(m)
+
+    serve(m, body)
+    entry, data = seen[0]
+    assert data == m.bytes_of(entry)
+    assert inode_of(entry) not in m.kernel.invalidated and m.kernel.pages[inode_of(entry)] == data
+    assert m.rp.policy.kept[entry] == len(data)
+    assert m.rp.counters.sources["memory"].files == 1 and m.rp.policy.unused == 0
 
 
-async def drain(staging: Staging) -> None:
-    """Run the invalidation task until every queued drop reached the kernel (fill queues them synchronously)."""
-    queued = staging._drop_send.statistics().current_buffer_used
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(staging.run)
-        with trio.fail_after(5):
-            while staging.invalidations < queued:
-                await trio.sleep(0.005)
-        nursery.cancel_scope.cancel()
+def test_a_file_dropped_during_its_push_loses_the_pushed_pages(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """Control for the rule above: nobody opened it and the window went (no plan any more) while its
+    push was in flight, so the pushed pages are invalidated and nothing stays charged for it."""
+    m = assemble(source[0], source[1], tmp_path)
+    m.kernel.hold.clear()
+    held: list[int] = []
+
+    async def body() -> None:
+        m.rp.prefetcher.on_plan(m.plan())
+        await trio.to_thread.run_sync(m.kernel.entered.wait, 10)
+        held.append(held_push(m))
+        m.rp.prefetcher.on_plan(None)  # the plan failed: the window is meaningless
+        m.kernel.hold.set()
+        await until(lambda: inode_of(held[0]) in m.kernel.invalidated)
+        await drained(m)
+
+    serve(m, body)
+    assert inode_of(held[0]) not in m.kernel.pages
+    assert held[0] not in m.rp.policy.kept and m.rp.policy.staged_bytes == 0
 
 
-def test_a_file_opened_and_released_during_its_push_keeps_its_pages() -> None:
-    """The reader pulled the file's pages through the mount while the push was in flight; the push that
-    finishes after the release must not invalidate them, and their charge moves to kept pages."""
-    kernel = Kernel()
-    staging, budget = staging_with(kernel)
+def test_a_file_opened_before_its_bytes_came_is_not_pushed(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """The open awaits the stage's fetch and reads the file through the mount itself, so the fetched
+    bytes are not pushed a second time; the release keeps the pages it read."""
+    m = assemble(source[0], source[1], tmp_path)
+    gate = trio.Event()
+    for e in range(len(m.rp.snapshot)):
+        m.peer.gates[e] = gate  # every fetch is held at the peer (which has nothing, then the PFS)
+    seen: list[tuple[int, bytes, pyfuse3.FileInfo]] = []
 
-    async def reader() -> None:
-        assert staging.take(7) is None  # not usable yet: the open reads through the mount
-        assert staging.note_read(7, SIZE)  # its pages are charged by the staged reservation
-        staging.retire(7)  # the reader's release
+    async def body() -> None:
+        policy = m.rp.policy
+        m.rp.prefetcher.on_plan(m.plan())
+        await until(lambda: bool(policy.view.stage) and policy.view.stage[0] in m.peer.asked)
+        entry = policy.view.stage[0]
 
-    trio.run(during_push, staging, kernel, 7, reader)
-    assert kernel.pushed == [inode_of(7)]
-    assert kernel.invalidated == []
-    assert staging.kept == {7: SIZE} and budget.used == SIZE
-    assert staging.unused == 0
+        async def reader() -> None:
+            fi = await m.ops.open(pyfuse3.InodeT(inode_of(entry)), os.O_RDONLY, CTX)  # waits for the fetch
+            data = bytes(await m.ops.read(fi.fh, 0, 1 << 20))
+            await m.ops.release(fi.fh)
+            seen.append((entry, data, fi))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        await until(lambda: not policy.pages or all(p.state != "fetching" for p in policy.pages.values()))
+
+    serve(m, body)
+    entry, data, fi = seen[0]
+    assert data == m.bytes_of(entry) and fi.keep_cache
+    assert inode_of(entry) not in m.kernel.pushed
+    assert entry in m.rp.policy.kept
+    assert m.rp.counters.sources["inflight"].files >= 1
 
 
-def test_a_file_dropped_during_its_push_loses_the_pushed_pages() -> None:
-    """Control for the rule above: a staged file nobody opened, dropped with the window while its push
-    was in flight, has the pushed pages invalidated and its charge released."""
-    kernel = Kernel()
-    staging, budget = staging_with(kernel)
+def test_a_push_the_kernel_refuses_is_served_from_ram(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    """Before any lookup the kernel knows no inode (ENOENT): the staged bytes stay in RAM and serve the open."""
+    m = assemble(source[0], source[1], tmp_path)
+    m.kernel.unknown = {inode_of(e) for e in range(len(m.rp.snapshot))}
+    seen: list[tuple[int, bytes]] = []
 
-    async def new_plan() -> None:
-        await staging.clear()  # the window is meaningless now
+    async def body() -> None:
+        policy = m.rp.policy
+        m.rp.prefetcher.on_plan(m.plan())
+        await until(lambda: bool(policy.view.stage))
+        first = policy.view.stage[0]
+        await until(lambda: first in policy.pages and policy.pages[first].state == "held")
+        seen.append((first, (await m.read_inode(inode_of(first)))[0]))
 
-    trio.run(during_push, staging, kernel, 7, new_plan)
-    assert kernel.invalidated == [inode_of(7)]
-    assert staging.kept == {} and budget.used == 0
-
-
-def test_a_file_opened_before_its_bytes_came_is_not_pushed() -> None:
-    """An open that arrived while the file was still being fetched reads it through the mount itself,
-    so the fetched bytes are not pushed a second time; the release keeps the pages."""
-    kernel = Kernel()
-    staging, budget = staging_with(kernel)
-
-    async def main() -> None:
-        assert staging.reserve(7, SIZE)
-        assert staging.take(7) is None
-        await staging.fill(7, b"x" * SIZE)
-        staging.retire(7)
-        await drain(staging)
-
-    trio.run(main)
-    assert kernel.pushed == [] and kernel.invalidated == []
-    assert staging.kept == {7: SIZE} and budget.used == SIZE
+    serve(m, body)
+    entry, data = seen[0]
+    assert data == m.bytes_of(entry) and m.kernel.pages == {}
+    assert m.rp.staging.push_failures >= 1 and m.rp.counters.sources["memory"].files == 1

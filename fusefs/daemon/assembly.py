@@ -1,17 +1,22 @@
-"""Builds the daemon's components for one mount and runs the pyfuse3 loop.
+"""Builds the daemon's components for one mount, mounts it, and runs the pyfuse3 loop.
 
 Kept apart from :mod:`fusefs.daemon.lifecycle` (forking, readiness, logging) so the assembly can be
-built in-process.
+built in-process.  Building and mounting are separate steps: :func:`build_readpath` and
+:func:`build_operations` make the read path and the real Operations handlers with the kernel's
+page-cache calls and every source (PFS reader, tiers, peer fetch) passed in, so they also run in
+one process without /dev/fuse; :meth:`Daemon.mount` is the step that needs the kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +37,7 @@ from fusefs.cluster.formation import (
     listen_socket,
 )
 from fusefs.cluster.peergroup import PeerGroup
+from fusefs.config import Config
 from fusefs.daemon.checks import MountRequest
 from fusefs.daemon.runtime import MountRecord
 from fusefs.daemon.status import StatusBoard
@@ -45,13 +51,14 @@ from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
 from fusefs.progress import LOG_INTERVAL_S, Progress
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
+from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
-from fusefs.readpath.staging import Staging
-from fusefs.tiers import Budget, build_tiers, memory_budget
+from fusefs.readpath.staging import Kernel, Staging
+from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.plan import plan_inputs
 
 log = logging.getLogger(__name__)
@@ -61,6 +68,96 @@ GIL_SWITCH_INTERVAL = 0.001
 
 def _escape_opt(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
+@dataclass
+class ReadPath:
+    """One mount's read path: what an open, a read and a release go through, and the prefetching."""
+
+    cfg: Config
+    snapshot: Snapshot
+    counters: ReadCounters
+    budget: Budget
+    tiers: list[Tier]
+    reader: PfsReader
+    policy: ReadPolicy
+    staging: Staging
+    fetcher: Fetcher
+    prefetcher: Prefetcher
+    files: CachedFiles
+    revalidator: Revalidator
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve: fetches, staging and prefetching run in this task's nursery until it is cancelled."""
+        async with trio.open_nursery() as nursery:
+            self.fetcher.attach(nursery)
+            nursery.start_soon(self.staging.run)
+            nursery.start_soon(self.prefetcher.run)
+            nursery.start_soon(self.revalidator.run)
+            task_status.started()
+
+
+def build_readpath(
+    cfg: Config,
+    snapshot: Snapshot,
+    *,
+    counters: ReadCounters | None = None,
+    kernel: Kernel | None = None,
+    reader: PfsReader | None = None,
+    budget: Budget | None = None,
+    tiers: list[Tier] | None = None,
+    peer_fetch: PeerFetch | None = None,
+) -> ReadPath:
+    """Tiers, staging, fetcher, policy and prefetcher for ``snapshot`` under ``cfg``.
+
+    ``kernel`` makes the page-cache calls (default: the mounted kernel, through pyfuse3), ``reader``
+    reads the PFS, ``tiers`` (charging ``budget``) hold local copies and ``peer_fetch`` asks the
+    owning peer; each defaults to what ``cfg`` configures.
+    """
+    counters = counters if counters is not None else ReadCounters()
+    lookahead = cfg.prefetch.lookahead_bytes
+    if budget is None:
+        # The staging window lives inside the memory tiers' bytes; without a memory tier it is the
+        # RAM budget by itself.
+        has_memory_tier = any(t.kind == "memory" for t in cfg.tiers)
+        budget = memory_budget(cfg.tiers) if has_memory_tier else Budget(lookahead, "memory")
+    if tiers is None:
+        tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path)
+        for tier in tiers:
+            dropped = tier.prune_stale(snapshot.source_ids())
+            if dropped:
+                log.info("%s: dropped %d copies made from another version of their source", tier.name, dropped)
+    if reader is None:
+        reader = PfsReader(snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+    settings = PolicySettings(
+        staging_limit=min(lookahead, budget.limit),
+        staging_mode=cfg.prefetch.staging,
+        stage_threads=max(1, cfg.prefetch.threads),
+        fill_threads=tuple(max(1, t.threads) for t in cfg.tiers),
+        reactive_capacities=tuple(t["bytes"] for t in planning_config(cfg)["tiers"]),
+    )
+    policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
+    staging = Staging(policy, kernel)
+    fetcher = Fetcher(reader, tiers, counters, peer_fetch)
+    revalidator = Revalidator(snapshot, tiers, staging, counters, cfg.snapshot.revalidate_per_s)
+    fetcher.revalidator = revalidator
+    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget)
+    prefetcher.upcoming_hook = revalidator.upcoming
+    for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
+        tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
+    files = CachedFiles(fetcher, prefetcher, counters, cfg.fuse.whole_file_max)
+    return ReadPath(
+        cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, files, revalidator
+    )
+
+
+def build_operations(readpath: ReadPath, seed: SeedState, status: StatusBoard) -> SeerOperations:
+    """The pyfuse3 Operations over ``readpath``, with the ``.control`` directory."""
+    cfg = readpath.cfg
+    owner = os.getuid() if cfg.control_owner is None else cfg.control_owner  # who may write the seed
+    control = ControlFiles(seed, status, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout)
+    attrs = AttrFactory(readpath.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
+    return SeerOperations(readpath.snapshot, control, readpath.files, attrs)
 
 
 class Daemon:
@@ -82,6 +179,13 @@ class Daemon:
     # ------------------------------------------------------------------ startup
 
     def start(self) -> None:
+        self.assemble()
+        self.startup.set_phase("mounting")
+        self.mount()
+        self.startup.finish()
+
+    def assemble(self) -> None:
+        """Everything the mount serves with, built without mounting (group formation included)."""
         cfg = self.cfg
         t0 = time.monotonic()
         self.startup.set_phase("walking the source")
@@ -111,13 +215,7 @@ class Daemon:
         self.startup.set_phase("opening the cache tiers")
         self._build_cache()
         self._join_group()
-        self.files = CachedFiles(self.fetcher, self.staging, self.prefetcher, self.counters, cfg.fuse.whole_file_max)
-        owner = os.getuid() if cfg.control_owner is None else cfg.control_owner  # who may write the seed
-        self.control = ControlFiles(
-            self.seed, self.board, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout
-        )
-        attrs = AttrFactory(self.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
-        self.ops = SeerOperations(self.snapshot, self.control, self.files, attrs)
+        self.ops = build_operations(self.readpath, self.seed, self.board)
         self.board.add("snapshot", self._snapshot_status)
         self.board.add("seed", self.seed.status)
         self.board.add("plan", self.plans.status)
@@ -129,9 +227,6 @@ class Daemon:
         self.board.add("revalidation", self.revalidator.status)
         self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
         self.board.add("progress", lambda: {"walk": self.walk.doc(), "plan": self.plans.progress.doc()})
-        self.startup.set_phase("mounting")
-        self._mount()
-        self.startup.finish()
 
     def _form_group(self) -> None:
         """Find the peers before mounting (MPI formation is blocking and must precede serving)."""
@@ -177,32 +272,13 @@ class Daemon:
             self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
     def _build_cache(self) -> None:
-        """Tiers, staging, fetcher, prefetcher and planner for this mount (DESIGN 3)."""
+        """The read path and the planner for this mount."""
         cfg = self.cfg
-        lookahead = cfg.prefetch.lookahead_bytes
-        has_memory_tier = any(t.kind == "memory" for t in cfg.tiers)
-        # The staging window lives inside the memory tiers' bytes; without a memory tier it is the
-        # RAM budget by itself.
-        self.budget = memory_budget(cfg.tiers) if has_memory_tier else Budget(lookahead, "memory")
-        self.tiers = build_tiers(cfg.tiers, self.budget, self.snapshot.fingerprint, cfg.cache_path)
-        for tier in self.tiers:
-            dropped = tier.prune_stale(self.snapshot.source_ids())
-            if dropped:
-                log.info("%s: dropped %d copies made from another version of their source", tier.name, dropped)
-        self.staging = Staging(self.budget, min(lookahead, self.budget.limit), cfg.prefetch.staging)
-        self.fetcher = Fetcher(self.reader, self.tiers, self.counters)
-        self.revalidator = Revalidator(
-            self.snapshot, self.tiers, self.staging, self.counters, cfg.snapshot.revalidate_per_s
-        )
+        rp = self.readpath = build_readpath(cfg, self.snapshot, counters=self.counters, reader=self.reader)
+        self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
+        self.fetcher, self.prefetcher, self.files = rp.fetcher, rp.prefetcher, rp.files
+        self.revalidator = rp.revalidator
         self.revalidator.on_changed.append(self._source_changed)
-        self.fetcher.revalidator = self.revalidator
-        capacities = [t["bytes"] for t in planning_config(cfg)["tiers"]]
-        self.prefetcher = Prefetcher(
-            self.snapshot, cfg, self.fetcher, self.staging, self.tiers, self.counters, capacities
-        )
-        self.prefetcher.upcoming_hook = self.revalidator.upcoming
-        for tier in self.tiers:  # a copy dropped for any reason may be cached again
-            tier.drop_listeners.append(lambda entry: self.prefetcher.reactive.dropped(entry))
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
@@ -238,7 +314,8 @@ class Daemon:
         mine: npt.NDArray[np.bool_] = (owner == node) | (owner < 0) | ~np.isin(owner, list(known))
         return mine
 
-    def _mount(self) -> None:
+    def mount(self) -> None:
+        """Mount the assembled read path (the step that needs /dev/fuse)."""
         options = set(pyfuse3.default_options)
         options |= {f"fsname={_escape_opt(self.req.source)}", "subtype=seerfs", "noatime"}
         if self.cfg.allow_other:
@@ -301,13 +378,10 @@ class Daemon:
 
     async def _main(self) -> None:
         async with trio.open_nursery() as nursery:
-            self.fetcher.attach(nursery)
+            await nursery.start(self.readpath.run)
             nursery.start_soon(self._signals, nursery.cancel_scope)
             nursery.start_soon(self._tune_read_ahead)
-            nursery.start_soon(self.staging.run)
-            nursery.start_soon(self.prefetcher.run)
             nursery.start_soon(self.plans.run)
-            nursery.start_soon(self.revalidator.run)
             nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)

@@ -63,13 +63,15 @@ class Fetched:
 
 
 class Fetcher:
-    def __init__(self, pfs: PfsReader, tiers: Sequence[Tier], counters: ReadCounters) -> None:
+    def __init__(
+        self, pfs: PfsReader, tiers: Sequence[Tier], counters: ReadCounters, peer_fetch: PeerFetch | None = None
+    ) -> None:
         self.pfs = pfs
         self.snapshot = pfs.snapshot
         self.tiers = list(tiers)
         self.counters = counters
         self.inflight: dict[int, Inflight] = {}
-        self.peer_fetch: PeerFetch | None = None
+        self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
         self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
         self._nursery: trio.Nursery | None = None
 

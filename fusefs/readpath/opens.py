@@ -20,9 +20,9 @@ import pyfuse3
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.pfs import SourceFile, StaleFile
+from fusefs.readpath.policy import UseHeld, UsePages
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
-from fusefs.readpath.staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,10 @@ class OpenFile:
 
 
 class CachedFiles:
-    def __init__(
-        self, fetcher: Fetcher, staging: Staging, prefetcher: Prefetcher, counters: ReadCounters, whole_file_max: int
-    ) -> None:
+    def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher, counters: ReadCounters, whole_file_max: int) -> None:
         self.fetcher = fetcher
         self.pfs = fetcher.pfs
         self.tree = fetcher.snapshot.tree
-        self.staging = staging
         self.prefetcher = prefetcher
         self.counters = counters
         self.whole_file_max = whole_file_max
@@ -73,13 +70,13 @@ class CachedFiles:
     async def open(self, entry: int, pid: int) -> OpenFile:
         self.counters.opens += 1
         t0 = time.monotonic()
-        self.prefetcher.opened(entry)
+        staged = self.prefetcher.opened(entry)
         size = int(self.tree.size[entry])
         if self.revalidator is not None and self.revalidator.is_changed(entry):
             self.counters.errors_eio += 1
             raise pyfuse3.FUSEError(errno.EIO)
         try:
-            handle, source = await self._locate(entry, size)
+            handle, source = await self._locate(entry, size, staged)
         except (OSError, StaleFile) as exc:
             raise self._io_error(entry, exc) from None
         waited = time.monotonic() - t0
@@ -88,17 +85,15 @@ class CachedFiles:
             self.counters.sources[source].add(size, waited)  # whole fetches are counted by the fetcher
         elif source == "pfs":
             self.counters.sources["pfs"].files += 1  # a big file: its bytes are counted as it is read
-        if not handle.pushed and not self.staging.note_read(entry, size):
+        if not handle.pushed and not self.prefetcher.read_through(entry, size):
             handle.direct = True
         return handle
 
-    async def _locate(self, entry: int, size: int) -> tuple[OpenFile, str]:
-        staged = self.staging.take(entry)
-        if staged is not None:
-            if staged.pushed:
-                return OpenFile(entry, size, pushed=True), "page_cache"
-            if staged.data is not None:
-                return OpenFile(entry, size, data=memoryview(staged.data)), "memory"
+    async def _locate(self, entry: int, size: int, staged: UsePages | UseHeld | None) -> tuple[OpenFile, str]:
+        if isinstance(staged, UsePages):
+            return OpenFile(entry, size, pushed=True), "page_cache"
+        if isinstance(staged, UseHeld):
+            return OpenFile(entry, size, data=memoryview(staged.data)), "memory"
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
             return OpenFile(entry, size, data=memoryview(local.data)), local.source

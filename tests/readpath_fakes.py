@@ -1,0 +1,62 @@
+"""Stand-ins for what only a mounted kernel or another node provides, for in-process read-path tests.
+
+Used by tests only: the product, the benchmarks and the acceptance checks run against the real
+kernel (pyfuse3) and real peers.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+import trio
+
+
+class RecordingKernel:
+    """The kernel's page cache as notify_store / invalidate_inode see it.
+
+    ``pages`` holds what was pushed (by inode) until invalidated.  A push can be held mid-way
+    (``hold`` cleared; ``entered`` is set once a push is waiting) to open a race; inodes in
+    ``unknown`` are refused with ENOENT, as the kernel does before any lookup of them.
+    """
+
+    def __init__(self) -> None:
+        self.pages: dict[int, bytes] = {}
+        self.pushed: list[int] = []
+        self.invalidated: list[int] = []
+        self.unknown: set[int] = set()
+        self.hold = threading.Event()
+        self.hold.set()
+        self.entered = threading.Event()
+
+    def notify_store(self, inode: int, offset: int, data: bytes) -> None:
+        self.entered.set()
+        self.hold.wait(10)
+        if inode in self.unknown:
+            raise OSError(errno.ENOENT, "no such inode in the kernel")
+        assert offset == 0
+        self.pages[inode] = bytes(data)
+        self.pushed.append(inode)
+
+    def invalidate_inode(self, inode: int) -> None:
+        self.pages.pop(inode, None)
+        self.invalidated.append(inode)
+
+
+class MemoryPeer:
+    """The owning peer of some files, in memory: answers with their bytes, else None (not owned).
+
+    A request for an entry in ``gates`` waits until its event is set, holding the fetch in flight.
+    """
+
+    def __init__(self, files: dict[int, bytes] | None = None) -> None:
+        self.files = dict(files or {})
+        self.asked: list[int] = []
+        self.gates: dict[int, trio.Event] = {}
+
+    async def fetch(self, entry: int) -> bytes | None:
+        self.asked.append(entry)
+        gate = self.gates.get(entry)
+        if gate is not None:
+            await gate.wait()
+        return self.files.get(entry)

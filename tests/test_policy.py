@@ -1,0 +1,688 @@
+"""The read policy's rules, by feeding it events and reading the instructions it returns (no I/O).
+
+The plans are real (built by the planner over a small generated tree); the views the cursor would
+publish are written by each test, which is what lets a test put any file anywhere in the horizon.
+The budget is the daemon's own :class:`fusefs.tiers.Budget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from fusefs.config import load
+from fusefs.meta.snapshot import Snapshot
+from fusefs.planning.inputs import planning_config
+from fusefs.readpath.policy import (
+    Bypass,
+    CancelStage,
+    CursorView,
+    DropCopy,
+    DropPages,
+    Event,
+    Fill,
+    FillDone,
+    FillRetry,
+    FollowPlan,
+    Instruction,
+    KeepIn,
+    Missed,
+    Opened,
+    PeerDown,
+    PeerUp,
+    PlanChanged,
+    PolicySettings,
+    Push,
+    Pushed,
+    ReadPolicy,
+    ReadThrough,
+    Released,
+    RetryFillLater,
+    SourceChanged,
+    Stage,
+    StageFetched,
+    StagingMode,
+    Tick,
+    UseHeld,
+    UsePages,
+    ViewPublished,
+    entries_due,
+)
+from fusefs.tiers import Budget
+from placement.plan import Plan
+
+FILES = 16
+
+
+class Held:
+    """What a tier holds, as the policy asks it (membership and sizes)."""
+
+    def __init__(self, kind: str = "memory", held: dict[int, int] | None = None) -> None:
+        self.kind = kind
+        self.held = dict(held or {})
+
+    def contains(self, entry: int) -> bool:
+        return entry in self.held
+
+    def size_of(self, entry: int) -> int | None:
+        return self.held.get(entry)
+
+    def entries(self) -> list[int]:
+        return list(self.held)
+
+
+def make_tree(root: Path) -> Path:
+    """Two classes of 8 files, 1000 to 2750 bytes (file i of a class: 1000 + 250 i)."""
+    for c in range(2):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(FILES // 2):
+            (root / f"c{c}" / f"i{i}.jpg").write_bytes(b"x" * (1000 + 250 * i))
+    return root
+
+
+def build(root: Path, nodes: int) -> tuple[Plan, npt.NDArray[np.int64]]:
+    snap = Snapshot.scan(str(root), threads=1)
+    cfg = load(
+        None,
+        {
+            "job.world_size": str(nodes),
+            "job.epochs": "2",
+            "job.batch_size": "2",
+            "tiers": "[{kind: memory, bytes: 60000}]",
+            "prefetch.lookahead_bytes": "6000",
+        },
+    )
+    plan = Plan.build(snap.tree, planning_config(cfg), seed=0, backend="numpy", workers=1)
+    return plan, snap.tree.size
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tree(tmp_path_factory.mktemp("policy") / "src")
+
+
+@pytest.fixture(scope="module")
+def one_node(tree: Path) -> tuple[Plan, npt.NDArray[np.int64]]:
+    return build(tree, 1)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tree: Path) -> tuple[Plan, npt.NDArray[np.int64]]:
+    return build(tree, 2)
+
+
+class Setup:
+    """One policy over a real plan, with a budget of ``budget`` bytes and a window of ``window``."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        sizes: npt.NDArray[np.int64],
+        *,
+        budget: int = 20_000,
+        window: int = 6_000,
+        mode: StagingMode = "page_cache",
+        threads: int = 2,
+        tiers: Sequence[Held] | None = None,
+        reactive: int = 4_000,
+    ) -> None:
+        self.plan = plan
+        self.sizes = sizes
+        self.budget = Budget(budget, "memory")
+        self.tiers = list(tiers) if tiers is not None else [Held()]
+        settings = PolicySettings(
+            window,
+            mode,
+            threads,
+            tuple(2 for _ in self.tiers),
+            tuple(reactive for _ in self.tiers),
+        )
+        self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
+        self.budget.reclaim = self.policy.reclaim
+        self.files = [int(e) for e in dict.fromkeys(plan.entry_of(np.arange(plan.files)).tolist())]
+
+    def size(self, entry: int) -> int:
+        return int(self.sizes[entry])
+
+    def do(self, event: Event) -> list[Instruction]:
+        out = self.policy.handle(event)
+        self.policy.validate()
+        return out
+
+    def follow(self, plan: Plan | None = None, trusted: bool = True) -> list[Instruction]:
+        return self.do(PlanChanged(plan if plan is not None else self.plan, trusted))
+
+    def view(self, order: Sequence[int], state: Any = "tracking", node: int = 0) -> list[Instruction]:
+        v = CursorView(state, node, 0, entries_due(order), self.policy.stage_list(list(order)))
+        return self.do(ViewPublished(v, [], self.policy.generation))
+
+    def by_size(self) -> list[int]:
+        """The plan's files, smallest first."""
+        return sorted(self.files, key=self.size)
+
+
+def staged(out: list[Instruction]) -> list[int]:
+    return [i.entry for i in out if isinstance(i, Stage)]
+
+
+def dropped(out: list[Instruction]) -> list[int]:
+    return [i.entry for i in out if isinstance(i, DropPages)]
+
+
+# ---------------------------------------------------------------------------- staging and pushes
+
+
+def test_an_open_racing_its_files_push_keeps_the_pages(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """An open arriving while its staged file is being pushed takes it; its release keeps the pages and
+    the push that ends afterwards must not drop them (they are the bytes the reader just read)."""
+    s = Setup(*one_node)
+    s.follow()
+    a = s.files[0]
+    data = b"x" * s.size(a)
+    assert staged(s.view([a])) == [a]
+    assert s.do(StageFetched(a, data)) == [Push(a, data)]
+    s.do(Opened(a))  # the push is in flight
+    assert Bypass(a) not in s.do(ReadThrough(a, s.size(a)))  # charged by the staged reservation
+    s.do(Released(a))
+    assert dropped(s.do(Pushed(a, ok=True))) == []
+    assert s.policy.kept == {a: s.size(a)} and s.budget.used == s.size(a)
+    assert s.policy.unused == 0
+
+
+def test_an_open_during_the_push_is_served_the_bytes_on_their_way(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """Not fetched a second time: the open reads the bytes being pushed."""
+    s = Setup(*one_node)
+    s.follow()
+    a = s.files[0]
+    data = b"x" * s.size(a)
+    s.view([a])
+    s.do(StageFetched(a, data))
+    assert UseHeld(a, data) in s.do(Opened(a))
+
+
+def test_a_staged_file_retired_during_its_push_loses_the_pushed_pages(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """Control for the rule above: nobody opened it, it left the horizon while pushed, so the pages the
+    push stored are dropped when it ends and the charge is gone."""
+    s = Setup(*one_node)
+    s.follow()
+    a, b = s.files[:2]
+    s.view([a])
+    s.do(StageFetched(a, b"x" * s.size(a)))
+    s.view([b])  # a left the horizon while its push was in flight
+    assert a not in s.policy.pages and s.policy.unused == 1
+    assert dropped(s.do(Pushed(a, ok=True))) == [a]
+    assert a not in s.policy.kept and s.budget.used == s.policy.staged_bytes == s.size(b)
+
+
+def test_a_file_opened_before_its_bytes_came_is_not_pushed(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """The open awaits the stage's fetch and reads through the mount: the bytes are not pushed again, and
+    the pages the reader pulled are kept at its release."""
+    s = Setup(*one_node)
+    s.follow()
+    a = s.files[0]
+    s.view([a])
+    assert not any(isinstance(i, UsePages | UseHeld) for i in s.do(Opened(a)))
+    out = s.do(StageFetched(a, b"x" * s.size(a)))
+    assert not any(isinstance(i, Push) for i in out)
+    s.do(ReadThrough(a, s.size(a)))
+    s.do(Released(a))
+    assert s.policy.kept == {a: s.size(a)} and s.budget.used == s.size(a)
+
+
+def test_a_plan_change_while_a_stage_is_in_flight(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """A new plan leaves stages in flight to finish; its first view retires what left the horizon
+    (pushed pages are kept, reclaimable) and stages the new window.  A failed plan cancels them."""
+    s = Setup(*one_node)
+    s.follow()
+    a, b, c = s.files[:3]
+    assert staged(s.view([a, b])) == [a, b]
+    out = s.follow()  # a new plan (a re-seed): no cancellation, the window waits for its view
+    assert isinstance(out[0], FollowPlan) and not any(isinstance(i, CancelStage) for i in out)
+    assert s.do(StageFetched(a, b"a" * s.size(a))) == [Push(a, b"a" * s.size(a))]
+    s.do(Pushed(a, ok=True))
+    stale = CursorView("tracking", 0, 0, entries_due([c]), (c,))
+    assert s.do(ViewPublished(stale, [], s.policy.generation - 1)) == []  # computed for the old plan
+    assert a in s.policy.pages
+    out = s.view([b, c])
+    assert a not in s.policy.pages and s.policy.kept == {a: s.size(a)}  # left the horizon: pages kept
+    assert b in s.policy.pages and staged(out) == [c]
+    out = s.do(PlanChanged(None))  # no plan at all: the window goes, in-flight stages are cancelled
+    assert set(i.entry for i in out if isinstance(i, CancelStage)) == {b, c}
+    assert s.do(StageFetched(c, b"c" * s.size(c))) == []  # late: nothing is pushed
+    assert s.policy.staged_bytes == 0 and s.budget.used == s.size(a)
+
+
+def test_memory_staging_holds_the_bytes_and_serves_them(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    s = Setup(*one_node, mode="memory")
+    s.follow()
+    a = s.files[0]
+    s.view([a])
+    data = b"m" * s.size(a)
+    assert not any(isinstance(i, Push) for i in s.do(StageFetched(a, data)))
+    assert UseHeld(a, data) in s.do(Opened(a))
+    s.do(Released(a))
+    assert s.policy.kept == {a: s.size(a)}  # the reader's reads through the mount left the pages
+
+
+def test_a_refused_push_serves_from_ram(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    s = Setup(*one_node)
+    s.follow()
+    a = s.files[0]
+    data = b"r" * s.size(a)
+    s.view([a])
+    s.do(StageFetched(a, data))
+    s.do(Pushed(a, ok=False))
+    assert UseHeld(a, data) in s.do(Opened(a))
+
+
+def test_a_file_a_local_tier_holds_is_staged_from_it(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """From the directory tier that holds it; a file no tier holds is fetched and kept in its planned tier."""
+    s = Setup(*one_node, tiers=[Held("memory"), Held("directory")])
+    s.follow()
+    a, b = s.files[:2]
+    s.tiers[1].held[a] = s.size(a)
+    assert [i for i in s.view([a, b]) if isinstance(i, Stage)] == [Stage(a, 1, None), Stage(b, None, 0)]
+
+
+# ---------------------------------------------------------------------------- the horizon and the budget
+
+
+def test_staged_files_leave_only_outside_the_horizon_or_once_consumed(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node)
+    s.follow()
+    a, b, c, d = s.by_size()[:4]
+    s.view([a, b])
+    for e in (a, b):
+        s.do(StageFetched(e, b"x" * s.size(e)))
+        s.do(Pushed(e, ok=True))
+    s.view([b, c, a])  # the window moved but a is still due: it stays
+    assert {a, b} <= set(s.policy.pages)
+    s.view([c, d, b])  # a left the whole horizon: retired (its pages kept while there is room)
+    assert a not in s.policy.pages and b in s.policy.pages and a in s.policy.kept
+    s.do(Released(b))  # consumed
+    assert b not in s.policy.pages
+
+
+def test_a_file_that_finds_no_room_stops_the_walk(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """The window is staged in order: when the next file does not fit, a later smaller one waits too."""
+    s = Setup(*one_node, budget=4_000, window=4_000, threads=4)
+    s.follow()
+    small, big = s.by_size()[0], s.by_size()[-1]  # 1000 and 2750 bytes
+    assert s.budget.try_reserve(2_000)  # a memory tier's copies: not the policy's to reclaim
+    assert staged(s.view([big, small])) == []  # 2750 does not fit in 2000: 1000 waits behind it
+    s.budget.release(2_000)
+    assert staged(s.do(Tick())) == [big, small]
+
+
+def test_staging_never_reclaims_a_page_due_before_the_file_it_stages(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node, budget=5_000, window=5_000)
+    s.follow()
+    k0, k1, k2, f = s.by_size()[:4]  # 1000, 1000, 1250, 1250 bytes
+    for k in (k0, k1, k2):  # read through the mount and released: their pages are kept
+        s.do(Opened(k))
+        s.do(ReadThrough(k, s.size(k)))
+        s.do(Released(k))
+    assert list(s.policy.kept) == [k0, k1, k2] and s.budget.used == 3_250
+    assert s.budget.try_reserve(1_500)  # a memory tier's copies: 250 bytes left
+    # f is due second, after k1 and before k2; k0 is not due at all: only k0 may make room.
+    out = s.view([k1, f, k2])
+    assert dropped(out) == [k0] and staged(out) == [f]
+    s.do(Released(f))  # f consumed (never fetched): its charge is given back
+    assert s.budget.try_reserve(s.budget.limit - s.budget.used)  # full again
+    g = s.by_size()[4]  # 1500 bytes, due between k1 and k2
+    out = s.view([k1, g, k2])
+    assert dropped(out) == [] and staged(out) == []  # k2 (1250) is not enough, k1 is due sooner
+    assert list(s.policy.kept) == [k1, k2]
+
+
+def test_a_reader_with_no_room_bypasses_the_page_cache(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    s = Setup(*one_node, budget=3_000, window=2_000)
+    s.follow()
+    a = s.files[0]
+    assert s.budget.try_reserve(3_000)
+    assert Bypass(a) in s.do(ReadThrough(a, s.size(a)))
+    assert s.policy.uncached_opens == 1 and a not in s.policy.pages
+
+
+def test_a_reader_may_take_pages_due_later(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """A reader's file is due now, before anything in the horizon: kept pages make way, furthest first."""
+    s = Setup(*one_node, budget=3_000, window=1_000)
+    s.follow()
+    k0, k1, r = s.by_size()[:3]
+    for k in (k0, k1):
+        s.do(ReadThrough(k, s.size(k)))
+        s.do(Released(k))
+    s.view([k0, k1])
+    assert dropped(s.do(ReadThrough(r, s.size(r)))) == [k1]
+
+
+def test_a_tier_put_reclaims_unprotected_pages_first(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    s = Setup(*one_node, budget=3_000, window=1_000)
+    s.follow()
+    k0, k1 = s.by_size()[:2]
+    for k in (k0, k1):
+        s.do(ReadThrough(k, s.size(k)))
+        s.do(Released(k))
+    s.view([k0])
+    assert s.budget.try_reserve(2_000)  # the memory tier's put: the budget asks the policy
+    assert [i.entry for i in s.policy.drain() if isinstance(i, DropPages)] == [k1]
+
+
+def test_a_changed_source_leaves_no_copy_here(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """Staged, being fetched, kept: every record of a file whose source changed goes, with its charge,
+    and its pages are invalidated even when nothing recorded them."""
+    s = Setup(*one_node)
+    s.follow()
+    a, b, k, n = s.files[:4]
+    s.view([a, b])
+    s.do(StageFetched(a, b"a" * s.size(a)))
+    s.do(Pushed(a, ok=True))
+    s.do(ReadThrough(k, s.size(k)))
+    s.do(Released(k))
+    assert s.budget.used == s.size(a) + s.size(b) + s.size(k)
+
+    def forget(e: int) -> list[Instruction]:
+        return [i for i in s.do(SourceChanged(e)) if not isinstance(i, Fill)]  # the room freed starts fills
+
+    assert forget(a) == [DropPages(a, 0)]
+    assert forget(b) == [CancelStage(b), DropPages(b, 0)]  # still being fetched
+    assert forget(k) == [DropPages(k, s.size(k))]
+    assert forget(n) == [DropPages(n, 0)]  # nothing recorded: invalidated all the same
+    assert s.policy.pages == {} and not s.policy.kept and s.budget.used == 0
+
+
+# ---------------------------------------------------------------------------- trust in the plan
+
+
+def test_a_mismatch_clears_the_window_and_tier_copies_count_against_reactive(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node, tiers=[Held("memory")], reactive=3_000, threads=3)
+    s.follow()
+    a, b, c = s.by_size()[:3]
+    for e in s.by_size()[5:8]:  # files the plan filled into the memory tier: 7000+ bytes
+        s.tiers[0].held[e] = s.size(e)
+    s.view([a, b, c])
+    s.do(StageFetched(a, b"a" * s.size(a)))
+    s.do(Pushed(a, ok=True))
+    s.do(StageFetched(b, b"b" * s.size(b)))
+    s.do(Opened(b))  # b is taken while pushed: its reader keeps it
+    out = s.view([], state="mismatch")
+    assert s.policy.mode == "reactive"
+    assert dropped(out) == [a]  # pushed, never opened: dropped
+    assert [i.entry for i in out if isinstance(i, CancelStage)] == [c]  # still fetching: cancelled
+    assert b in s.policy.pages and s.policy.staged_bytes == s.size(b)
+    evicted = [i.entry for i in out if isinstance(i, DropCopy)]
+    held = sum(s.tiers[0].held.values())
+    assert sum(s.size(e) for e in evicted) >= held - 3_000  # the excess over the reactive capacity goes
+    assert s.policy.reactive.tiers[0].used <= 3_000 and not set(evicted) & set(s.policy.reactive.where)
+    assert staged(s.view([a, c], state="tracking")) == [a, c]  # relocked: the window is staged again
+
+
+def test_an_assumed_seed_waits_for_opens_a_written_one_presumes(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node)
+    assert s.follow(trusted=False) == [FollowPlan(s.plan, None, 1)]
+    assert s.follow(trusted=True) == [FollowPlan(s.plan, 0, 2)]
+
+
+def test_a_missed_file_is_kept_where_the_plan_or_the_reactive_policy_says(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node, reactive=3_000)
+    a, b, c = s.by_size()[:3]
+    assert s.do(Missed(a, s.size(a))) == [KeepIn(a, 0)]  # no plan: the reactive set admits while room
+    assert s.do(Missed(b, s.size(b))) == [KeepIn(b, 0)]
+    assert s.do(Missed(c, s.size(c))) == []  # full, and c leads nobody by two reads
+    s.follow()
+    s.view([c])
+    planned = s.policy.planned_tier(c)
+    assert planned == 0  # the plan keeps every file in the memory tier on this one node
+    assert s.do(Missed(c, s.size(c))) == [KeepIn(c, 0)]
+
+
+# ---------------------------------------------------------------------------- tier fills
+
+
+def test_fills_wait_for_staging_and_go_in_order_of_first_use(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node)
+    s.follow()
+    a = s.files[0]
+    out = s.view([a])
+    assert staged(out) == [a] and not any(isinstance(i, Fill) for i in out)  # staging first
+    out = s.do(StageFetched(a, b"a" * s.size(a)))
+    assert not any(isinstance(i, Fill) for i in out)  # the push is still staging
+    out = s.do(Pushed(a, ok=True))
+    fills = [i for i in out if isinstance(i, Fill)]
+    objs, _due = s.plan.fill_order(0)
+    order = [int(e) for e in s.plan.objects.obj_entry[objs]]
+    assert [f.entry for f in fills] == order[:2]  # two threads for the tier, in order
+    assert all(f.from_pfs for f in fills)  # one node owns everything
+    out = s.do(FillDone(fills[0].entry, 0, "stored", s.policy.generation))
+    assert [i.entry for i in out if isinstance(i, Fill)] == order[2:3]
+
+
+def test_replicas_whose_owner_cannot_serve_are_retried_after_the_pass(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*two_nodes)
+    s.follow()
+    gen = s.policy.generation
+    out = s.view([], node=0)
+    objs, _ = s.plan.fill_order(0)
+    owners = s.plan.assignment.owner[objs]
+    replicas = [int(e) for e, o in zip(s.plan.objects.obj_entry[objs], owners, strict=True) if o != 0]
+    assert replicas, "the plan gives node 0 copies of files node 1 owns"
+    pending = [i for i in out if isinstance(i, Fill)]
+    later: list[int] = []
+    while pending:
+        f = pending.pop(0)
+        assert f.from_pfs == (f.entry not in replicas)
+        outcome = "later" if f.entry in replicas else "stored"
+        if outcome == "later":
+            later.append(f.entry)
+        out = s.do(FillDone(f.entry, f.tier, outcome, gen))  # type: ignore[arg-type]
+        pending += [i for i in out if isinstance(i, Fill)]
+    assert sorted(later) == sorted(replicas)
+    assert RetryFillLater(1.0, gen) in out
+    assert [i.entry for i in s.do(FillRetry(gen)) if isinstance(i, Fill)] == later[:2]
+
+
+def test_replicas_of_a_down_owner_wait_without_a_request(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*two_nodes)
+    s.follow()
+    s.do(PeerDown(1))
+    gen = s.policy.generation
+    pending = [i for i in s.view([], node=0) if isinstance(i, Fill)]
+    seen = []
+    while pending:
+        f = pending.pop(0)
+        seen.append(f)
+        pending += [i for i in s.do(FillDone(f.entry, f.tier, "stored", gen)) if isinstance(i, Fill)]
+    assert seen and all(f.from_pfs for f in seen)  # only what node 0 owns was asked for
+    out = s.do(PeerUp(1))
+    assert not any(isinstance(i, Fill) for i in out)  # they wait for the pause to end
+    assert any(isinstance(i, Fill) and not i.from_pfs for i in s.do(FillRetry(gen)))
+
+
+# ---------------------------------------------------------------------------- properties
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    """Random interleavings of opens, releases, views, fetches, pushes, plan changes and tier charges.
+
+    After every step: the bookkeeping adds up, no budget is exceeded, a trusted plan's staged file
+    left only by being consumed or by leaving the horizon, staging took no page due before the file
+    it staged, and the window was staged in order.
+    """
+
+    plan: Plan
+    sizes: npt.NDArray[np.int64]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = Setup(self.plan, self.sizes, budget=6_000, window=4_000, threads=3)
+        self.s.follow()
+        self.stages: list[int] = []
+        self.pushes: list[tuple[int, bytes]] = []
+        self.handles: list[int] = []
+        self.external: list[int] = []  # a memory tier's charges
+        self.accounted: set[int] = set()  # stage-list files staged, opened or held since the view
+        self.opened: set[int] = set()  # opened under this plan (the views here place no opens)
+
+    # ---- the checks run around every event
+
+    def step(self, event: Event, external: bool = False) -> list[Instruction]:
+        p = self.s.policy
+        before = {e for e, f in p.pages.items() if f.staged}
+        out = self.s.do(event)
+        after = {e for e, f in p.pages.items() if f.staged}
+        gone = before - after
+        if isinstance(event, Released | StageFetched):
+            gone.discard(event.entry)
+        if isinstance(event, ViewPublished) and event.view.state != "mismatch":
+            assert not {e for e in gone if e in event.view.due}, (gone, event.view.due)
+            gone = set()
+        elif isinstance(event, PlanChanged | ViewPublished):
+            gone = set()  # no plan, or a mismatch: the window is dropped as a whole
+        assert not gone, (event, gone)
+        self.check_reclaims(out, reader=isinstance(event, ReadThrough) or external)
+        self.carry_out(out)
+        return out
+
+    def check_reclaims(self, out: list[Instruction], reader: bool) -> None:
+        due = self.s.policy.view.due
+        waiting: list[int] = []
+        for ins in out:
+            if isinstance(ins, DropPages) and ins.entry in due and ins.nbytes:
+                waiting.append(ins.entry)
+            elif isinstance(ins, Stage):
+                mine = due.get(ins.entry, -1)
+                assert all(due[k] > mine for k in waiting), (ins, waiting, due)
+                stage = self.s.policy.view.stage
+                earlier = stage[: stage.index(ins.entry)] if ins.entry in stage else ()
+                p = self.s.policy
+                missing = [e for e in earlier if e not in self.accounted and e not in p.pages and e not in p.kept]
+                assert not missing, (ins, missing)
+                self.accounted.add(ins.entry)
+                waiting = []
+        assert not waiting or reader, waiting
+
+    def carry_out(self, out: list[Instruction]) -> None:
+        for ins in out:
+            if isinstance(ins, Stage):
+                self.stages.append(ins.entry)
+            elif isinstance(ins, CancelStage) and ins.entry in self.stages:
+                self.stages.remove(ins.entry)
+            elif isinstance(ins, Push):
+                self.pushes.append((ins.entry, ins.data))
+
+    # ---- rules
+
+    @rule(data=st.data(), n=st.integers(0, FILES))
+    def publish(self, data: st.DataObject, n: int) -> None:
+        order = data.draw(st.permutations(self.s.files))[:n]
+        p = self.s.policy
+        self.accounted = {e for e in order if e in p.pages or e in p.kept or e in self.opened}
+        view = CursorView("tracking", 0, 0, entries_due(order), p.stage_list(order))
+        self.step(ViewPublished(view, [], p.generation))
+
+    @rule(data=st.data())
+    def open_file(self, data: st.DataObject) -> None:
+        e = data.draw(st.sampled_from(self.s.files))
+        self.accounted.add(e)
+        self.opened.add(e)
+        out = self.step(Opened(e))
+        if not any(isinstance(i, UsePages) for i in out):
+            self.step(ReadThrough(e, self.s.size(e)))
+        self.handles.append(e)
+
+    @rule(data=st.data())
+    def read_whole(self, data: st.DataObject) -> None:
+        """A file opened, read through and released at once: its pages are kept while there is room."""
+        self.open_file(data)
+        self.step(Released(self.handles.pop()))
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.handles) - 1))
+        self.step(Released(self.handles.pop(i)))
+
+    @precondition(lambda self: self.stages)
+    @rule(data=st.data(), ok=st.booleans())
+    def stage_done(self, data: st.DataObject, ok: bool) -> None:
+        e = self.stages.pop(data.draw(st.integers(0, len(self.stages) - 1)))
+        self.step(StageFetched(e, b"d" * self.s.size(e) if ok else None))
+
+    @precondition(lambda self: self.pushes)
+    @rule(data=st.data(), ok=st.booleans())
+    def push_done(self, data: st.DataObject, ok: bool) -> None:
+        e, _data = self.pushes.pop(data.draw(st.integers(0, len(self.pushes) - 1)))
+        self.step(Pushed(e, ok))
+
+    @rule(n=st.integers(500, 4_000))
+    def tier_put(self, n: int) -> None:
+        if self.s.budget.try_reserve(n):
+            self.external.append(n)
+        out = self.s.policy.drain()
+        self.check_reclaims(out, reader=True)
+
+    @precondition(lambda self: self.external)
+    @rule()
+    def tier_drop(self) -> None:
+        self.s.budget.release(self.external.pop())
+
+    @rule()
+    def mismatch(self) -> None:
+        p = self.s.policy
+        self.step(ViewPublished(CursorView("mismatch", 0, 0), [], p.generation))
+
+    @rule(failed=st.booleans())
+    def new_plan(self, failed: bool) -> None:
+        self.opened = set()
+        self.step(PlanChanged(None if failed else self.plan))
+
+    @rule()
+    def tick(self) -> None:
+        self.step(Tick())
+
+    @invariant()
+    def budgets_hold(self) -> None:
+        p, b = self.s.policy, self.s.budget
+        assert b.used == p.held_bytes() + sum(self.external) <= b.limit
+        assert p.staged_bytes <= p.staging_limit
+
+
+def test_random_event_sequences_keep_every_invariant(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    PolicyMachine.plan, PolicyMachine.sizes = one_node
+    run = PolicyMachine.TestCase
+    run.settings = settings(
+        max_examples=25,
+        stateful_step_count=25,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    run().runTest()

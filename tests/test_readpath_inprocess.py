@@ -1,0 +1,225 @@
+"""The read path in one process: the real Operations handlers under trio, without /dev/fuse.
+
+The mount is assembled as the daemon assembles it (:func:`build_readpath`, :func:`build_operations`)
+over a real source directory, real tiers and the real PFS reader; only the kernel's page-cache
+calls and the owning peer are stand-ins (``readpath_fakes``).  Each test opens a file through one
+source of the read order (staged page cache, staged memory, memory tier, directory tier, a fetch in
+flight, the peer, the PFS whole and in ranges) and checks the bytes against the source file read
+directly, and the per-source counters.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyfuse3
+import pytest
+import trio
+import trio.testing
+from inprocess import BIG, CTX, Mount, assemble, make_source, serve, until
+
+from fusefs.meta.ids import entry_of, inode_of
+from fusefs.tiers.layout import file_path
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("inproc") / "src"
+    return root, make_source(root)
+
+
+def mount(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]], ssd: bool = False, overrides: dict[str, str] | None = None
+) -> Mount:
+    return assemble(source[0], source[1], tmp_path, ssd, overrides)
+
+
+# ---------------------------------------------------------------------------- sources without a plan
+
+
+def test_pfs_whole(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    m = mount(tmp_path, source)
+    rel = "c0/f2.jpg"
+
+    async def body() -> None:
+        data, fi = await m.read(rel)
+        assert data == m.files[rel] and fi.keep_cache and not fi.direct_io
+
+    serve(m, body)
+    assert m.served() == {"pfs": (1, len(m.files[rel]))}
+    assert m.peer.asked == [m.entry(rel)]  # the owner was asked first and had nothing
+
+
+def test_pfs_ranged(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    m = mount(tmp_path, source)
+
+    async def body() -> None:
+        data, _fi = await m.read(BIG, chunk=30_000)
+        assert data == m.files[BIG]
+
+    serve(m, body)
+    assert m.served() == {"pfs": (1, len(m.files[BIG]))}
+    assert m.peer.asked == []  # a big file is never fetched whole
+
+
+def test_peer(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    m = mount(tmp_path, source)
+    rel = "c1/f4.jpg"
+    m.peer.files[m.entry(rel)] = m.files[rel]
+
+    async def body() -> None:
+        assert (await m.read(rel))[0] == m.files[rel]
+
+    serve(m, body)
+    assert m.served() == {"peer": (1, len(m.files[rel]))}
+
+
+def test_inflight(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    """An open of a file being fetched (here a prefetch held at the peer) waits for that fetch."""
+    m = mount(tmp_path, source)
+    rel = "c0/f5.jpg"
+    entry = m.entry(rel)
+    m.peer.files[entry] = m.files[rel]
+    gate = m.peer.gates[entry] = trio.Event()
+    got: list[bytes] = []
+
+    async def body() -> None:
+        m.rp.fetcher.start(entry, why="test")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: reader())
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+
+    async def reader() -> None:
+        got.append((await m.read(rel))[0])
+
+    serve(m, body)
+    assert got == [m.files[rel]]
+    assert m.served() == {"inflight": (1, len(m.files[rel])), "peer": (1, len(m.files[rel]))}
+    assert m.peer.asked == [entry]  # one fetch for both
+
+
+@pytest.mark.parametrize("tier", [0, 1], ids=["memory", "directory"])
+def test_tiers(tmp_path: Path, source: tuple[Path, dict[str, bytes]], tier: int) -> None:
+    m = mount(tmp_path, source, ssd=True)
+    rel = "c1/f3.jpg"
+    entry = m.entry(rel)
+    kind = m.rp.tiers[tier].kind
+
+    async def body() -> None:
+        assert await m.rp.tiers[tier].put(entry, m.files[rel], m.rp.reader.ids.of(entry))
+        assert (await m.read(rel))[0] == m.files[rel]
+
+    serve(m, body)
+    assert m.served() == {kind: (1, len(m.files[rel]))}
+    assert m.tier_counters(tier).hits == 1 and m.peer.asked == []
+
+
+def test_a_damaged_tier_copy_is_refetched_and_leaves_the_reactive_set(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """The directory tier finds its copy damaged and drops it; the open fetches the file again, and the
+    reactive policy's record of what each tier holds follows (it counted the lost copy before)."""
+    m = mount(tmp_path, source, ssd=True)
+    rel = "c0/f3.jpg"
+    entry = m.entry(rel)
+    ssd = m.rp.tiers[1]
+
+    async def body() -> None:
+        assert await ssd.put(entry, m.files[rel], m.rp.reader.ids.of(entry))
+        m.rp.prefetcher.on_plan(None)  # no plan: the reactive policy adopts what the tiers hold
+        assert m.rp.policy.reactive.where == {entry: 1}
+        path = file_path(ssd.path, entry)  # type: ignore[attr-defined]
+        with open(path, "r+b") as fh:
+            fh.seek(100)
+            byte = fh.read(1)
+            fh.seek(100)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        assert (await m.read(rel))[0] == m.files[rel]
+        await until(lambda: not m.rp.fetcher.inflight)
+        reactive = m.rp.policy.reactive
+        for t, tier in enumerate(m.rp.tiers):
+            assert set(reactive.tiers[t].members) == set(tier.entries()), t
+        assert reactive.where == {entry: 0}  # the refetched copy was kept in memory
+
+    serve(m, body)
+    assert m.tier_counters(1).corrupt == 1 and m.served() == {"pfs": (1, len(m.files[rel]))}
+
+
+def test_a_file_the_budget_cannot_hold_bypasses_the_page_cache(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    m = mount(
+        tmp_path, source, overrides={"tiers": "[{kind: memory, bytes: 12KiB}]", "prefetch.lookahead_bytes": "4KiB"}
+    )
+    rel = "c0/f5.jpg"  # 18 KB
+
+    async def body() -> None:
+        data, fi = await m.read(rel)
+        assert data == m.files[rel] and fi.direct_io and not fi.keep_cache
+
+    serve(m, body)
+    assert m.rp.policy.uncached_opens == 1 and m.rp.budget.used <= m.rp.budget.limit
+
+
+# ---------------------------------------------------------------------------- staged sources
+
+
+def staged_then_opened(m: Mount, state: str) -> tuple[int, pyfuse3.FileInfo, bytes]:
+    """Give the mount a plan; once the first file of the window is staged (``state``), open it."""
+    plan = m.plan()
+    out: list[tuple[int, pyfuse3.FileInfo, bytes]] = []
+
+    async def body() -> None:
+        policy = m.rp.policy
+        m.rp.prefetcher.on_plan(plan)  # a written seed on one node: the cursor presumes node 0, epoch 0
+        await until(lambda: bool(policy.view.stage))
+        first = policy.view.stage[0]
+        await until(lambda: first in policy.pages and policy.pages[first].state == state)
+        fi = await m.ops.open(pyfuse3.InodeT(inode_of(first)), os.O_RDONLY, CTX)
+        data = b""
+        if not fi.keep_cache or state == "held":
+            data = bytes(await m.ops.read(fi.fh, 0, 1 << 20))
+        await m.ops.release(fi.fh)
+        out.append((first, fi, data))
+
+    serve(m, body)
+    return out[0]
+
+
+def test_staged_page_cache(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    """The file was pushed into the page cache before the open: the kernel serves it, not the daemon."""
+    m = mount(tmp_path, source)
+    entry, fi, _data = staged_then_opened(m, "pushed")
+    rel = os.fsdecode(m.rp.snapshot.tree.path(entry))
+    assert m.kernel.pages[inode_of(entry)] == m.files[rel]
+    assert fi.keep_cache and not fi.direct_io
+    served = m.served()
+    assert served.pop("page_cache") == (1, len(m.files[rel]))
+    assert set(served) == {"pfs"}  # the window's and the tier fill's fetches: the open fetched nothing
+    assert m.rp.policy.kept == {entry: len(m.files[rel])}  # consumed: its pages stay while there is room
+
+
+def test_staged_memory(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    m = mount(tmp_path, source, overrides={"prefetch.staging": "memory"})
+    entry, fi, data = staged_then_opened(m, "held")
+    rel = os.fsdecode(m.rp.snapshot.tree.path(entry))
+    assert data == m.files[rel] and fi.keep_cache
+    assert m.kernel.pushed == []
+    served = m.served()
+    assert served.pop("memory") == (1, len(m.files[rel]))
+    assert m.tier_counters(0).hits == 0  # from the window's bytes, not the memory tier's copy
+    assert set(served) == {"pfs"}
+
+
+def test_entry_and_inode_numbers_agree(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    """The lookups the tests above rely on resolve to the snapshot's entries."""
+    m = mount(tmp_path, source)
+    found: list[int] = []
+
+    async def body() -> None:
+        found.append(entry_of(await m.lookup(BIG)))
+
+    serve(m, body)
+    assert found == [m.entry(BIG)]
