@@ -50,6 +50,7 @@ OPEN_MS = 20  # PFS open latency: what makes a missed prediction cost time
 MIN_RATE = 0.99  # share of an epoch's opens the plan must have predicted
 PFS_FACTOR = 1.05
 WALL_FACTOR = 1.03
+WALL_REPEATS = 2  # runs per side for the wall-time check: the best of each is compared (the host is shared)
 TIERS = "64MiB"  # holds the whole dataset (about 9 MB)
 
 
@@ -197,6 +198,29 @@ def run_client(
     return Run(label, ranks, final, counters.bytes, counters.opens, max(r["wall_s"] for r in ranks))
 
 
+def side_by_side(
+    tmp: Path,
+    source: Source,
+    script: str,
+    nprocs: int,
+    args: list[str],
+    options: dict[str, Any],
+    *,
+    seed: int | None,
+    seeded_args: list[str] | None = None,
+) -> tuple[list[Run], list[Run]]:
+    """The same job with and without a seed, WALL_REPEATS times each, interleaved (unseeded first).
+
+    ``seed`` is written by the job script before the run; ``seeded_args`` replace ``args`` for the
+    seeded runs (a client that writes its seed itself).  Returns (seeded runs, unseeded runs).
+    """
+    seeded, unseeded = [], []
+    for i in range(WALL_REPEATS):
+        unseeded.append(run_client(tmp, source, f"unseeded{i}", script, nprocs, args, options, seed=None))
+        seeded.append(run_client(tmp, source, f"seeded{i}", script, nprocs, seeded_args or args, options, seed=seed))
+    return seeded, unseeded
+
+
 @dataclass
 class Verdict:
     """Every check of one test, failed or not, and its measurements: reported together at the end."""
@@ -237,11 +261,12 @@ class Verdict:
                 f"{s['hits']} hits of {s['cursor_opens']} cursor opens, {s['open_rate']:.1%} of {s['opens']} opens "
                 f"predicted at open time; cursor {s['cursor_state']}, mode {s['mode']}"
             )
+            ok = MIN_RATE <= s["rate"] <= 1.0
             self.check(
-                MIN_RATE <= s["rate"] <= 1.0,
+                ok,
                 f"{where}: hit rate {s['rate']:.1%} not in [{MIN_RATE:.0%}, 100%] ({counts})",
             )
-            if i > 0:
+            if i > 0 and ok:  # one message per segment
                 self.check(
                     s["open_rate"] >= MIN_RATE,
                     f"{where}: predicted at open time {s['open_rate']:.1%} < {MIN_RATE:.0%} ({counts})",
@@ -254,17 +279,20 @@ class Verdict:
         self.metrics.setdefault("pfs_ratio", {})[run.label] = round(ratio, 3)
         self.check(ratio <= PFS_FACTOR, f"{run.label}: PFS read {ratio:.2f}x the dataset (> {PFS_FACTOR}x)")
 
-    def no_slower(self, seeded: Run, unseeded: Run) -> None:
-        ratio = seeded.seconds / unseeded.seconds
+    def no_slower(self, seeded: list[Run], unseeded: list[Run]) -> None:
+        """The fastest seeded run against the fastest unseeded one: the least disturbed of each (shared host)."""
+        best_s, best_u = min(r.seconds for r in seeded), min(r.seconds for r in unseeded)
+        ratio = best_s / best_u
         self.metrics["wall"] = {
-            "seeded_s": round(seeded.seconds, 2),
-            "unseeded_s": round(unseeded.seconds, 2),
+            "seeded_s": [round(r.seconds, 2) for r in seeded],
+            "unseeded_s": [round(r.seconds, 2) for r in unseeded],
             "ratio": round(ratio, 3),
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
         }
         self.check(
             ratio <= WALL_FACTOR,
-            f"seeded run took {ratio:.2f}x the unseeded one "
-            f"({seeded.seconds:.1f}s vs {unseeded.seconds:.1f}s; > {WALL_FACTOR}x)",
+            f"seeded run took {ratio:.2f}x the unseeded one (best of {len(seeded)}: {best_s:.1f}s vs {best_u:.1f}s; "
+            f"> {WALL_FACTOR}x)",
         )
 
     def done(self, *runs: Run) -> None:
@@ -306,14 +334,14 @@ def test_mid_epoch_resume_by_sampler_skip(
     """A job resumed on a fresh mount at (epoch, samples consumed per rank): the sampler skips what was consumed."""
     opts = seerfs_options(2, 3, val=False)
     args = ["--sampler-seed", "7", "--start-epoch", str(epoch), "--skip", str(skip)]
-    unseeded = run_client(tmp_path, source, "unseeded", "ddp_loop.py", 2, args, opts, seed=None)
-    seeded = run_client(tmp_path, source, "seeded", "ddp_loop.py", 2, args, opts, seed=7)
-    for run in (seeded, unseeded):
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, args, opts, seed=7)
+    for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
     verdict.predicted(seeded)
     verdict.pfs_once(seeded, source)
-    verdict.no_slower(seeded, unseeded)
-    verdict.done(seeded, unseeded)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
 
 
 @pytest.mark.slow
@@ -384,20 +412,19 @@ def test_wrong_seed(tmp_path: Path, source: Source, verdict: Verdict) -> None:
     first epoch, still reads the PFS about once, and costs no time against writing no seed at all.
     """
     opts = seerfs_options(2, 3, val=False)
-    unseeded = run_client(tmp_path, source, "unseeded", "ddp_loop.py", 2, ["--seed", "42"], opts, seed=None)
-    seeded = run_client(tmp_path, source, "seeded", "ddp_loop.py", 2, ["--seed", "42"], opts, seed=42)
-    for run in (seeded, unseeded):
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, ["--seed", "42"], opts, seed=42)
+    for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
-    segs = seeded.segments()
-    verdict.metrics["segments"] = {"seeded": segs, "unseeded": unseeded.segments()}
+    seeded = seeded_runs[0]
+    verdict.metrics["segments"] = {"seeded0": seeded.segments()}
     first = seeded.final["cursor"]["first_mismatch_open"]
     verdict.check(
         seeded.final["cursor"]["mismatch"] and first is not None and first <= seeded.snapshots[1]["reads_opens"],
         f"the wrong seed was not flagged within epoch 0: cursor {seeded.final['cursor']}",
     )
     verdict.pfs_once(seeded, source)
-    verdict.no_slower(seeded, unseeded)
-    verdict.done(seeded, unseeded)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
 
 
 @pytest.mark.slow
@@ -439,16 +466,16 @@ def test_stateful_dataloader_resume(tmp_path: Path, source: Source, verdict: Ver
     )
     opts = seerfs_options(2, 3, val=False)
     args = ["--sampler-seed", "7", "--stateful", "--resume-state", str(part1 / "state")]
-    unseeded = run_client(tmp_path, source, "unseeded", "ddp_loop.py", 2, args, opts, seed=None)
-    seeded = run_client(tmp_path, source, "seeded", "ddp_loop.py", 2, args, opts, seed=7)
-    for run in (seeded, unseeded):
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, args, opts, seed=7)
+    for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
     first = [s for s in seeded.ranks[0]["samples"]]
     verdict.check(len(first) == (252 - 152) + 252, f"rank 0 read {len(first)} samples after the resume, not 352")
     verdict.predicted(seeded)
     verdict.pfs_once(seeded, source)
-    verdict.no_slower(seeded, unseeded)
-    verdict.done(seeded, unseeded)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
 
 
 # ---------------------------------------------------------------------------------------------- Lightning
@@ -469,14 +496,14 @@ def test_lightning_sanity_check(tmp_path: Path, source: Source, verdict: Verdict
     """Lightning's default sanity check reads 2 val batches per rank before epoch 0; then val after every epoch."""
     opts = seerfs_options(2, 3, val=True)
     args = ["--seed", "7", "--val", "epoch"]
-    unseeded = run_client(tmp_path, source, "unseeded", "lightning_loop.py", 2, args, opts, seed=None)
-    seeded = run_client(tmp_path, source, "seeded", "lightning_loop.py", 2, args, opts, seed=7)
-    for run in (seeded, unseeded):
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "lightning_loop.py", 2, args, opts, seed=7)
+    for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
     verdict.predicted(seeded)
     verdict.pfs_once(seeded, source)
-    verdict.no_slower(seeded, unseeded)
-    verdict.done(seeded, unseeded)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
 
 
 @pytest.mark.slow
@@ -519,20 +546,20 @@ def test_accelerate_default_prepare(tmp_path: Path, source: Source, verdict: Ver
     """Default prepare(): one generator, seeded from rank 0's global RNG at prepare(), runs on across epochs;
     the job writes that generator's initial seed, the only number that decides the order."""
     opts = seerfs_options(2, 3, val=False)
-    unseeded = run_client(tmp_path, source, "unseeded", "accelerate_loop.py", 2, ["--seed", "7"], opts, seed=None)
-    seeded = run_client(
+    seeded_runs, unseeded_runs = side_by_side(
         tmp_path,
         source,
-        "seeded",
         "accelerate_loop.py",
         2,
-        ["--seed", "7", "--write-seed", "generator"],
+        ["--seed", "7"],
         opts,
         seed=None,
+        seeded_args=["--seed", "7", "--write-seed", "generator"],
     )
-    for run in (seeded, unseeded):
+    for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
     verdict.predicted(seeded)
     verdict.pfs_once(seeded, source)
-    verdict.no_slower(seeded, unseeded)
-    verdict.done(seeded, unseeded)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
