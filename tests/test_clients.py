@@ -38,7 +38,7 @@ from pfsemu_fixture import requires_fuse, running_pfsemu
 from tools.jobs import free_port, make_source, wait_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "clients"))
-from clientlib import status_fields
+from statusfields import status_fields
 
 # Tests with a side-by-side unseeded run launch three torchruns (Lightning's start alone takes ~15 s here).
 pytestmark = [pytest.mark.clients, pytest.mark.mount, pytest.mark.torch, requires_fuse, pytest.mark.timeout(900)]

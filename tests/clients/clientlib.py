@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tools.torchvision_cpu
 
+from statusfields import status_fields  # noqa: E402  (the harness judges by the same fields)
+
 from tools import torchvision_cpu  # noqa: E402  (needs ROOT on sys.path)
 
 # Lightning and accelerate import torchvision themselves (through torchmetrics and friends): it must
@@ -56,40 +58,6 @@ def collate(batch: list[Any]) -> dict[str, Any]:
         "labels": torch.tensor([label for _s, label in batch]),
         "paths": [p for (p, _d), _l in batch],
         "sha1": [d for (_p, d), _l in batch],
-    }
-
-
-def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a status document the harness judges prediction by."""
-    cursor = doc.get("cursor") or {}
-    prefetch = doc.get("prefetch") or {}
-    reads = doc.get("reads") or {}
-    return {
-        "reads_opens": reads.get("opens"),
-        "pfs_bytes": reads.get("pfs_bytes"),
-        "stall_seconds": reads.get("stall_seconds"),
-        "by_source": {k: v.get("files") for k, v in (reads.get("by_source") or {}).items()},
-        "predicted_opens": prefetch.get("predicted_opens"),
-        "unplanned_opens": prefetch.get("unplanned_opens"),
-        "mode": prefetch.get("mode"),
-        "cursor": {
-            k: cursor.get(k)
-            for k in (
-                "state",
-                "epoch",
-                "step",
-                "ranks",
-                "rank_positions",
-                "opens",
-                "hits",
-                "hit_rate",
-                "mismatch",
-                "mismatch_reason",
-                "first_mismatch_open",
-            )
-        },
-        "seed": (doc.get("seed") or {}).get("value"),
-        "plan": {k: (doc.get("plan") or {}).get(k) for k in ("state", "seed")},
     }
 
 
