@@ -163,11 +163,20 @@ class JobConfig:
 ThroughputTable = dict[int, float]
 
 
+DEFAULT_TIER_BYTES = 1 << 30
+"""One default for every tier written without ``bytes`` (also the default tier list's): a tier of 0
+bytes would cache nothing while looking configured."""
+
+
 @dataclass(frozen=True)
 class TierConfig:
     kind: Literal["memory", "directory"] = doc("memory: daemon RAM; directory: a local disk path", "memory")
     path: str | None = doc("directory tiers: where cached files live (created, owned by the daemon)", None)
-    bytes: ByteSize = doc("hard byte budget (memory tiers include the page cache the mount fills)", ByteSize(0))
+    bytes: ByteSize = doc(
+        "hard byte budget (memory tiers include the page cache the mount fills); a tier given without "
+        "bytes gets this default",
+        ByteSize(DEFAULT_TIER_BYTES),
+    )
     threads: int = doc("prefetch threads that fill this tier", 4)
     read_mbps: ThroughputTable | None = doc("r_j(p): MB/s read with p threads; default from model", None)
     write_mbps: ThroughputTable | None = doc("w_j(p): MB/s written with p threads; default from model", None)
@@ -258,7 +267,7 @@ def _default_datasets() -> list[DatasetConfig]:
 
 
 def _default_tiers() -> list[TierConfig]:
-    return [TierConfig(kind="memory", bytes=ByteSize(1 << 30), threads=4)]
+    return [TierConfig(kind="memory")]
 
 
 @dataclass(frozen=True)
@@ -469,6 +478,11 @@ def check(cfg: Config) -> Config:
         if tier.kind == "memory" and tier.path:
             raise ConfigError(f"{key}.path: memory tiers take no path")
         _check_positive(f"{key}.threads", tier.threads)
+        if tier.bytes <= 0:
+            raise ConfigError(
+                f"{key}.bytes: expected a positive size (a tier of 0 bytes caches nothing; leave the tier "
+                f"out instead, or omit bytes for the default {format_bytes(DEFAULT_TIER_BYTES)})"
+            )
     return cfg
 
 

@@ -40,11 +40,14 @@ from fusefs.readpath.policy import (
     PeerUp,
     PlanChanged,
     PolicySettings,
+    Presume,
     Push,
     Pushed,
     ReadPolicy,
     ReadThrough,
     Released,
+    SeedInDoubt,
+    SeedTrusted,
     RetryFillLater,
     SourceChanged,
     Stage,
@@ -243,7 +246,8 @@ def test_a_file_opened_before_its_bytes_came_is_not_pushed(one_node: tuple[Plan,
 
 def test_a_plan_change_while_a_stage_is_in_flight(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
     """A new plan leaves stages in flight to finish; its first view retires what left the horizon
-    (pushed pages are kept, reclaimable) and stages the new window.  A failed plan cancels them."""
+    (pushed pages are kept, reclaimable) and stages the new window.  A failed plan stages nothing
+    more but keeps what was fetched: stages in flight end in kept pages an open is served from."""
     s = Setup(*one_node)
     s.follow()
     a, b, c = s.files[:3]
@@ -258,10 +262,12 @@ def test_a_plan_change_while_a_stage_is_in_flight(one_node: tuple[Plan, npt.NDAr
     out = s.view([b, c])
     assert a not in s.policy.pages and s.policy.kept == {a: s.size(a)}  # left the horizon: pages kept
     assert b in s.policy.pages and staged(out) == [c]
-    out = s.do(PlanChanged(None))  # no plan at all: the window goes, in-flight stages are cancelled
-    assert set(i.entry for i in out if isinstance(i, CancelStage)) == {b, c}
-    assert s.do(StageFetched(c, b"c" * s.size(c))) == []  # late: nothing is pushed
-    assert s.policy.staged_bytes == 0 and s.budget.used == s.size(a)
+    out = s.do(PlanChanged(None))  # no plan at all: nothing more is staged, nothing fetched is lost
+    assert not any(isinstance(i, (CancelStage, DropPages, Stage)) for i in out)
+    assert s.do(StageFetched(c, b"c" * s.size(c))) == [Push(c, b"c" * s.size(c))]  # completes, kept
+    s.do(Pushed(c, ok=True))
+    assert c in s.policy.kept and b in s.policy.pages and s.policy.unused == 0
+    assert s.do(Opened(c))[-1:] == [UsePages(c)]  # a reader is served the pages fetched for the old plan
 
 
 def test_memory_staging_holds_the_bytes_and_serves_them(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
@@ -410,9 +416,11 @@ def test_a_changed_source_leaves_no_copy_here(one_node: tuple[Plan, npt.NDArray[
 # ---------------------------------------------------------------------------- trust in the plan
 
 
-def test_a_mismatch_clears_the_window_and_tier_copies_count_against_reactive(
+def test_a_mismatch_keeps_the_window_usable_and_tier_copies_count_against_reactive(
     one_node: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:
+    """A mismatch costs no PFS read: staged pages become kept pages an open is served from, a stage in
+    flight completes into kept pages, and the tier copies beyond the reactive capacity are the only drops."""
     s = Setup(*one_node, tiers=[Held("memory")], reactive=3_000, threads=3)
     s.follow()
     a, b, c = s.by_size()[:3]
@@ -425,14 +433,54 @@ def test_a_mismatch_clears_the_window_and_tier_copies_count_against_reactive(
     s.do(Opened(b))  # b is taken while pushed: its reader keeps it
     out = s.view([], state="mismatch")
     assert s.policy.mode == "reactive"
-    assert dropped(out) == [a]  # pushed, never opened: dropped
-    assert [i.entry for i in out if isinstance(i, CancelStage)] == [c]  # still fetching: cancelled
-    assert b in s.policy.pages and s.policy.staged_bytes == s.size(b)
+    assert not dropped(out) and not any(isinstance(i, CancelStage) for i in out)
+    assert a in s.policy.kept and c in s.policy.pages  # a: kept pages; c: still being fetched
+    doubt = [i for i in out if isinstance(i, SeedInDoubt)]
+    assert doubt == [SeedInDoubt(s.plan.seed, True, doubt[0].reason, s.policy.generation)]
     evicted = [i.entry for i in out if isinstance(i, DropCopy)]
     held = sum(s.tiers[0].held.values())
     assert sum(s.size(e) for e in evicted) >= held - 3_000  # the excess over the reactive capacity goes
     assert s.policy.reactive.tiers[0].used <= 3_000 and not set(evicted) & set(s.policy.reactive.where)
-    assert staged(s.view([a, c], state="tracking")) == [a, c]  # relocked: the window is staged again
+    assert s.do(StageFetched(c, b"c" * s.size(c))) == [Push(c, b"c" * s.size(c))]
+    s.do(Pushed(c, ok=True))
+    assert c in s.policy.kept and s.policy.staged_bytes == s.size(b)  # only b, which its reader holds
+    assert s.do(Opened(a))[-1:] == [UsePages(a)]  # served from the pages staged under the wrong plan
+    assert s.policy.unused == 0 and s.policy.reused == 1
+    d = s.by_size()[3]
+    assert staged(s.view([c, d], state="tracking")) == [d]  # relocked: c is held already, d is staged
+
+
+def test_kept_pages_never_used_count_as_unused_only_once_dropped(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """``unused`` counts staged files whose fetch was wasted: kept pages a reader may still open are not."""
+    s = Setup(*one_node, budget=6_000, window=6_000)
+    s.follow()
+    a, b = s.by_size()[:2]
+    s.view([a, b])
+    for e in (a, b):
+        s.do(StageFetched(e, b"x" * s.size(e)))
+        s.do(Pushed(e, ok=True))
+    s.view([], state="mismatch")
+    assert set(s.policy.kept) == {a, b} and s.policy.unused == 0
+    assert s.policy.reclaim(s.budget.limit) == 0  # all or nothing: cannot free more than it holds
+    freed = s.policy.reclaim(s.size(a))
+    assert freed >= s.size(a) and s.policy.unused == 1 and dropped(s.policy.drain()) == [a]
+
+
+def test_memory_staging_held_bytes_of_a_wrong_plan_are_served_then_reclaimable(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*one_node, mode="memory")
+    s.follow()
+    a, b = s.by_size()[:2]
+    s.view([a, b])
+    s.do(StageFetched(a, b"a" * s.size(a)))
+    s.do(StageFetched(b, b"b" * s.size(b)))
+    s.view([], state="mismatch")
+    assert s.do(Opened(a))[-1:] == [UseHeld(a, b"a" * s.size(a))]  # still served
+    assert s.policy.reclaim(s.size(b)) >= s.size(b)  # b, held for no horizon, makes room first
+    assert b not in s.policy.pages and s.policy.unused == 1 and s.policy.drain() == []
 
 
 def test_an_assumed_seed_waits_for_opens_a_written_one_presumes(
@@ -441,6 +489,22 @@ def test_an_assumed_seed_waits_for_opens_a_written_one_presumes(
     s = Setup(*one_node)
     assert s.follow(trusted=False) == [FollowPlan(s.plan, None, 1)]
     assert s.follow(trusted=True) == [FollowPlan(s.plan, 0, 2)]
+
+
+def test_writing_the_seed_the_plan_assumed_presumes_without_a_new_plan(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """README's ``echo 0 > .control/seed`` after the daemon planned for the assumed 0: the same plan, so no
+    PlanChanged comes; the seed written must still make the cursor predict before any open."""
+    s = Setup(*one_node)
+    assert s.plan.seed == 0
+    s.follow(trusted=False)
+    assert s.do(SeedTrusted(7)) == []  # another value: that one comes with its own plan
+    assert s.do(SeedTrusted(0)) == [Presume(0, s.policy.generation)]
+    assert s.do(SeedTrusted(0)) == []  # once
+    s.follow(trusted=False)
+    s.view([s.files[0]])  # the cursor locked on opens already: nothing to presume
+    assert s.do(SeedTrusted(0)) == [] and s.policy.trusted
 
 
 def test_a_missed_file_is_kept_where_the_plan_or_the_reactive_policy_says(
@@ -556,6 +620,7 @@ class PolicyMachine(RuleBasedStateMachine):
     def step(self, event: Event, external: bool = False) -> list[Instruction]:
         p = self.s.policy
         before = {e for e, f in p.pages.items() if f.staged}
+        orphans = {e for e, f in p.pages.items() if f.state == "held" and not f.taken} if p.mode == "reactive" else set()
         out = self.s.do(event)
         after = {e for e, f in p.pages.items() if f.staged}
         gone = before - after
@@ -565,7 +630,10 @@ class PolicyMachine(RuleBasedStateMachine):
             assert not {e for e in gone if e in event.view.due}, (gone, event.view.due)
             gone = set()
         elif isinstance(event, PlanChanged | ViewPublished):
-            gone = set()  # no plan, or a mismatch: the window is dropped as a whole
+            gone = set()  # no plan, or a mismatch: the window becomes kept pages
+        gone -= orphans  # bytes held for no plan: the first a reclaim takes
+        if isinstance(event, Pushed) and p.mode == "reactive":
+            gone -= set(p.kept)  # staged for no plan: its pushed pages are kept
         assert not gone, (event, gone)
         self.check_reclaims(out, reader=isinstance(event, ReadThrough) or external)
         self.carry_out(out)

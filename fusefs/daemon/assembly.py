@@ -291,6 +291,12 @@ class Daemon:
         self.plans.listeners.append(self.prefetcher.on_plan)
         self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
+        self.seed.listeners.append(self._seed_written)
+
+    def _seed_written(self, seed: SeedState) -> None:
+        """A seed written (here or on a peer) may be the very value the plan assumed: trust it now."""
+        if seed.origin != "assumed":
+            self.prefetcher.seed_written(seed.value)
 
     def _source_changed(self, path: str, reason: str) -> None:
         """Mark the persisted snapshot so the next mount walks the source again (best effort)."""

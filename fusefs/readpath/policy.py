@@ -145,6 +145,14 @@ class PlanChanged:
 
 
 @dataclass(slots=True)
+class SeedTrusted:
+    """The job wrote ``seed`` after the daemon had planned for it as an assumption (the default 0):
+    the plan is the same, only now it may be predicted from before any open."""
+
+    seed: int
+
+
+@dataclass(slots=True)
 class Opened:
     """A reader opened a dataset file: answers :class:`UsePages`, :class:`UseHeld` or nothing."""
 
@@ -263,6 +271,7 @@ class Tick:
 
 Event = (
     PlanChanged
+    | SeedTrusted
     | Opened
     | ReadThrough
     | Missed
@@ -291,6 +300,27 @@ class FollowPlan:
 
     plan: Plan | None
     presume: int | None
+    generation: int
+
+
+@dataclass(slots=True)
+class Presume:
+    """Let the cursor of plan ``generation`` predict from the start of epoch 0 on ``node`` (ignored
+    once it has seen opens: those decide)."""
+
+    node: int
+    generation: int
+
+
+@dataclass(slots=True)
+class SeedInDoubt:
+    """The opens fit no epoch, node or position of the plan for the seed in use (``trusted``: the job
+    wrote it; else it was only assumed).  The hook for whatever may find the right seed from the
+    opens seen (the cursor keeps the recent ones); nothing is required of the executor."""
+
+    seed: int
+    trusted: bool
+    reason: str
     generation: int
 
 
@@ -394,6 +424,8 @@ class RetryFillLater:
 
 Instruction = (
     FollowPlan
+    | Presume
+    | SeedInDoubt
     | Place
     | UsePages
     | UseHeld
@@ -438,6 +470,7 @@ class ReadPolicy:
         self.reactive = StaticFrequencySet(list(settings.reactive_capacities or [0] * len(self.tiers)))
         # The plan and where this node is in it
         self.plan: Plan | None = None
+        self.trusted = False  # the job wrote the plan's seed (not merely assumed)
         self.generation = 0
         self.view = CursorView()
         self.presumed_node: int | None = None  # this daemon's group index: the node to presume
@@ -448,6 +481,7 @@ class ReadPolicy:
         # The staging window and the page cache
         self.pages: dict[int, Pages] = {}  # staged (the window) or open by readers
         self.kept: OrderedDict[int, int] = OrderedDict()  # consumed, pages still cached -> charge; oldest first
+        self._kept_unused: set[int] = set()  # kept pages of staged files no open has used (yet)
         self.staged_bytes = 0
         self.cached_bytes = 0  # pages of files readers have open, pulled through the mount
         self.kept_bytes = 0
@@ -472,6 +506,7 @@ class ReadPolicy:
         self._due_for: int | None = None  # the horizon position of the file a reservation is for
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             PlanChanged: self._plan_changed,
+            SeedTrusted: self._seed_trusted,
             Opened: self._opened,
             ReadThrough: self._read_through,
             Missed: self._missed,
@@ -549,14 +584,16 @@ class ReadPolicy:
     # ------------------------------------------------------------------ the plan
 
     def _plan_changed(self, ev: PlanChanged) -> None:
-        """A new plan (or none): restart prediction from detection.
+        """A new plan (or none): the cursor restarts from the opens its predecessor saw.
 
-        Files staged for the old plan stay until the new cursor's first view sweeps those outside
-        its horizon (they may be due under the new plan too); stages in flight complete.  Without a
-        plan nothing can be predicted: the window goes, as after a mismatch.
+        Nothing held is thrown away: files staged for the old plan stay until the new cursor's
+        first view sweeps those outside its horizon into the kept pages (they may be due under
+        the new plan too), and stages in flight complete.  Without a plan nothing can be predicted:
+        the window settles as after a mismatch.
         """
         self.generation += 1
         plan = self.plan = ev.plan
+        self.trusted = ev.seed_trusted and plan is not None
         self.view = CursorView()
         self._unplaced = {}
         self._opened_since_view = set()
@@ -568,7 +605,7 @@ class ReadPolicy:
         if plan is None:
             self.entry_gid = np.full(0, -1, np.int32)
             self._adopt_into_reactive()
-            self._clear_window()
+            self._settle_window()
         else:
             self.entry_gid = np.full(self.sizes.shape[0], -1, np.int32)
             gids = np.arange(plan.files, dtype=np.int64)
@@ -576,12 +613,27 @@ class ReadPolicy:
             self.entry_gid[entries[::-1]] = gids[::-1].astype(np.int32)  # the first id of a shared entry wins
             # Predict before any open only for a seed the job wrote: with the assumed default, wait
             # for the first opens to confirm it rather than stage a window that may all be wasted.
-            if ev.seed_trusted:
-                if plan.nodes == 1:
-                    presume = 0
-                elif self.presumed_node is not None and self.presumed_node < plan.nodes:
-                    presume = self.presumed_node
+            if self.trusted:
+                presume = self._node_to_presume(plan)
         self._out.append(FollowPlan(plan, presume, self.generation))
+
+    def _node_to_presume(self, plan: Plan) -> int | None:
+        if plan.nodes == 1:
+            return 0
+        if self.presumed_node is not None and self.presumed_node < plan.nodes:
+            return self.presumed_node
+        return None
+
+    def _seed_trusted(self, ev: SeedTrusted) -> None:
+        """The job wrote the seed the plan was made for as the assumed default (README's ``echo 0``):
+        the same plan, now trusted; presume as for a plan made for a written seed."""
+        plan = self.plan
+        if plan is None or self.trusted or plan.seed != ev.seed:
+            return
+        self.trusted = True
+        node = self._node_to_presume(plan)
+        if node is not None and self.view.state == "detecting":
+            self._out.append(Presume(node, self.generation))
 
     def _view_published(self, ev: ViewPublished) -> None:
         if ev.generation != self.generation:
@@ -601,7 +653,7 @@ class ReadPolicy:
             self.tier_of_gid = self.plan.tier_of(view.node)
         if view.state == "mismatch" and previous.state != "mismatch":
             self._mismatch(Mismatch(view))
-        elif previous.state == "mismatch" and view.state == "tracking":
+        elif previous.state == "mismatch" and view.state != "mismatch":
             self._relock(Relock(view))
         if self._fill is None and self.filled_node is None:
             self._start_fill()
@@ -609,16 +661,27 @@ class ReadPolicy:
         self._pump()
 
     def _mismatch(self, ev: Mismatch) -> None:
-        """The plan is wrong for these readers: its window is meaningless, the reactive policy decides.
+        """The plan is wrong for these readers: the reactive policy decides, and nothing held is lost.
 
-        Files kept in the tiers under the plan now count against the reactive policy.  The tier
-        fill of the plan goes on (it is for this node's assignment, whatever the readers do now).
+        A mismatch must never cost more PFS reads than having no plan at all, so what the plan
+        brought here stays usable: the window's files become kept pages (served if a reader opens
+        them, reclaimed when the budget needs room), stages in flight complete and are kept the
+        same way, and the tiers' copies count against the reactive policy (otherwise they would sit
+        outside its accounting and the tiers would hold more than the capacities both modes share).
+        The tier fill of the plan goes on, into room the reactive policy leaves only (it is this
+        node's assignment, which peers ask for, whatever the readers do now).  Whatever may find
+        the right seed from the opens is told (:class:`SeedInDoubt`).
         """
         self._adopt_into_reactive()
-        self._clear_window()
+        self._settle_window()
+        if self.plan is not None:
+            reason = str(ev.view.status.get("mismatch_reason") or "the opens fit no epoch, node or position")
+            self._out.append(SeedInDoubt(self.plan.seed, self.trusted, reason, self.generation))
 
     def _relock(self, ev: Relock) -> None:
-        """The readers follow the plan again: prediction resumes with the view that said so."""
+        """The readers follow the plan again: prediction resumes with the view that said so; the
+        sweep of that view retires what the window held outside the new horizon into kept pages."""
+        self._swept_for = None
 
     # ------------------------------------------------------------------ readers
 
@@ -658,6 +721,7 @@ class ReadPolicy:
         self.kept_bytes -= charge
         self.cached_bytes += charge
         self.reused += 1
+        self._kept_unused.discard(entry)
         self.pages[entry] = Pages(charge, "reading", taken=True)
         return UsePages(entry)
 
@@ -782,10 +846,13 @@ class ReadPolicy:
         else:
             p.state = "held"  # the kernel does not know the inode (no lookup yet): serve from RAM
         current = self.pages.get(entry)
-        if ev.ok and current is not p and not (p.taken and (current is not None or entry in self.kept)):
+        if current is not p and not (p.taken and (current is not None or entry in self.kept)):
             # Retired while we pushed: drop the pages just stored.  Not when a reader took it
             # meanwhile: it read the same bytes through the mount, and its release kept them.
-            self._out.append(DropPages(entry, 0))
+            if ev.ok:
+                self._out.append(DropPages(entry, 0))
+        elif ev.ok and current is p and not p.taken and self.mode == "reactive":
+            self._retire(entry)  # staged for a plan no longer followed: kept (see _settle_window)
         self._pump()
 
     def _retire(self, entry: int) -> None:
@@ -797,7 +864,6 @@ class ReadPolicy:
         staged = state != "reading"
         if staged:
             self.staged_bytes -= p.nbytes
-            self.unused += not p.taken
             if state == "fetching":
                 self._staging_now.discard(entry)
                 self._out.append(CancelStage(entry))
@@ -808,22 +874,33 @@ class ReadPolicy:
         if state == "pushed" or p.taken or not staged:  # its pages are in the page cache
             self.kept[entry] = p.nbytes
             self.kept_bytes += p.nbytes
+            if not p.taken:
+                self._kept_unused.add(entry)  # an open may still use them; counted unused if dropped first
         else:  # never opened and not in the page cache (or a push in flight, undone when it ends)
             self.budget.release(p.nbytes)
-
-    def _clear_window(self) -> None:
-        """Drop the staging window (no trusted plan: its order is meaningless); kept pages stay valid."""
-        for entry in [e for e, p in self.pages.items() if p.staged and not p.taken]:
-            p = self.pages.pop(entry)
-            self.staged_bytes -= p.nbytes
             self.unused += 1
-            self.budget.release(p.nbytes)
-            if p.state == "pushed":
-                self._out.append(DropPages(entry, p.nbytes))
-            elif p.state == "fetching":
-                self._staging_now.discard(entry)
-                self._out.append(CancelStage(entry))
+
+    def _settle_window(self) -> None:
+        """No plan is followed now: stage nothing more, but lose nothing the window holds.
+
+        Staged files are fetched already (the PFS was read for them), and a reader may well open
+        them soon (one node's readers read most of the dataset every epoch, in whatever order):
+        pushed ones become kept pages, which opens are served from and the budget reclaims first
+        when it needs room; stages and pushes in flight complete and are kept the same way when
+        they end (:meth:`_pushed`); bytes held in RAM (memory staging, a refused push) stay until
+        an open takes them or :meth:`reclaim` needs their room.
+        """
+        for entry in [e for e, p in self.pages.items() if p.state == "pushed" and not p.taken]:
+            self._retire(entry)
         self._stage_of, self._stage_pos = None, 0
+
+    def _drop_kept(self, entry: int) -> int:
+        charge = self.kept.pop(entry)
+        self.kept_bytes -= charge
+        if entry in self._kept_unused:
+            self._kept_unused.discard(entry)
+            self.unused += 1
+        return charge
 
     # ------------------------------------------------------------------ the budget
 
@@ -853,6 +930,16 @@ class ReadPolicy:
         victims: list[int] = []
         protected: list[int] = []
         freed = 0
+        # Bytes held for a plan no longer followed (memory staging, a refused push) go first: they
+        # are the window of no horizon, kept only in case a reader still opens them.
+        orphans = []
+        if self.mode == "reactive":
+            orphans = [e for e, p in self.pages.items() if p.state == "held" and not p.taken]
+        for entry in orphans:
+            if freed >= need:
+                break
+            victims.append(entry)
+            freed += self.pages[entry].nbytes
         for entry, charge in self.kept.items():
             if freed >= need:
                 break
@@ -871,8 +958,15 @@ class ReadPolicy:
         if freed < need:
             return 0
         for entry in victims:
-            charge = self.kept.pop(entry)
-            self.kept_bytes -= charge
+            held = self.pages.get(entry)
+            if held is not None:  # an orphan held in RAM: no pages to drop
+                del self.pages[entry]
+                held.data = None
+                self.staged_bytes -= held.nbytes
+                self.budget.release(held.nbytes)
+                self.unused += 1
+                continue
+            charge = self._drop_kept(entry)
             self.budget.release(charge)
             self._out.append(DropPages(entry, charge))
         return freed
@@ -921,17 +1015,25 @@ class ReadPolicy:
 
         Files this node owns come from the PFS (it is their one PFS reader); replicas of files
         other nodes own come only from their owner, and wait for a later pass while it cannot
-        serve them (or is down).
+        serve them (or is down).  Under a mismatch a fill goes only into room the reactive policy
+        has, and is counted there: a fill the tier would refuse is a PFS read for nothing.
         """
         run = self._fill
         if run is None or run.waiting or self._staging_now:
             return
+        reactive = self.mode == "reactive"
         n = run.entries.shape[0]
         while run.pos < n:
             entry, t, owner = int(run.entries[run.pos]), int(run.tiers[run.pos]), int(run.owners[run.pos])
             if not 0 <= t < len(self.tiers) or self.tiers[t].contains(entry):
                 run.pos += 1
                 continue
+            if reactive:
+                size = int(self.sizes[entry])
+                room = self.reactive.tiers[t]
+                if entry in self.reactive.where or room.used + size > room.capacity:
+                    run.pos += 1  # kept elsewhere already, or no room left for it
+                    continue
             if owner != run.node and owner in self.peers_down:
                 run.later.append(run.pos)
                 run.pos += 1
@@ -941,6 +1043,8 @@ class ReadPolicy:
             self._fill_busy[t] += 1
             run.inflight[entry] = run.pos
             run.pos += 1
+            if reactive:
+                self.reactive.admitted(entry, t, int(self.sizes[entry]))  # its room, until the fill ends
             self._out.append(Fill(entry, t, owner == run.node, self.generation))
         if run.later and not run.inflight:
             # The pass is over: try the replicas whose owners could not serve them after a pause.
@@ -957,6 +1061,11 @@ class ReadPolicy:
             pos = run.inflight.pop(ev.entry, None)
             if ev.outcome == "later" and pos is not None:
                 run.later.append(pos)
+        counted = self.reactive.where.get(ev.entry) == ev.tier
+        if ev.outcome == "stored" and not counted and self.mode == "reactive":
+            self.reactive.admitted(ev.entry, ev.tier, int(self.sizes[ev.entry]))  # begun under the plan
+        elif ev.outcome != "stored" and counted and not self.tiers[ev.tier].contains(ev.entry):
+            self.reactive.dropped(ev.entry)  # the room taken for it is free again
         self._pump_fill()
 
     def _fill_retry(self, ev: FillRetry) -> None:
@@ -983,9 +1092,8 @@ class ReadPolicy:
                 self.cached_bytes -= p.nbytes
             p.data = None
             self.budget.release(p.nbytes)
-        charge = self.kept.pop(entry, None)
+        charge = self._drop_kept(entry) if entry in self.kept else None
         if charge is not None:
-            self.kept_bytes -= charge
             self.budget.release(charge)
         self._out.append(DropPages(entry, charge or 0))
         self._pump()
@@ -1012,6 +1120,7 @@ class ReadPolicy:
         assert self.staged_bytes <= self.staging_limit, (self.staged_bytes, self.staging_limit)
         assert self.held_bytes() <= self.budget.used <= self.budget.limit, (self.held_bytes(), self.budget.used)
         assert not set(self.pages) & set(self.kept), set(self.pages) & set(self.kept)
+        assert self._kept_unused <= set(self.kept), self._kept_unused - set(self.kept)
         fetching = {e for e, p in self.pages.items() if p.state == "fetching"}
         assert fetching <= self._staging_now, (fetching, self._staging_now)
         assert all(self._pushing.get(e) is p for e, p in self.pages.items() if p.state == "pushing")

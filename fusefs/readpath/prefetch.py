@@ -61,12 +61,15 @@ from fusefs.readpath.policy import (
     PeerUp,
     Place,
     PlanChanged,
+    Presume,
     Push,
     Pushed,
     ReadPolicy,
     ReadThrough,
     Released,
     RetryFillLater,
+    SeedInDoubt,
+    SeedTrusted,
     Stage,
     StageFetched,
     Tick,
@@ -132,7 +135,11 @@ class Prefetcher:
         # this far.  A sixteenth of the horizon keeps the staging window at least 15/16 full; per
         # batch it cost the daemon a third of a core in later epochs, taken from the readers.
         self.cursor_step = max(1, job.batch_size, self.horizon_files // 16)
-        self._view_where: tuple[Any, ...] = ()
+        self._view_key: tuple[Any, ...] = ()  # the cursor's progress_key when the view was last computed
+        self._prepare = False  # a new cursor waits for its prepare() in the worker thread
+        self._presume_node: int | None = None  # a Presume for the cursor loop to carry out
+        self._retired: NodeCursor | None = None  # the cursor of the last plan, while no plan is followed
+        self.seed_doubt_hooks: list[Callable[[SeedInDoubt], None]] = []  # told when the seed is in doubt
         self._do: dict[type[Any], Callable[[Any], None]] = {
             FollowPlan: self._follow_plan,
             Place: self._place,
@@ -143,6 +150,8 @@ class Prefetcher:
             Fill: self._fill,
             DropCopy: self._drop_copy,
             RetryFillLater: self._retry_fill_later,
+            Presume: self._presume,
+            SeedInDoubt: self._seed_in_doubt,
         }
         budget.reclaim = self._reclaim
         staging.carry_out = self._carry_out
@@ -206,6 +215,11 @@ class Prefetcher:
         """A new plan (or a failed one): restart prediction from detection."""
         self._handle(PlanChanged(plan, self.seed_trusted()))
 
+    def seed_written(self, value: int) -> None:
+        """The job wrote ``value``: when the plan followed was made for it as the assumed default,
+        it is trusted now (a plan for another value comes through :meth:`on_plan`)."""
+        self._handle(SeedTrusted(value))
+
     def opened(self, entry: int) -> UsePages | UseHeld | None:
         """An open of a dataset file: pages or bytes staged for it, if any."""
         answer = self._handle(Opened(entry))
@@ -237,14 +251,38 @@ class Prefetcher:
     # ------------------------------------------------------------------ instructions
 
     def _follow_plan(self, ins: FollowPlan) -> None:
+        """A new plan: its cursor carries the old one's counters, history and recent opens over.
+
+        Building it only reads the old cursor (a worker thread may still be observing on that one:
+        at most that batch's opens are lost); its ``prepare()`` (the relock on the carried opens,
+        the maps the quick path needs) is slow and runs in the cursor loop's worker thread.
+        """
         self._cursor_generation = ins.generation
         self._cursor_plan = ins.plan
         self._opens = []
-        self._view_where = ()
-        self.cursor = None if ins.plan is None else NodeCursor(ins.plan.job_streams(), self.settings)
-        if self.cursor is not None and ins.presume is not None:
-            self.cursor.presume(ins.presume, 0)
+        self._view_key = ()
+        old = self.cursor
+        if ins.plan is None:
+            self.cursor = None
+            self._retired = old if old is not None else self._retired
+        else:
+            previous = old if old is not None else self._retired
+            self.cursor = NodeCursor(ins.plan.job_streams(), self.settings, previous=previous)
+            self._retired = None
+            if ins.presume is not None:
+                self.cursor.presume(ins.presume, 0)
+            self._prepare = True
         self._opens_ready.set()  # let the worker publish the new cursor's first view
+
+    def _presume(self, ins: Presume) -> None:
+        """The seed of the plan the cursor follows was written after the plan was made: predict now."""
+        if self.cursor is not None and ins.generation == self._cursor_generation:
+            self._presume_node = ins.node
+            self._opens_ready.set()
+
+    def _seed_in_doubt(self, ins: SeedInDoubt) -> None:
+        for hook in list(self.seed_doubt_hooks):
+            hook(ins)
 
     def _place(self, ins: Place) -> None:
         self._opens.append(ins.gid)
@@ -293,13 +331,19 @@ class Prefetcher:
             self._opens = []
             if cursor is None or plan is None:
                 continue
-            # Quick placements run here; detection, new epoch maps and view recomputations in a
-            # worker thread (see the module's concurrency rules).
-            observed, predicted = cursor.observe_while_quick(batch)
-            view = self._carried_view(cursor, predicted) if observed == len(batch) else None
+            prepare, self._prepare = self._prepare, False
+            presume, self._presume_node = self._presume_node, None
+            if presume is not None:
+                cursor.presume(presume, 0)  # a few tracks, no maps: quick
+            # Quick placements run here; detection, new epoch maps, a new plan's preparation and
+            # view recomputations in a worker thread (see the module's concurrency rules).
+            observed, predicted = (0, 0) if prepare else cursor.observe_while_quick(batch)
+            view = None
+            if observed == len(batch) and not prepare and presume is None:
+                view = self._carried_view(cursor, predicted)
             if view is None:
                 view = await trio.to_thread.run_sync(
-                    self._advance, cursor, plan, batch[observed:], predicted, limiter=self._cursor_lock
+                    self._advance, cursor, plan, batch[observed:], predicted, prepare, limiter=self._cursor_lock
                 )
             placed = plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if batch else []
             previous = self.policy.view
@@ -318,8 +362,10 @@ class Prefetcher:
             # Let opens gather: placing is cheap, recomputing the view per open is not.
             await trio.sleep(VIEW_INTERVAL)
 
-    def _advance(self, cursor: NodeCursor, plan: Plan, gids: list[int], predicted: int) -> CursorView:
-        """Worker thread: place the opens left, then precompute what the trio side will ask for."""
+    def _advance(self, cursor: NodeCursor, plan: Plan, gids: list[int], predicted: int, prepare: bool) -> CursorView:
+        """Worker thread: a new cursor's preparation, the opens left, then the view the trio side asks for."""
+        if prepare:
+            cursor.prepare()  # relock on the opens a replaced plan's cursor saw; build the maps needed next
         for gid in gids:
             if cursor.observe(gid):
                 predicted += 1
@@ -331,39 +377,34 @@ class Prefetcher:
                     cursor.epoch,
                     {r: (t.epoch, t.low, t.high) for r, t in cursor.tracks.items()},
                 )
-        return self._carried_view(cursor, predicted) or self._fresh_view(cursor, plan, predicted)
-
-    def _where(self, cursor: NodeCursor) -> tuple[Any, ...]:
-        return (
-            cursor.state,
-            cursor.epoch,
-            tuple((t.epoch, t.low // self.cursor_step) for t in cursor.tracks.values()),
-        )
+        view = None if prepare else self._carried_view(cursor, predicted)
+        return view or self._fresh_view(cursor, plan, predicted)
 
     def _carried_view(self, cursor: NodeCursor, predicted: int) -> CursorView | None:
         """The last view with new counts, when nobody moved a step since it was computed; else None."""
         previous = self.policy.view
-        if self._where(cursor) == self._view_where and previous.state == cursor.state:
+        if cursor.progress_key(self.cursor_step) == self._view_key and previous.state == cursor.state:
             return replace(previous, status=cursor.status(), predicted=predicted, fresh=False)
         return None
 
     def _fresh_view(self, cursor: NodeCursor, plan: Plan, predicted: int) -> CursorView:
-        """Worker thread: the horizon and stage list from the cursor's position (O(horizon) work)."""
-        self._view_where = self._where(cursor)
+        """Worker thread: the horizon and stage list from the cursor's position (O(horizon) work).
+
+        ``prepare()`` builds the next epoch's maps while we are in a worker thread anyway, so the
+        quick path never has to hand the first opens of an epoch to a thread.
+        """
+        cursor.prepare()
+        self._view_key = cursor.progress_key(self.cursor_step)
         due: dict[int, int] = {}
         stage: tuple[int, ...] = ()
         ahead: tuple[int, ...] = ()
         if cursor.state in ("tracking", "presumed"):
-            upcoming = cursor.upcoming(self.horizon_files)
-            if upcoming:
-                gids_ahead = np.fromiter((g for _e, g in upcoming), dtype=np.int64, count=len(upcoming))
-                entries = plan.entry_of(gids_ahead).tolist()
+            _epochs, gids = cursor.upcoming_gids(self.horizon_files)
+            if gids.shape[0]:
+                entries = plan.entry_of(gids).tolist()
                 due = entries_due(entries)
                 ahead = tuple(entries)
                 stage = self.policy.stage_list(entries)
-                last_epoch = upcoming[-1][0]
-                if last_epoch + 1 < cursor.job.epochs:
-                    cursor.job.epoch_map(last_epoch + 1)  # warm the next epoch while we are here
         return CursorView(
             cursor.state, cursor.node, cursor.epoch, due, stage, cursor.status(), predicted, upcoming=ahead
         )

@@ -1,0 +1,565 @@
+"""Real training clients over seerfs: does the prediction hold on the loop shapes people actually write?
+
+Every test runs unmodified framework code (torchrun + gloo, DataLoader workers, torchvision
+ImageFolder on the mount; Lightning, accelerate and torchdata where the shape is theirs; the
+scripts are in tests/clients/) over seerfs over the PFS emulator, and checks four things, all from
+sources independent of the code under test where possible:
+
+* bytes: every sample every rank consumed matches a digest computed from the source directly;
+* prediction: per epoch, the share of the mount's opens that its plan predicted (status'
+  ``prefetch.predicted_opens`` against ``reads.opens``, split at epoch boundaries by snapshots the
+  client takes after a barrier; the status document itself only keeps totals since the mount);
+* PFS traffic from the emulator's own counters: at most 1.05x the dataset when the tiers hold it;
+* for shapes where a seed is written that the sampler may not follow (a wrong seed, Lightning's
+  sanity check, a mid-epoch resume, accelerate's default prepare()): the seeded run takes at most
+  1.03x the wall time of the same run without a seed, run side by side.
+
+A test reports every check that failed (not only the first) and prints its measurements as one JSON
+line (also appended to $SEERFS_CLIENTS_LOG when set), so a run of the module shows precisely how
+each shape fares.  Many fail on today's code, and that is what they are for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mounting import mounted, status
+from pfsemu_fixture import requires_fuse, running_pfsemu
+
+from tools.jobs import free_port, make_source, wait_plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "clients"))
+from statusfields import status_fields
+
+# Tests with a side-by-side unseeded run launch three torchruns (Lightning's start alone takes ~15 s here).
+pytestmark = [pytest.mark.clients, pytest.mark.mount, pytest.mark.torch, requires_fuse, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS = Path(__file__).resolve().parent / "clients"
+TRAIN, VAL = 503, 125  # 503 train files: 252 per rank on two ranks (one padded); val: 8 batches per rank
+OPEN_MS = 20  # PFS open latency: what makes a missed prediction cost time
+MIN_RATE = 0.99  # share of an epoch's opens the plan must have predicted
+PFS_FACTOR = 1.05
+WALL_FACTOR = 1.03
+WALL_REPEATS = 2  # runs per side for the wall-time check: the best of each is compared (the host is shared)
+TIERS = "64MiB"  # holds the whole dataset (about 9 MB)
+
+
+@dataclass(frozen=True)
+class Source:
+    root: Path
+    digests: dict[str, str]  # relative path -> sha1, computed from the backing files before any mount
+    total: int  # bytes of every file (train + val)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
+    root = tmp_path_factory.mktemp("clients-pfs") / "data"
+    digests, total = make_source(root, TRAIN, VAL, mean_size=16_000)
+    return Source(root, digests, total)
+
+
+@dataclass
+class Run:
+    """One client run over a fresh seerfs mount: what the ranks consumed, what status and the PFS saw."""
+
+    label: str
+    ranks: list[dict[str, Any]]
+    final: dict[str, Any]  # status fields after the run
+    pfs_bytes: int
+    pfs_opens: int
+    seconds: float  # the slowest rank's training-loop wall time
+
+    @property
+    def snapshots(self) -> list[dict[str, Any]]:
+        return next(r["snapshots"] for r in self.ranks if r["rank"] == 0)
+
+    def segments(self) -> list[dict[str, Any]]:
+        """Per segment between consecutive snapshots (an epoch, a sanity check): opens and how many were predicted.
+
+        ``rate`` is the cursor's own measure (``cursor.hits`` over ``cursor.opens``, the status' hit
+        rate, which credits the opens that located the job once detection succeeds); a segment in
+        which a new plan replaced the cursor (its counters restart) counts from the new cursor on.
+        ``open_rate`` counts only what was predicted at the moment of the open
+        (``prefetch.predicted_opens`` over ``reads.opens``).
+        """
+        out = []
+        snaps = self.snapshots
+        for before, after in itertools.pairwise(snaps):
+            opens = after["reads_opens"] - before["reads_opens"]
+            predicted = after["predicted_opens"] - before["predicted_opens"]
+            c0, c1 = before["cursor"], after["cursor"]
+            restarted = c1["opens"] is None or c0["opens"] is None or c1["opens"] < c0["opens"]
+            c_opens = (c1["opens"] or 0) - (0 if restarted else c0["opens"])
+            c_hits = (c1["hits"] or 0) - (0 if restarted else c0["hits"])
+            out.append(
+                {
+                    "segment": after["label"],
+                    "opens": opens,
+                    "cursor_opens": c_opens,
+                    "hits": c_hits,
+                    "rate": round(c_hits / c_opens, 4) if c_opens else 0.0,
+                    "open_rate": round(predicted / opens, 4) if opens else None,
+                    "cursor_restarted": restarted and c0["opens"] is not None,
+                    "cursor_state": c1["state"],
+                    "mode": after["mode"],
+                }
+            )
+        return out
+
+
+def seerfs_options(
+    world: int,
+    epochs: int,
+    *,
+    val: bool,
+    val_drop_last: bool = False,
+    batch: int = 8,
+    workers: int = 2,
+) -> dict[str, Any]:
+    """The job as seerfs is told it, as ``-o`` keys (see ``seerfs config --defaults``, seerfs.yaml(5))."""
+    opts: dict[str, Any] = {
+        "job.world_size": world,
+        "job.ranks_per_node": world,
+        "job.epochs": epochs,
+        "job.batch_size": batch,
+        "job.num_workers": workers,
+        "tiers.0.kind": "memory",
+        "tiers.0.bytes": TIERS,
+        "prefetch.lookahead_bytes": "4MiB",
+        "datasets.0.root": "train",
+    }
+    if val:
+        opts |= {
+            "datasets.1.root": "val",
+            "datasets.1.follows": "train",
+            "datasets.1.sampler.shuffle": "false",
+            "datasets.1.sampler.drop_last": str(val_drop_last).lower(),
+        }
+    return opts
+
+
+def torchrun(script: str, nprocs: int, args: list[str], timeout: float = 300) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nprocs}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(CLIENTS / script),
+        *args,
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-4000:]}")
+
+
+def run_client(
+    tmp: Path,
+    source: Source,
+    label: str,
+    script: str,
+    nprocs: int,
+    args: list[str],
+    options: dict[str, Any],
+    *,
+    seed: int | None,
+) -> Run:
+    """Emulator over the source, seerfs over the emulator (fresh cache), optional seed, then the client."""
+    work = tmp / label
+    out = work / "out"
+    out.mkdir(parents=True)
+    opts = {"cache_dir": str(work / "cache"), **options}
+    o = ",".join(f"{k}={v}" for k, v in opts.items())
+    with (
+        running_pfsemu(source.root, open_latency_ms=OPEN_MS) as emu,
+        mounted(emu.mountpoint, work / "mnt", "-o", o) as mnt,
+    ):
+        if seed is not None:  # the job script: echo SEED > MOUNT/.control/seed, before the training starts
+            (mnt / ".control" / "seed").write_text(f"{seed}\n")
+            wait_plan(mnt, seed)
+        torchrun(script, nprocs, ["--data", str(mnt), "--out", str(out), *args])
+        final = status_fields(status(mnt))
+        counters = emu.counters()
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    assert len(ranks) == nprocs, f"{label}: {len(ranks)} of {nprocs} ranks wrote results"
+    return Run(label, ranks, final, counters.bytes, counters.opens, max(r["wall_s"] for r in ranks))
+
+
+def side_by_side(
+    tmp: Path,
+    source: Source,
+    script: str,
+    nprocs: int,
+    args: list[str],
+    options: dict[str, Any],
+    *,
+    seed: int | None,
+    seeded_args: list[str] | None = None,
+) -> tuple[list[Run], list[Run]]:
+    """The same job with and without a seed, WALL_REPEATS times each, interleaved (unseeded first).
+
+    ``seed`` is written by the job script before the run; ``seeded_args`` replace ``args`` for the
+    seeded runs (a client that writes its seed itself).  Returns (seeded runs, unseeded runs).
+    """
+    seeded, unseeded = [], []
+    for i in range(WALL_REPEATS):
+        unseeded.append(run_client(tmp, source, f"unseeded{i}", script, nprocs, args, options, seed=None))
+        seeded.append(run_client(tmp, source, f"seeded{i}", script, nprocs, seeded_args or args, options, seed=seed))
+    return seeded, unseeded
+
+
+@dataclass
+class Verdict:
+    """Every check of one test, failed or not, and its measurements: reported together at the end."""
+
+    name: str
+    failures: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.failures.append(message)
+
+    def bytes_identical(self, run: Run, source: Source) -> None:
+        bad, n = [], 0
+        for r in run.ranks:
+            for _phase, _epoch, rel, sha in r["samples"]:
+                n += 1
+                if source.digests.get(rel) != sha:
+                    bad.append(rel)
+        self.metrics.setdefault("samples", {})[run.label] = n
+        self.check(n > 0 and not bad, f"{run.label}: {len(bad)} of {n} samples differ from the source, e.g. {bad[:3]}")
+
+    def predicted(self, run: Run, *, skip: tuple[str, ...] = ()) -> None:
+        """Every segment (epoch, sanity check) not in ``skip`` had >= MIN_RATE of its opens predicted.
+
+        The first segment judged is held to the cursor's hit rate (detection needs a few opens and
+        credits them once it succeeds); later ones also to the share predicted at open time, which
+        a retroactive credit cannot inflate.  A segment whose hits exceed its opens is reported as
+        such: the status then claims more than was predicted.
+        """
+        segs = run.segments()
+        self.metrics.setdefault("segments", {})[run.label] = segs
+        self.check(bool(segs), f"{run.label}: no status snapshots (was the mount a seerfs mount?)")
+        judged = [s for s in segs if s["segment"] not in skip and s["opens"]]
+        for i, s in enumerate(judged):
+            where = f"{run.label}: {s['segment']}"
+            counts = (
+                f"{s['hits']} hits of {s['cursor_opens']} cursor opens, {s['open_rate']:.1%} of {s['opens']} opens "
+                f"predicted at open time; cursor {s['cursor_state']}, mode {s['mode']}"
+            )
+            ok = MIN_RATE <= s["rate"] <= 1.0
+            self.check(
+                ok,
+                f"{where}: hit rate {s['rate']:.1%} not in [{MIN_RATE:.0%}, 100%] ({counts})",
+            )
+            if i > 0 and ok:  # one message per segment
+                self.check(
+                    s["open_rate"] >= MIN_RATE,
+                    f"{where}: predicted at open time {s['open_rate']:.1%} < {MIN_RATE:.0%} ({counts})",
+                )
+        cursor = run.final["cursor"]
+        self.check(not cursor["mismatch"], f"{run.label}: cursor declared a mismatch: {cursor['mismatch_reason']}")
+
+    def pfs_once(self, run: Run, source: Source) -> None:
+        ratio = run.pfs_bytes / source.total
+        self.metrics.setdefault("pfs_ratio", {})[run.label] = round(ratio, 3)
+        self.check(ratio <= PFS_FACTOR, f"{run.label}: PFS read {ratio:.2f}x the dataset (> {PFS_FACTOR}x)")
+
+    def no_slower(self, seeded: list[Run], unseeded: list[Run]) -> None:
+        """The fastest seeded run against the fastest unseeded one: the least disturbed of each (shared host)."""
+        best_s, best_u = min(r.seconds for r in seeded), min(r.seconds for r in unseeded)
+        ratio = best_s / best_u
+        self.metrics["wall"] = {
+            "seeded_s": [round(r.seconds, 2) for r in seeded],
+            "unseeded_s": [round(r.seconds, 2) for r in unseeded],
+            "ratio": round(ratio, 3),
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        }
+        self.check(
+            ratio <= WALL_FACTOR,
+            f"seeded run took {ratio:.2f}x the unseeded one (best of {len(seeded)}: {best_s:.1f}s vs {best_u:.1f}s; "
+            f"> {WALL_FACTOR}x)",
+        )
+
+    def done(self, *runs: Run) -> None:
+        for run in runs:
+            self.metrics.setdefault("final", {})[run.label] = run.final
+        line = json.dumps({"test": self.name, "failures": self.failures, **self.metrics})
+        print(line)
+        log = os.environ.get("SEERFS_CLIENTS_LOG")
+        if log:
+            with open(log, "a") as fh:
+                fh.write(line + "\n")
+        if self.failures:
+            pytest.fail(f"{self.name}: {len(self.failures)} check(s) failed:\n  " + "\n  ".join(self.failures))
+
+
+@pytest.fixture
+def verdict(request: pytest.FixtureRequest) -> Iterator[Verdict]:
+    yield Verdict(request.node.name)
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+
+def test_plain_loop_control(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """The shape seerfs models exactly (seeded DistributedSampler, set_epoch, full epochs): the harness's control."""
+    opts = seerfs_options(2, 3, val=False)
+    run = run_client(tmp_path, source, "seeded", "ddp_loop.py", 2, ["--sampler-seed", "7"], opts, seed=7)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("epoch", "skip"), [(0, 150), (1, 150), (2, 40)], ids=["e0-150", "e1-150", "e2-40"])
+def test_mid_epoch_resume_by_sampler_skip(
+    tmp_path: Path, source: Source, verdict: Verdict, epoch: int, skip: int
+) -> None:
+    """A job resumed on a fresh mount at (epoch, samples consumed per rank): the sampler skips what was consumed."""
+    opts = seerfs_options(2, 3, val=False)
+    args = ["--sampler-seed", "7", "--start-epoch", str(epoch), "--skip", str(skip)]
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, args, opts, seed=7)
+    for run in (*seeded_runs, *unseeded_runs):
+        verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
+    verdict.predicted(seeded)
+    verdict.pfs_once(seeded, source)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
+
+
+@pytest.mark.slow
+def test_seed_written_late(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """Rank 0 writes the seed after 5 batches of epoch 0: later epochs must be predicted."""
+    opts = seerfs_options(2, 3, val=False)
+    args = ["--sampler-seed", "7", "--write-seed", "7", "--write-seed-after", "5"]
+    run = run_client(tmp_path, source, "late", "ddp_loop.py", 2, args, opts, seed=None)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run, skip=("epoch0",))
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_validation_every_epoch(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """The ImageNet example's validation: DistributedSampler(shuffle=False, drop_last=True), then the tail per rank."""
+    opts = seerfs_options(2, 3, val=True, val_drop_last=True)
+    run = run_client(tmp_path, source, "val", "ddp_loop.py", 2, ["--sampler-seed", "7", "--val"], opts, seed=7)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_epochs_past_configured(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """job.epochs says 2, the job trains 3 (a longer schedule than the config, or a resumed run that goes on)."""
+    opts = seerfs_options(2, 2, val=False)
+    run = run_client(tmp_path, source, "past", "ddp_loop.py", 2, ["--sampler-seed", "7", "--epochs", "3"], opts, seed=7)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_never_set_epoch(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """No set_epoch: DistributedSampler repeats epoch 0's order (seed + 0) every epoch."""
+    opts = seerfs_options(2, 3, val=False)
+    run = run_client(
+        tmp_path, source, "noepoch", "ddp_loop.py", 2, ["--sampler-seed", "7", "--no-set-epoch"], opts, seed=7
+    )
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_early_break(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """Each epoch stops after 20 of its 32 batches (a step budget per epoch), then set_epoch(epoch + 1)."""
+    opts = seerfs_options(2, 3, val=False)
+    run = run_client(
+        tmp_path, source, "break", "ddp_loop.py", 2, ["--sampler-seed", "7", "--break-after", "20"], opts, seed=7
+    )
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_wrong_seed(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """The ImageNet example run with --seed 42 and 42 written: its DistributedSampler is seeded 0, not 42.
+
+    A wrong seed cannot be predicted from; what must hold is that the daemon says so within the
+    first epoch, still reads the PFS about once, and costs no time against writing no seed at all.
+    """
+    opts = seerfs_options(2, 3, val=False)
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, ["--seed", "42"], opts, seed=42)
+    for run in (*seeded_runs, *unseeded_runs):
+        verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
+    verdict.metrics["segments"] = {"seeded0": seeded.segments()}
+    first = seeded.final["cursor"]["first_mismatch_open"]
+    verdict.check(
+        seeded.final["cursor"]["mismatch"] and first is not None and first <= seeded.snapshots[1]["reads_opens"],
+        f"the wrong seed was not flagged within epoch 0: cursor {seeded.final['cursor']}",
+    )
+    verdict.pfs_once(seeded, source)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
+
+
+@pytest.mark.slow
+def test_wrong_job_shape(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """The config says 2 ranks, batch 16, 4 workers; the job runs 3 ranks, batch 8, 2 workers."""
+    opts = seerfs_options(2, 3, val=False, batch=16, workers=4)
+    run = run_client(tmp_path, source, "shape", "ddp_loop.py", 3, ["--sampler-seed", "7"], opts, seed=7)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+# ---------------------------------------------------------------------------------------------- torchdata
+
+
+def test_stateful_dataloader_resume(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """torchdata StatefulDataLoader: stopped after 19 batches of epoch 1 (152 of 252 samples per rank), resumed
+    from its state_dict on a fresh mount; the resumed run must be predicted and no slower than without a seed."""
+    part1 = tmp_path / "part1"
+    part1.mkdir()
+    # The first part runs straight on the source: only the resumed part is under test.
+    torchrun(
+        "ddp_loop.py",
+        2,
+        [
+            "--data",
+            str(source.root),
+            "--out",
+            str(part1),
+            "--sampler-seed",
+            "7",
+            "--stateful",
+            "--stop-at",
+            "1:19",
+            "--compute-ms",
+            "0",
+        ],
+    )
+    opts = seerfs_options(2, 3, val=False)
+    args = ["--sampler-seed", "7", "--stateful", "--resume-state", str(part1 / "state")]
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, args, opts, seed=7)
+    for run in (*seeded_runs, *unseeded_runs):
+        verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
+    first = [s for s in seeded.ranks[0]["samples"]]
+    verdict.check(len(first) == (252 - 152) + 252, f"rank 0 read {len(first)} samples after the resume, not 352")
+    verdict.predicted(seeded)
+    verdict.pfs_once(seeded, source)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
+
+
+# ---------------------------------------------------------------------------------------------- Lightning
+
+
+def test_lightning_distributed_sampler(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """Lightning injects DistributedSampler(seed=PL_GLOBAL_SEED) and calls set_epoch: write seed_everything's seed."""
+    opts = seerfs_options(2, 3, val=False)
+    run = run_client(tmp_path, source, "lightning", "lightning_loop.py", 2, ["--seed", "7"], opts, seed=7)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_lightning_sanity_check(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """Lightning's default sanity check reads 2 val batches per rank before epoch 0; then val after every epoch."""
+    opts = seerfs_options(2, 3, val=True)
+    args = ["--seed", "7", "--val", "epoch"]
+    seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "lightning_loop.py", 2, args, opts, seed=7)
+    for run in (*seeded_runs, *unseeded_runs):
+        verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
+    verdict.predicted(seeded)
+    verdict.pfs_once(seeded, source)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
+
+
+@pytest.mark.slow
+def test_lightning_val_every_n_steps(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """val_check_interval=10: the whole val set is read after every 10 training steps, mid-epoch."""
+    opts = seerfs_options(2, 3, val=True)
+    args = ["--seed", "7", "--val", "steps", "--val-every", "10", "--sanity-steps", "0"]
+    run = run_client(tmp_path, source, "valsteps", "lightning_loop.py", 2, args, opts, seed=7)
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+# ---------------------------------------------------------------------------------------------- accelerate
+
+
+def test_accelerate_seedable_sampler(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """use_seedable_sampler=True: epoch e draws randperm from a generator seeded set_seed + e; batches go
+    round-robin to the processes (BatchSamplerShard), not sample by sample as DistributedSampler does."""
+    opts = seerfs_options(2, 3, val=False)
+    run = run_client(
+        tmp_path,
+        source,
+        "seedable",
+        "accelerate_loop.py",
+        2,
+        ["--seed", "7", "--seedable", "--write-seed", "set-seed"],
+        opts,
+        seed=None,
+    )
+    verdict.bytes_identical(run, source)
+    verdict.predicted(run)
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_accelerate_default_prepare(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """Default prepare(): one generator, seeded from rank 0's global RNG at prepare(), runs on across epochs;
+    the job writes that generator's initial seed, the only number that decides the order."""
+    opts = seerfs_options(2, 3, val=False)
+    seeded_runs, unseeded_runs = side_by_side(
+        tmp_path,
+        source,
+        "accelerate_loop.py",
+        2,
+        ["--seed", "7"],
+        opts,
+        seed=None,
+        seeded_args=["--seed", "7", "--write-seed", "generator"],
+    )
+    for run in (*seeded_runs, *unseeded_runs):
+        verdict.bytes_identical(run, source)
+    seeded = seeded_runs[0]
+    verdict.predicted(seeded)
+    verdict.pfs_once(seeded, source)
+    verdict.no_slower(seeded_runs, unseeded_runs)
+    verdict.done(*seeded_runs, *unseeded_runs)
