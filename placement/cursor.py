@@ -73,6 +73,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from placement.frameworks import epoch_permutation, unpredictable_reason
 from placement.jobstreams import JobStreams
 from placement.samplers import (
     LRU,
@@ -82,9 +83,15 @@ from placement.samplers import (
     sampler_name,
     varies_by_epoch,
 )
+from placement.shapeprobe import ShapeFit, probe_shapes
 from placement.streams import EpochInverse, JobShape, Streams
 
 CursorState = Literal["detecting", "presumed", "tracking", "mismatch"]
+MismatchKind = Literal["wrong_seed", "wrong_shape", "unpredictable"]
+"""Why opens fit no hypothesis: ``wrong_shape`` when they fit the plan's permutation under another job
+shape (:mod:`placement.shapeprobe`), ``unpredictable`` when the configured sampler's order is not
+decided by a seed a script states (:data:`placement.frameworks.UNPREDICTABLE`), else ``wrong_seed``
+(a wrong seed, or a sampler not modelled)."""
 DatasetState = Literal["idle", "detecting", "presumed", "tracking", "mismatch"]
 Mode = Literal["unknown", "advance", "repeat"]
 """How a dataset's next pass relates to the last: ``advance`` (set_epoch: epoch + 1), ``repeat``
@@ -374,6 +381,8 @@ class DatasetCursor:
         self.variants: list[Streams] = cur.job.variants(d)
         self.varies = [varies_by_epoch(v.sampler) for v in self.variants]
         self.shared = [_shared(v) for v in self.variants]
+        # accelerate's prepared loader: an epoch broken off early is followed by the same order
+        self.repeats = [bool(getattr(v.sampler, "repeats_unfinished", False)) for v in self.variants]
         self.variant = 0
         self.state: DatasetState = "idle"
         self.mode: Mode = "unknown"
@@ -403,6 +412,7 @@ class DatasetCursor:
         self.locks = 0
         self.lock_opens: int | None = None  # strays the last lock looked at
         self.mismatch_reason: str | None = None
+        self.mismatch_kind: MismatchKind | None = None
         self.presumed_at = 0  # dataset opens when the presumption was made
         self.provisional: dict[int | None, int] = {}  # hits of the presumption, by history epoch
         self.passes = 0  # passes started since the cursor knew this dataset
@@ -624,12 +634,16 @@ class DatasetCursor:
             "every_steps": None if lead else self.every_steps,
             "every_epochs": None if lead else self.every_epochs,
             "mismatch_reason": self.mismatch_reason,
+            "mismatch_kind": self.mismatch_kind,
         }
 
 
 def _shared(streams: Streams) -> bool:
     """Whether every rank reads the same order (then opens cannot tell which node this is)."""
     sampler = streams.sampler
+    shared = getattr(sampler, "shared", None)
+    if isinstance(shared, bool):  # the framework models say so
+        return shared
     if isinstance(sampler, DistributedSamplerModel):
         return False
     if isinstance(sampler, (RandomSamplerModel, ExplicitOrderModel)):
@@ -738,6 +752,14 @@ class NodeCursor:
         if lead.mismatch_reason:
             return lead.mismatch_reason
         return next((dc.mismatch_reason for dc in self.datasets if dc.mismatch_reason), None)
+
+    @property
+    def mismatch_kind(self) -> MismatchKind | None:
+        """Why the opens fit nothing (see :data:`MismatchKind`), with :attr:`mismatch_reason`."""
+        lead = self.datasets[self.lead]
+        if lead.mismatch_reason:
+            return lead.mismatch_kind
+        return next((dc.mismatch_kind for dc in self.datasets if dc.mismatch_reason), None)
 
     @property
     def hit_rate(self) -> float:
@@ -950,6 +972,7 @@ class NodeCursor:
             return False
         window = self.settings.window
         in_place = dc.in_place
+        repeats = dc.repeats[dc.variant]
         first = dc.tracks[0].index
         if first is not None and not first.shared:
             # A DistributedSampler file belongs to one rank: straight to its track (no loop over all).
@@ -961,6 +984,8 @@ class NodeCursor:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
                     return (t.slot, pos, None)
+                if repeats and pos < window and (pos < t.low or pos in t.consumed):
+                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))  # broken off: the same order again
         prev: PassIndex | None = None
         r = p = -1
         repeated = shared = False
@@ -991,6 +1016,9 @@ class NodeCursor:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
                     return (t.slot, pos, None)
+                if repeats and not repeated and pos < window and (pos < t.low or pos in t.consumed):
+                    # A loop that left its epoch early reads the same order again (accelerate).
+                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
         for t in dc.tracks:
             if not t.finished(window):
                 continue
@@ -1013,7 +1041,8 @@ class NodeCursor:
         t = dc.tracks[slot]
         if restart is not None:
             epoch, job_epoch, idx = restart
-            if dc.varies[dc.variant] and dc.mode == "unknown":
+            if dc.varies[dc.variant] and dc.mode == "unknown" and t.finished(self.settings.window):
+                # (a pass broken off early and read again says nothing about set_epoch)
                 dc.set_mode("advance" if epoch == t.epoch + 1 else "repeat")
             if all(u.job_epoch < job_epoch for u in dc.tracks):  # the first rank into the new pass
                 self._pass_started(dc)
@@ -1102,7 +1131,7 @@ class NodeCursor:
         # rate also fell, so a few stray opens never end tracking).
         settled = dc.state in ("idle", "detecting", "presumed") or (dc.state == "tracking" and dc.judge_fails())
         if searched and not plausible and settled:
-            self._mismatch(dc, k)
+            self._mismatch(dc, local)
 
     def _cheap(self, dc: DatasetCursor) -> list[tuple[int, int]]:
         """Hypotheses whose maps are (nearly always) built: where the tracks are and go next."""
@@ -1254,6 +1283,7 @@ class NodeCursor:
             self.node_confirmed = True
         dc.state = "tracking"
         dc.mismatch_reason = None
+        dc.mismatch_kind = None
         dc.strays.clear()
         dc.looks = 0
         dc.next_look = dc.looked_size = dc.stray_seen = 0
@@ -1280,7 +1310,7 @@ class NodeCursor:
                 self.history[epoch][1] -= n
         dc.provisional = {}
 
-    def _mismatch(self, dc: DatasetCursor, strays: int) -> None:
+    def _mismatch(self, dc: DatasetCursor, local: I64) -> None:
         if dc.state == "presumed":
             self._withdraw(dc)
         dc.state = "mismatch"
@@ -1289,10 +1319,67 @@ class NodeCursor:
             self._lead_moved()
         if self.first_mismatch_open is None and dc.d == self.lead:
             self.first_mismatch_open = self.opens
-        dc.mismatch_reason = (
-            f"the last {strays} opens of dataset {dc.d} fit no epoch of the plan on any node "
+        dc.mismatch_kind, dc.mismatch_reason = self._explain(dc, local)
+
+    def _explain(self, dc: DatasetCursor, local: I64) -> tuple[MismatchKind, str]:
+        """Why ``local`` (strays that fit no hypothesis) fit nothing, for status: another job shape
+        (:meth:`_probe_shape`), a configured sampler no stated seed predicts, or a wrong seed."""
+        k = int(local.shape[0])
+        fit = self._probe_shape(dc, local)
+        if fit is not None:
+            shape = self.shape
+            return "wrong_shape", (
+                f"wrong job shape: the last {fit.opens} opens of dataset {dc.d} fit the plan's order with "
+                f"{fit.describe()}; the config says world_size {shape.world_size}, ranks_per_node "
+                f"{shape.ranks_per_node}, batch_size {shape.batch_size} (set job.world_size, job.ranks_per_node "
+                "and job.batch_size to the job's)"
+            )
+        reason = unpredictable_reason(dc.variants[0].sampler)
+        if reason is not None:
+            return "unpredictable", f"{reason} (the last {k} opens of dataset {dc.d} fit no epoch of the plan)"
+        return "wrong_seed", (
+            f"the last {k} opens of dataset {dc.d} fit no epoch of the plan on any node "
             "(wrong seed or sampler settings?)"
         )
+
+    def _probe_shape(self, dc: DatasetCursor, local: I64) -> ShapeFit | None:
+        """A job shape other than the config's that ``local`` fits, in the epochs the search liked
+        best (:func:`placement.shapeprobe.probe_shapes`); None if only the config's shape (or none) fits.
+
+        A permutation per variant and epoch tried: run when a mismatch is declared, not per open."""
+        hint = self.epoch_hint(dc)
+        perms: dict[bytes, tuple[str, I64]] = {}
+        for v, streams in enumerate(dc.variants):
+            epochs = [hint, hint + 1, hint - 1, 0, 1] if dc.varies[v] else [0]
+            for e in dict.fromkeys(x for x in epochs if x >= 0):
+                perm = epoch_permutation(streams.sampler, e)
+                if perm is not None:
+                    perms.setdefault(perm[:64].tobytes(), (f"{sampler_name(streams.sampler)} epoch {e}", perm))
+        shape = self.shape
+        fits = probe_shapes(
+            list(perms.values()),
+            local,
+            cap=4 * self.settings.window,
+            world_size=shape.world_size,
+            batch_size=shape.batch_size,
+            budget=_LOG_FALSE_LOCK,
+        )
+        configured = [self._configured(streams.sampler) for streams in dc.variants]
+        nodes = [set(shape.ranks_of_node(k)) for k in range(shape.nodes)]
+        for fit in fits:
+            if not any(
+                c is not None and c == (fit.layout, fit.world_size, fit.batch_size) for c in configured
+            ) or not any(set(fit.ranks) <= ranks for ranks in nodes):
+                return fit
+        return None
+
+    def _configured(self, sampler: object) -> tuple[str, int, int | None] | None:
+        """(layout, world size, batch) of a variant, as :mod:`placement.shapeprobe` names shapes."""
+        if isinstance(sampler, DistributedSamplerModel):
+            return ("samples", sampler.world_size, None)
+        if getattr(sampler, "shared", True) is False:  # the batch-sharded framework models
+            return ("batches", self.shape.world_size, self.shape.batch_size)
+        return None
 
     # ---- predicting -----------------------------------------------------------------------
 
@@ -1454,6 +1541,7 @@ class NodeCursor:
             "plans": self.plans,
             "mismatch": self.state == "mismatch",
             "mismatch_reason": self.mismatch_reason,
+            "mismatch_kind": self.mismatch_kind,
             "first_mismatch_open": self.first_mismatch_open,
             "detect_opens": lead.lock_opens,
             "lead": self.lead,
