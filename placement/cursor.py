@@ -101,6 +101,9 @@ Anchor = Literal["start", "anywhere"]
 FALSE_LOCK = 1e-6
 """Accepted chance that opens of another order (wrong seed, epoch or node) are taken for this one."""
 
+VARIANT_MARGIN = math.log(1e3)
+"""How much likelier (ln) a fit of another sampler variant must be to replace the one followed."""
+
 LOOK_GROWTH = 1.25
 """Strays grow by this factor between two tests of them: the union bound then pays for about
 log(strays) tests rather than one per stray, and little evidence goes untested."""
@@ -257,6 +260,8 @@ def fit_strays(
         if fit_node is None:
             usable = np.flatnonzero(~unread & ~neutral)
             if usable.shape[0] == 0:
+                usable = np.flatnonzero(~unread)  # only repeated files: their first reads
+            if usable.shape[0] == 0:
                 return None
             fit_node = int(nodes[usable[-1]])
         bad = unread | (~neutral & (nodes != fit_node))
@@ -279,10 +284,14 @@ def fit_strays(
     if n_ok == 0:
         return None
     start = k - n_ok
+    R = int(span[n_ok - 1])
+    if not index.shared and fit_node is not None and neutral[start:].any():
+        R = _promote_first_reads(
+            shape, rank, pos, evidence, neutral, again, slots, nodes, fit_node, start, R, cap, anchor
+        )
     suffix_ev = evidence[start:]
     distinct = int(np.unique(local[start:][suffix_ev]).shape[0]) if suffix_ev.any() else 0
     repeats = int(again[start:].sum())
-    R = int(span[n_ok - 1])
     length = index.length
     if index.shared:
         total, per_position = length, 1
@@ -303,6 +312,51 @@ def fit_strays(
         slots[start:],
         positions,
     )
+
+
+def _promote_first_reads(
+    shape: JobShape,
+    rank: I64,
+    pos: I64,
+    evidence: npt.NDArray[np.bool_],
+    neutral: npt.NDArray[np.bool_],
+    again: npt.NDArray[np.bool_],
+    slots: I64,
+    nodes: I64,
+    fit_node: int,
+    start: int,
+    span: int,
+    cap: int,
+    anchor: Anchor,
+) -> int:
+    """Count repeated files of the suffix ``start:`` as evidence at their first read where it fits.
+
+    Padding repeats the start of an epoch at its end (DistributedSampler: a few files;
+    accelerate's even_batches: up to a round of batches, which are then the very files an epoch
+    opens first).  Such a file opened where the suffix's other evidence is -- its first read on
+    this node within the span -- is placed like any other: under an unrelated order its first read
+    is as uniformly placed as any file's.  One that does not fit stays neutral (it may be the
+    later read).  Updates the arrays in place; returns the suffix's span.
+    """
+    seg = slice(start, None)
+    cand = neutral[seg] & ~again[seg] & (nodes[seg] == fit_node)
+    ev = pos[seg][evidence[seg]]
+    if anchor == "start":
+        cand &= pos[seg] < cap
+    elif ev.shape[0]:
+        cand &= (pos[seg] > int(ev.max()) - cap) & (pos[seg] < int(ev.min()) + cap)
+    else:
+        return span  # nothing to anchor a window anywhere
+    if not cand.any():
+        return span
+    placed = pos[seg][evidence[seg] | cand]
+    new_span = int(placed.max()) + 1 if anchor == "start" else int(placed.max() - placed.min()) + 1
+    if new_span > cap:
+        return span
+    evidence[seg] |= cand
+    neutral[seg] &= ~cand
+    slots[seg] = np.where(cand, shape.rank_slots()[np.maximum(rank[seg], 0)].astype(np.int64), slots[seg])
+    return new_span
 
 
 # ---------------------------------------------------------------------------------------- tracks
@@ -413,6 +467,8 @@ class DatasetCursor:
         self.lock_opens: int | None = None  # strays the last lock looked at
         self.mismatch_reason: str | None = None
         self.mismatch_kind: MismatchKind | None = None
+        self.explained_at = 0  # strays the mismatch reason was worked out from
+        self.probe_perms: tuple[int, list[tuple[str, I64]]] | None = None  # (epoch hint, orders) probed
         self.presumed_at = 0  # dataset opens when the presumption was made
         self.provisional: dict[int | None, int] = {}  # hits of the presumption, by history epoch
         self.passes = 0  # passes started since the cursor knew this dataset
@@ -984,7 +1040,7 @@ class NodeCursor:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
                     return (t.slot, pos, None)
-                if repeats and pos < window and (pos < t.low or pos in t.consumed):
+                if repeats and pos < window and (pos < t.low or pos in t.consumed) and not t.finished(window):
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))  # broken off: the same order again
         prev: PassIndex | None = None
         r = p = -1
@@ -1016,7 +1072,13 @@ class NodeCursor:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
                     return (t.slot, pos, None)
-                if repeats and not repeated and pos < window and (pos < t.low or pos in t.consumed):
+                if (
+                    repeats
+                    and not repeated
+                    and pos < window
+                    and (pos < t.low or pos in t.consumed)
+                    and not t.finished(window)
+                ):
                     # A loop that left its epoch early reads the same order again (accelerate).
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
         for t in dc.tracks:
@@ -1107,14 +1169,20 @@ class NodeCursor:
         dc.next_look = max(count + 1, math.ceil(count * LOOK_GROWTH))
         node = self.node if self.node_confirmed else None
         best: Fit | None = None
+        best_score = 0.0
         plausible = False
+        # Variants that share an order (a DistributedSampler and accelerate's batch sharding of it
+        # when every rank is on this node) fit alike: the one followed so far wins unless another
+        # is far likelier.
+        mine = dc.variant
         for v, e in self._cheap(dc):
             idx = self.index(dc, v, e)
             assert idx is not None
             for f in self._fits(dc, idx, local, v, e, node):
                 plausible |= f.plausible(k)
-                if f.log_chance < bound and (best is None or f.log_chance < best.log_chance):
-                    best = f
+                score = f.log_chance + (0.0 if v == mine else VARIANT_MARGIN)
+                if f.log_chance < bound and (best is None or score < best_score):
+                    best, best_score = f, score
         if best is not None:
             self._lock(dc, best, local)
             return
@@ -1132,6 +1200,11 @@ class NodeCursor:
         settled = dc.state in ("idle", "detecting", "presumed") or (dc.state == "tracking" and dc.judge_fails())
         if searched and not plausible and settled:
             self._mismatch(dc, local)
+        elif dc.state == "mismatch" and not plausible and 2 * dc.explained_at <= k <= 2 * dc.budget:
+            # More strays than the reason was worked out from: a job shape may show only now (the
+            # first batches of every shape are the start of the permutation).
+            dc.mismatch_kind, dc.mismatch_reason = self._explain(dc, local)
+            dc.explained_at = k
 
     def _cheap(self, dc: DatasetCursor) -> list[tuple[int, int]]:
         """Hypotheses whose maps are (nearly always) built: where the tracks are and go next."""
@@ -1320,6 +1393,7 @@ class NodeCursor:
         if self.first_mismatch_open is None and dc.d == self.lead:
             self.first_mismatch_open = self.opens
         dc.mismatch_kind, dc.mismatch_reason = self._explain(dc, local)
+        dc.explained_at = int(local.shape[0])
 
     def _explain(self, dc: DatasetCursor, local: I64) -> tuple[MismatchKind, str]:
         """Why ``local`` (strays that fit no hypothesis) fit nothing, for status: another job shape
@@ -1343,35 +1417,49 @@ class NodeCursor:
         )
 
     def _probe_shape(self, dc: DatasetCursor, local: I64) -> ShapeFit | None:
-        """A job shape other than the config's that ``local`` fits, in the epochs the search liked
-        best (:func:`placement.shapeprobe.probe_shapes`); None if only the config's shape (or none) fits.
+        """A job shape other than the config's that ``local`` fits (:func:`placement.shapeprobe.probe_shapes`),
+        in the epochs near the hint; None if a shape the config allows fits too, or none does.
 
-        A permutation per variant and epoch tried: run when a mismatch is declared, not per open."""
+        Shapes that give this node the same files are told apart by nothing in the opens (samples
+        of 6 ranks, ranks 0-1, are batches of 2 of 3 ranks, rank 0): the config's layout and its
+        ranks per node are preferred among them.  A permutation per variant and epoch, kept while the
+        hint stays: run when a mismatch is declared and as its strays grow, not per open."""
         hint = self.epoch_hint(dc)
-        perms: dict[bytes, tuple[str, I64]] = {}
-        for v, streams in enumerate(dc.variants):
-            epochs = [hint, hint + 1, hint - 1, 0, 1] if dc.varies[v] else [0]
-            for e in dict.fromkeys(x for x in epochs if x >= 0):
-                perm = epoch_permutation(streams.sampler, e)
-                if perm is not None:
-                    perms.setdefault(perm[:64].tobytes(), (f"{sampler_name(streams.sampler)} epoch {e}", perm))
+        if dc.probe_perms is None or dc.probe_perms[0] != hint:
+            perms: dict[bytes, tuple[str, I64]] = {}
+            for v, streams in enumerate(dc.variants):
+                epochs = [hint, hint + 1, hint - 1, 0, 1] if dc.varies[v] else [0]
+                for e in dict.fromkeys(x for x in epochs if x >= 0):
+                    perm = epoch_permutation(streams.sampler, e)
+                    if perm is not None:
+                        perms.setdefault(perm[:64].tobytes(), (f"{sampler_name(streams.sampler)} epoch {e}", perm))
+            dc.probe_perms = (hint, list(perms.values()))
         shape = self.shape
         fits = probe_shapes(
-            list(perms.values()),
+            dc.probe_perms[1],
             local,
             cap=4 * self.settings.window,
             world_size=shape.world_size,
             batch_size=shape.batch_size,
             budget=_LOG_FALSE_LOCK,
         )
-        configured = [self._configured(streams.sampler) for streams in dc.variants]
+        configured = {c for c in (self._configured(st.sampler) for st in dc.variants) if c is not None}
         nodes = [set(shape.ranks_of_node(k)) for k in range(shape.nodes)]
-        for fit in fits:
-            if not any(
-                c is not None and c == (fit.layout, fit.world_size, fit.batch_size) for c in configured
-            ) or not any(set(fit.ranks) <= ranks for ranks in nodes):
-                return fit
-        return None
+        if any(
+            (f.layout, f.world_size, f.batch_size) in configured and any(set(f.ranks) <= ranks for ranks in nodes)
+            for f in fits
+        ):
+            return None  # the configured shape explains them as well: not a question of shape
+        family = self._configured(dc.variants[0].sampler)
+        fits.sort(
+            key=lambda f: (
+                family is not None and f.layout != family[0],
+                not _one_node(f.ranks, f.world_size, shape.rank_order),
+                len(f.ranks) not in (shape.ranks_per_node, f.world_size),
+                f.log_chance,
+            )
+        )
+        return fits[0] if fits else None
 
     def _configured(self, sampler: object) -> tuple[str, int, int | None] | None:
         """(layout, world size, batch) of a variant, as :mod:`placement.shapeprobe` names shapes."""
@@ -1565,6 +1653,16 @@ def _no_evidence(f: Fit) -> Fit:
         f.slots,
         f.positions,
     )
+
+
+def _one_node(ranks: tuple[int, ...], world: int, rank_order: str) -> bool:
+    """Whether ``ranks`` can be one node's among ``world`` ranks placed in ``rank_order``."""
+    m = len(ranks)
+    if world % m:
+        return False
+    if rank_order == "contiguous":
+        return ranks[0] % m == 0 and ranks == tuple(range(ranks[0], ranks[0] + m))
+    return ranks == tuple(range(ranks[0], world, world // m))
 
 
 def _unreachable() -> PassIndex:

@@ -242,7 +242,6 @@ class AccelerateSeedableModel:
 
     kind = "accelerate"
     shared = False
-    repeats_unfinished = True  # the loader's epoch counts completed iterations only
 
     def __init__(
         self,
@@ -263,6 +262,9 @@ class AccelerateSeedableModel:
         self.seed = check_seed(seed)
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
+        # The loader's epoch counts completed iterations only: a pass broken off early is followed by
+        # the same order again (an unshuffled order is the same every pass anyway).
+        self.repeats_unfinished = self.shuffle
         self.drop_last, self.even_batches, self.split_batches = bool(drop_last), bool(even_batches), bool(split_batches)
         self.backend = resolve_backend(backend) if self.shuffle else "numpy"
         rows, real = batch_shard(

@@ -51,6 +51,8 @@ class ShapeFit:
     label: str  # which permutation (the caller's name for it)
 
     def describe(self) -> str:
+        if len(self.ranks) == self.world_size:
+            return "every rank of the job on this node (it reads the whole order)"
         how = "samples dealt to ranks round-robin (DistributedSampler)"
         if self.layout == "batches":
             how = f"batches of {self.batch_size} dealt to ranks round-robin (accelerate)"
@@ -88,7 +90,7 @@ def probe_shapes(
     world_size: int,
     batch_size: int,
     budget: float,
-    min_opens: int = 8,
+    min_opens: int = 6,
 ) -> list[ShapeFit]:
     """Every shape the newest ``opens`` (dataset-local ids, oldest first) fit, best first.
 
