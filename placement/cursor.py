@@ -1087,7 +1087,10 @@ class NodeCursor:
             # The next pass's start; with set_epoch or not still unknown, the candidate that puts the
             # file nearer the start (where a new pass's first opens are; a wrong one's are anywhere).
             best: Placement | None = None
-            for e in dc.next_epochs(t):
+            epochs = dc.next_epochs(t)
+            if repeats and t.high < t.length and t.epoch not in epochs:
+                epochs = [*epochs, t.epoch]  # a loop that left near the end reads the same order again
+            for e in epochs:
                 nxt = self.index(dc, dc.variant, e, build)
                 if nxt is None:
                     return _NEED
@@ -1103,7 +1106,8 @@ class NodeCursor:
         t = dc.tracks[slot]
         if restart is not None:
             epoch, job_epoch, idx = restart
-            if dc.varies[dc.variant] and dc.mode == "unknown" and t.finished(self.settings.window):
+            broken = dc.repeats[dc.variant] and epoch == t.epoch and t.high < t.length
+            if dc.varies[dc.variant] and dc.mode == "unknown" and not broken:
                 # (a pass broken off early and read again says nothing about set_epoch)
                 dc.set_mode("advance" if epoch == t.epoch + 1 else "repeat")
             if all(u.job_epoch < job_epoch for u in dc.tracks):  # the first rank into the new pass

@@ -269,17 +269,23 @@ def job(model: Any, shape: JobShape, epochs: int = 3) -> JobStreams:
     return JobStreams([DatasetStreams(Streams(model, shape), 0)], shape, epochs)
 
 
-@pytest.mark.parametrize("declared", ["distributed", "accelerate"])
-def test_cursor_follows_accelerate_seedable_with_a_broken_epoch(declared: str) -> None:
+@pytest.mark.parametrize(
+    ("declared", "world", "node"),
+    [("accelerate", 2, 0), ("distributed", 2, 0), ("accelerate", 4, 1), ("distributed", 4, 1)],
+)
+def test_cursor_follows_accelerate_seedable_with_a_broken_epoch(declared: str, world: int, node: int) -> None:
     """accelerate with use_seedable_sampler=True, two processes on this node, two workers each:
-    epoch 1 is broken off after 12 of 32 batches and read again from its start (accelerate counts only
-    full passes), then epochs 2 and 3.  Declared as the accelerate kind, or as a plain DistributedSampler
-    with set_seed's value (the cursor tries accelerate's batch sharding of the same permutation)."""
-    n, b, world, seed = 503, 8, 2, 7
+    epoch 1 is broken off after a third of its batches and read again from its start (accelerate counts only full
+    passes), then epochs 2 and 3.  Declared as the accelerate kind, or as a plain DistributedSampler
+    with set_seed's value (the cursor tries accelerate's batch sharding of the same permutation); on
+    one node (every rank here) and on the second of two."""
+    n, b, seed = 503, 8, 7
     shape = JobShape(world, 2, b, drop_last=False)
-    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in range(world)}
-    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(3))
-    stops: list[int | None] = [None, 12, None, None, None]
+    loop = Loop(world=world, per_node=2, node=node, batch=b, rng=random.Random(3 + world))
+    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in loop.ranks}
+    stop = len(loaders[loop.ranks[0]]) // 3  # 10 of 32 batches per rank on one node, 5 of 16 on two
+    assert stop + INFLIGHT < len(loaders[loop.ranks[0]])  # a real break: the loader never reaches the end
+    stops: list[int | None] = [None, stop, None, None, None]
     for job_epoch, rows in enumerate(accelerate_epochs(loaders, stops)):
         loop.stretch(f"epoch {job_epoch}" + (" (broken off)" if stops[job_epoch] else ""), job_epoch, 0, rows)
     model = build_sampler(declared, n, seed=seed, world_size=world, batch_size=b)
@@ -288,7 +294,7 @@ def test_cursor_follows_accelerate_seedable_with_a_broken_epoch(declared: str) -
     check_breaks(loop, hits)
     check_epochs(cur)
     lead = cur.status()["datasets"][0]
-    assert lead["sampler"] == "accelerate" and lead["mode"] == "advance"
+    assert lead["sampler"] == "accelerate" and lead["mode"] == "advance" and cur.node == node
     assert cur.datasets[0].locks == 1, "the repeated epoch needed a relock"
     assert cur.epoch == 4 and lead["sampler_epoch"] == 3  # five passes, the broken one read twice
 
