@@ -113,14 +113,37 @@ class SnapshotSettings:
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    kind: Literal["distributed", "random", "sequential", "list"] = doc(
-        "distributed: DistributedSampler; random: DataLoader(shuffle=True, generator seeded) in one "
-        "process per rank; sequential: in index order (validation); list: the order in order_file",
+    kind: Literal[
+        "distributed", "random", "sequential", "list", "accelerate", "accelerate_default", "torchdata_random"
+    ] = doc(
+        "distributed: DistributedSampler (torchrun, Lightning's injected one); random: DataLoader(shuffle=True, "
+        "generator seeded) in one process per rank; sequential: in index order (validation); list: the order "
+        "in order_file; accelerate: accelerate's prepare() with use_seedable_sampler=True (whole batches dealt "
+        "to the processes in turn; without shuffle: its evaluation loaders); accelerate_default: prepare() "
+        "without it (one generator seeded at prepare(), running on across epochs); torchdata_random: torchdata "
+        "StatefulDataLoader(shuffle=True) without a sampler.  Which seed to write for each: WHICH SEED TO WRITE",
         "distributed",
     )
-    shuffle: bool = doc("DistributedSampler(shuffle=...)", True)
+    shuffle: bool = doc("DistributedSampler(shuffle=...); accelerate: the DataLoader's shuffle", True)
     drop_last: bool = doc("DistributedSampler(drop_last=...): truncate instead of padding", False)
-    persistent_workers: bool = doc("random: DataLoader(persistent_workers=...)", False)
+    persistent_workers: bool = doc(
+        "random, accelerate_default, torchdata_random: DataLoader(persistent_workers=...)", False
+    )
+    even_batches: bool = doc(
+        "accelerate, accelerate_default: DataLoaderConfiguration(even_batches=...): the last round of batches "
+        "is completed from the epoch's first batches",
+        True,
+    )
+    split_batches: bool = doc(
+        "accelerate, accelerate_default: split_batches=True: every batch of the DataLoader is cut into one "
+        "slice per process (the DataLoader's batch_size is job.batch_size x job.world_size)",
+        False,
+    )
+    loader_generator: bool = doc(
+        "accelerate_default, torchdata_random: the DataLoader was built with generator=G, the sampler's own "
+        "(its workers' base seed is drawn from G too); write G's seed",
+        False,
+    )
     order_file: str | None = doc(
         "list: file of dataset indices in read order, one per line (relative names: in SOURCE)", None
     )
@@ -154,7 +177,11 @@ class JobConfig:
         "contiguous",
     )
     epochs: int = doc("epochs the job trains", 1)
-    batch_size: int = doc("per-rank DataLoader batch size", 1)
+    batch_size: int = doc(
+        "per-rank DataLoader batch size (what each rank gets per step: with accelerate's split_batches "
+        "the DataLoader was built with this x world_size)",
+        1,
+    )
     drop_last: bool = doc("DataLoader(drop_last=...): the last partial batch is never read", False)
     num_workers: int = doc("DataLoader worker processes per rank", 0)
     prefetch_factor: int = doc("DataLoader prefetch_factor (batches per worker in flight)", 2)

@@ -73,6 +73,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from placement.frameworks import epoch_permutation, unpredictable_reason
 from placement.jobstreams import JobStreams
 from placement.samplers import (
     LRU,
@@ -82,9 +83,15 @@ from placement.samplers import (
     sampler_name,
     varies_by_epoch,
 )
+from placement.shapeprobe import ShapeFit, probe_shapes
 from placement.streams import EpochInverse, JobShape, Streams
 
 CursorState = Literal["detecting", "presumed", "tracking", "mismatch"]
+MismatchKind = Literal["wrong_seed", "wrong_shape", "unpredictable"]
+"""Why opens fit no hypothesis: ``wrong_shape`` when they fit the plan's permutation under another job
+shape (:mod:`placement.shapeprobe`), ``unpredictable`` when the configured sampler's order is not
+decided by a seed a script states (:data:`placement.frameworks.UNPREDICTABLE`), else ``wrong_seed``
+(a wrong seed, or a sampler not modelled)."""
 DatasetState = Literal["idle", "detecting", "presumed", "tracking", "mismatch"]
 Mode = Literal["unknown", "advance", "repeat"]
 """How a dataset's next pass relates to the last: ``advance`` (set_epoch: epoch + 1), ``repeat``
@@ -93,6 +100,9 @@ Anchor = Literal["start", "anywhere"]
 
 FALSE_LOCK = 1e-6
 """Accepted chance that opens of another order (wrong seed, epoch or node) are taken for this one."""
+
+VARIANT_MARGIN = math.log(1e3)
+"""How much likelier (ln) a fit of another sampler variant must be to replace the one followed."""
 
 LOOK_GROWTH = 1.25
 """Strays grow by this factor between two tests of them: the union bound then pays for about
@@ -250,6 +260,8 @@ def fit_strays(
         if fit_node is None:
             usable = np.flatnonzero(~unread & ~neutral)
             if usable.shape[0] == 0:
+                usable = np.flatnonzero(~unread)  # only repeated files: their first reads
+            if usable.shape[0] == 0:
                 return None
             fit_node = int(nodes[usable[-1]])
         bad = unread | (~neutral & (nodes != fit_node))
@@ -272,10 +284,14 @@ def fit_strays(
     if n_ok == 0:
         return None
     start = k - n_ok
+    R = int(span[n_ok - 1])
+    if not index.shared and fit_node is not None and neutral[start:].any():
+        R = _promote_first_reads(
+            shape, rank, pos, evidence, neutral, again, slots, nodes, fit_node, start, R, cap, anchor
+        )
     suffix_ev = evidence[start:]
     distinct = int(np.unique(local[start:][suffix_ev]).shape[0]) if suffix_ev.any() else 0
     repeats = int(again[start:].sum())
-    R = int(span[n_ok - 1])
     length = index.length
     if index.shared:
         total, per_position = length, 1
@@ -296,6 +312,51 @@ def fit_strays(
         slots[start:],
         positions,
     )
+
+
+def _promote_first_reads(
+    shape: JobShape,
+    rank: I64,
+    pos: I64,
+    evidence: npt.NDArray[np.bool_],
+    neutral: npt.NDArray[np.bool_],
+    again: npt.NDArray[np.bool_],
+    slots: I64,
+    nodes: I64,
+    fit_node: int,
+    start: int,
+    span: int,
+    cap: int,
+    anchor: Anchor,
+) -> int:
+    """Count repeated files of the suffix ``start:`` as evidence at their first read where it fits.
+
+    Padding repeats the start of an epoch at its end (DistributedSampler: a few files;
+    accelerate's even_batches: up to a round of batches, which are then the very files an epoch
+    opens first).  Such a file opened where the suffix's other evidence is -- its first read on
+    this node within the span -- is placed like any other: under an unrelated order its first read
+    is as uniformly placed as any file's.  One that does not fit stays neutral (it may be the
+    later read).  Updates the arrays in place; returns the suffix's span.
+    """
+    seg = slice(start, None)
+    cand = neutral[seg] & ~again[seg] & (nodes[seg] == fit_node)
+    ev = pos[seg][evidence[seg]]
+    if anchor == "start":
+        cand &= pos[seg] < cap
+    elif ev.shape[0]:
+        cand &= (pos[seg] > int(ev.max()) - cap) & (pos[seg] < int(ev.min()) + cap)
+    else:
+        return span  # nothing to anchor a window anywhere
+    if not cand.any():
+        return span
+    placed = pos[seg][evidence[seg] | cand]
+    new_span = int(placed.max()) + 1 if anchor == "start" else int(placed.max() - placed.min()) + 1
+    if new_span > cap:
+        return span
+    evidence[seg] |= cand
+    neutral[seg] &= ~cand
+    slots[seg] = np.where(cand, shape.rank_slots()[np.maximum(rank[seg], 0)].astype(np.int64), slots[seg])
+    return new_span
 
 
 # ---------------------------------------------------------------------------------------- tracks
@@ -374,6 +435,8 @@ class DatasetCursor:
         self.variants: list[Streams] = cur.job.variants(d)
         self.varies = [varies_by_epoch(v.sampler) for v in self.variants]
         self.shared = [_shared(v) for v in self.variants]
+        # accelerate's prepared loader: an epoch broken off early is followed by the same order
+        self.repeats = [bool(getattr(v.sampler, "repeats_unfinished", False)) for v in self.variants]
         self.variant = 0
         self.state: DatasetState = "idle"
         self.mode: Mode = "unknown"
@@ -403,6 +466,9 @@ class DatasetCursor:
         self.locks = 0
         self.lock_opens: int | None = None  # strays the last lock looked at
         self.mismatch_reason: str | None = None
+        self.mismatch_kind: MismatchKind | None = None
+        self.explained_at = 0  # strays the mismatch reason was worked out from
+        self.probe_perms: tuple[int, list[tuple[str, I64]]] | None = None  # (epoch hint, orders) probed
         self.presumed_at = 0  # dataset opens when the presumption was made
         self.provisional: dict[int | None, int] = {}  # hits of the presumption, by history epoch
         self.passes = 0  # passes started since the cursor knew this dataset
@@ -624,12 +690,16 @@ class DatasetCursor:
             "every_steps": None if lead else self.every_steps,
             "every_epochs": None if lead else self.every_epochs,
             "mismatch_reason": self.mismatch_reason,
+            "mismatch_kind": self.mismatch_kind,
         }
 
 
 def _shared(streams: Streams) -> bool:
     """Whether every rank reads the same order (then opens cannot tell which node this is)."""
     sampler = streams.sampler
+    shared = getattr(sampler, "shared", None)
+    if isinstance(shared, bool):  # the framework models say so
+        return shared
     if isinstance(sampler, DistributedSamplerModel):
         return False
     if isinstance(sampler, (RandomSamplerModel, ExplicitOrderModel)):
@@ -738,6 +808,14 @@ class NodeCursor:
         if lead.mismatch_reason:
             return lead.mismatch_reason
         return next((dc.mismatch_reason for dc in self.datasets if dc.mismatch_reason), None)
+
+    @property
+    def mismatch_kind(self) -> MismatchKind | None:
+        """Why the opens fit nothing (see :data:`MismatchKind`), with :attr:`mismatch_reason`."""
+        lead = self.datasets[self.lead]
+        if lead.mismatch_reason:
+            return lead.mismatch_kind
+        return next((dc.mismatch_kind for dc in self.datasets if dc.mismatch_reason), None)
 
     @property
     def hit_rate(self) -> float:
@@ -950,6 +1028,7 @@ class NodeCursor:
             return False
         window = self.settings.window
         in_place = dc.in_place
+        repeats = dc.repeats[dc.variant]
         first = dc.tracks[0].index
         if first is not None and not first.shared:
             # A DistributedSampler file belongs to one rank: straight to its track (no loop over all).
@@ -961,6 +1040,8 @@ class NodeCursor:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
                     return (t.slot, pos, None)
+                if repeats and pos < window and (pos < t.low or pos in t.consumed) and not t.finished(window):
+                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))  # broken off: the same order again
         prev: PassIndex | None = None
         r = p = -1
         repeated = shared = False
@@ -991,13 +1072,25 @@ class NodeCursor:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
                     return (t.slot, pos, None)
+                if (
+                    repeats
+                    and not repeated
+                    and pos < window
+                    and (pos < t.low or pos in t.consumed)
+                    and not t.finished(window)
+                ):
+                    # A loop that left its epoch early reads the same order again (accelerate).
+                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
         for t in dc.tracks:
             if not t.finished(window):
                 continue
             # The next pass's start; with set_epoch or not still unknown, the candidate that puts the
             # file nearer the start (where a new pass's first opens are; a wrong one's are anywhere).
             best: Placement | None = None
-            for e in dc.next_epochs(t):
+            epochs = dc.next_epochs(t)
+            if repeats and t.high < t.length and t.epoch not in epochs:
+                epochs = [*epochs, t.epoch]  # a loop that left near the end reads the same order again
+            for e in epochs:
                 nxt = self.index(dc, dc.variant, e, build)
                 if nxt is None:
                     return _NEED
@@ -1013,7 +1106,9 @@ class NodeCursor:
         t = dc.tracks[slot]
         if restart is not None:
             epoch, job_epoch, idx = restart
-            if dc.varies[dc.variant] and dc.mode == "unknown":
+            broken = dc.repeats[dc.variant] and epoch == t.epoch and t.high < t.length
+            if dc.varies[dc.variant] and dc.mode == "unknown" and not broken:
+                # (a pass broken off early and read again says nothing about set_epoch)
                 dc.set_mode("advance" if epoch == t.epoch + 1 else "repeat")
             if all(u.job_epoch < job_epoch for u in dc.tracks):  # the first rank into the new pass
                 self._pass_started(dc)
@@ -1078,14 +1173,20 @@ class NodeCursor:
         dc.next_look = max(count + 1, math.ceil(count * LOOK_GROWTH))
         node = self.node if self.node_confirmed else None
         best: Fit | None = None
+        best_score = 0.0
         plausible = False
+        # Variants that share an order (a DistributedSampler and accelerate's batch sharding of it
+        # when every rank is on this node) fit alike: the one followed so far wins unless another
+        # is far likelier.
+        mine = dc.variant
         for v, e in self._cheap(dc):
             idx = self.index(dc, v, e)
             assert idx is not None
             for f in self._fits(dc, idx, local, v, e, node):
                 plausible |= f.plausible(k)
-                if f.log_chance < bound and (best is None or f.log_chance < best.log_chance):
-                    best = f
+                score = f.log_chance + (0.0 if v == mine else VARIANT_MARGIN)
+                if f.log_chance < bound and (best is None or score < best_score):
+                    best, best_score = f, score
         if best is not None:
             self._lock(dc, best, local)
             return
@@ -1102,7 +1203,12 @@ class NodeCursor:
         # rate also fell, so a few stray opens never end tracking).
         settled = dc.state in ("idle", "detecting", "presumed") or (dc.state == "tracking" and dc.judge_fails())
         if searched and not plausible and settled:
-            self._mismatch(dc, k)
+            self._mismatch(dc, local)
+        elif dc.state == "mismatch" and not plausible and 2 * dc.explained_at <= k <= 2 * dc.budget:
+            # More strays than the reason was worked out from: a job shape may show only now (the
+            # first batches of every shape are the start of the permutation).
+            dc.mismatch_kind, dc.mismatch_reason = self._explain(dc, local)
+            dc.explained_at = k
 
     def _cheap(self, dc: DatasetCursor) -> list[tuple[int, int]]:
         """Hypotheses whose maps are (nearly always) built: where the tracks are and go next."""
@@ -1254,6 +1360,7 @@ class NodeCursor:
             self.node_confirmed = True
         dc.state = "tracking"
         dc.mismatch_reason = None
+        dc.mismatch_kind = None
         dc.strays.clear()
         dc.looks = 0
         dc.next_look = dc.looked_size = dc.stray_seen = 0
@@ -1280,7 +1387,7 @@ class NodeCursor:
                 self.history[epoch][1] -= n
         dc.provisional = {}
 
-    def _mismatch(self, dc: DatasetCursor, strays: int) -> None:
+    def _mismatch(self, dc: DatasetCursor, local: I64) -> None:
         if dc.state == "presumed":
             self._withdraw(dc)
         dc.state = "mismatch"
@@ -1289,10 +1396,82 @@ class NodeCursor:
             self._lead_moved()
         if self.first_mismatch_open is None and dc.d == self.lead:
             self.first_mismatch_open = self.opens
-        dc.mismatch_reason = (
-            f"the last {strays} opens of dataset {dc.d} fit no epoch of the plan on any node "
+        dc.mismatch_kind, dc.mismatch_reason = self._explain(dc, local)
+        dc.explained_at = int(local.shape[0])
+
+    def _explain(self, dc: DatasetCursor, local: I64) -> tuple[MismatchKind, str]:
+        """Why ``local`` (strays that fit no hypothesis) fit nothing, for status: another job shape
+        (:meth:`_probe_shape`), a configured sampler no stated seed predicts, or a wrong seed."""
+        k = int(local.shape[0])
+        fit = self._probe_shape(dc, local)
+        if fit is not None:
+            shape = self.shape
+            return "wrong_shape", (
+                f"wrong job shape: the last {fit.opens} opens of dataset {dc.d} fit the plan's order with "
+                f"{fit.describe()}; the config says world_size {shape.world_size}, ranks_per_node "
+                f"{shape.ranks_per_node}, batch_size {shape.batch_size} (set job.world_size, job.ranks_per_node "
+                "and job.batch_size to the job's)"
+            )
+        reason = unpredictable_reason(dc.variants[0].sampler)
+        if reason is not None:
+            return "unpredictable", f"{reason} (the last {k} opens of dataset {dc.d} fit no epoch of the plan)"
+        return "wrong_seed", (
+            f"the last {k} opens of dataset {dc.d} fit no epoch of the plan on any node "
             "(wrong seed or sampler settings?)"
         )
+
+    def _probe_shape(self, dc: DatasetCursor, local: I64) -> ShapeFit | None:
+        """A job shape other than the config's that ``local`` fits (:func:`placement.shapeprobe.probe_shapes`),
+        in the epochs near the hint; None if a shape the config allows fits too, or none does.
+
+        Shapes that give this node the same files are told apart by nothing in the opens (samples
+        of 6 ranks, ranks 0-1, are batches of 2 of 3 ranks, rank 0): the config's layout and its
+        ranks per node are preferred among them.  A permutation per variant and epoch, kept while the
+        hint stays: run when a mismatch is declared and as its strays grow, not per open."""
+        hint = self.epoch_hint(dc)
+        if dc.probe_perms is None or dc.probe_perms[0] != hint:
+            perms: dict[bytes, tuple[str, I64]] = {}
+            for v, streams in enumerate(dc.variants):
+                epochs = [hint, hint + 1, hint - 1, 0, 1] if dc.varies[v] else [0]
+                for e in dict.fromkeys(x for x in epochs if x >= 0):
+                    perm = epoch_permutation(streams.sampler, e)
+                    if perm is not None:
+                        perms.setdefault(perm[:64].tobytes(), (f"{sampler_name(streams.sampler)} epoch {e}", perm))
+            dc.probe_perms = (hint, list(perms.values()))
+        shape = self.shape
+        fits = probe_shapes(
+            dc.probe_perms[1],
+            local,
+            cap=4 * self.settings.window,
+            world_size=shape.world_size,
+            batch_size=shape.batch_size,
+            budget=_LOG_FALSE_LOCK,
+        )
+        configured = {c for c in (self._configured(st.sampler) for st in dc.variants) if c is not None}
+        nodes = [set(shape.ranks_of_node(k)) for k in range(shape.nodes)]
+        if any(
+            (f.layout, f.world_size, f.batch_size) in configured and any(set(f.ranks) <= ranks for ranks in nodes)
+            for f in fits
+        ):
+            return None  # the configured shape explains them as well: not a question of shape
+        family = self._configured(dc.variants[0].sampler)
+        fits.sort(
+            key=lambda f: (
+                family is not None and f.layout != family[0],
+                not _one_node(f.ranks, f.world_size, shape.rank_order),
+                len(f.ranks) not in (shape.ranks_per_node, f.world_size),
+                f.log_chance,
+            )
+        )
+        return fits[0] if fits else None
+
+    def _configured(self, sampler: object) -> tuple[str, int, int | None] | None:
+        """(layout, world size, batch) of a variant, as :mod:`placement.shapeprobe` names shapes."""
+        if isinstance(sampler, DistributedSamplerModel):
+            return ("samples", sampler.world_size, None)
+        if getattr(sampler, "shared", True) is False:  # the batch-sharded framework models
+            return ("batches", self.shape.world_size, self.shape.batch_size)
+        return None
 
     # ---- predicting -----------------------------------------------------------------------
 
@@ -1454,6 +1633,7 @@ class NodeCursor:
             "plans": self.plans,
             "mismatch": self.state == "mismatch",
             "mismatch_reason": self.mismatch_reason,
+            "mismatch_kind": self.mismatch_kind,
             "first_mismatch_open": self.first_mismatch_open,
             "detect_opens": lead.lock_opens,
             "lead": self.lead,
@@ -1477,6 +1657,16 @@ def _no_evidence(f: Fit) -> Fit:
         f.slots,
         f.positions,
     )
+
+
+def _one_node(ranks: tuple[int, ...], world: int, rank_order: str) -> bool:
+    """Whether ``ranks`` can be one node's among ``world`` ranks placed in ``rank_order``."""
+    m = len(ranks)
+    if world % m:
+        return False
+    if rank_order == "contiguous":
+        return ranks[0] % m == 0 and ranks == tuple(range(ranks[0], ranks[0] + m))
+    return ranks == tuple(range(ranks[0], world, world // m))
 
 
 def _unreachable() -> PassIndex:

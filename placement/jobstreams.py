@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from placement.frameworks import framework_alternatives
 from placement.samplers import LRU, unshuffled_alternatives
 from placement.streams import JobShape, Streams
 
@@ -101,11 +102,15 @@ class JobStreams:
 
     def variants(self, d: int) -> list[Streams]:
         """Dataset ``d``'s configured streams first, then the other ways an unshuffled loader reads it
-        (:func:`placement.samplers.unshuffled_alternatives`)."""
+        (:func:`placement.samplers.unshuffled_alternatives`) and the samplers of other frameworks
+        that share its orders (:func:`placement.frameworks.framework_alternatives`)."""
         if d not in self._variants:
             ds = self.datasets[d].streams
-            alt = [Streams(m, self.shape) for m in unshuffled_alternatives(ds.sampler)]
-            self._variants[d] = [ds, *alt]
+            models = [
+                *unshuffled_alternatives(ds.sampler),
+                *framework_alternatives(ds.sampler, self.shape.batch_size, self.shape.drop_last),
+            ]
+            self._variants[d] = [ds, *(Streams(m, self.shape) for m in models)]
         return self._variants[d]
 
     def phases(self, epoch: int) -> list[tuple[DatasetStreams, int]]:

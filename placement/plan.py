@@ -47,10 +47,11 @@ from placement.frequency import (
 from placement.jobstreams import DatasetStreams, EpochMap, JobStreams
 from placement.model import PerfModel
 from placement.randperm import Backend
-from placement.samplers import make_sampler
+from placement.frameworks import FRAMEWORK_KINDS, build_sampler
 from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
 
+FRAMEWORK_SAMPLER_KEYS = ("even_batches", "split_batches", "loader_generator")
 FORMAT = 2
 """Version of the planning algorithm, hashed into every digest: plans of another version never match.
 2: the digest covers every output column (objects and fill order too), not only tiers and owners."""
@@ -79,12 +80,21 @@ def plan_inputs(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
                 "extensions": ds.get("extensions"),
                 "follows": None if ds.get("follows") is None else os.path.normpath(ds["follows"]),
                 "every": int(ds.get("every", 1)),
-                "sampler": {k: ds["sampler"][k] for k in sorted(ds["sampler"]) if k != "order_file"},
+                "sampler": _sampler_inputs(ds["sampler"]),
             }
             for ds in config["datasets"]
         ],
         "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in config["tiers"]],
         "spread": bool(config["peers"]["spread"]),
+    }
+
+
+def _sampler_inputs(sampler: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampler keys that decide the plan: the framework kinds' own keys only for those kinds (so
+    the inputs, and digests, of the other kinds stay what they were before those keys existed)."""
+    framework = sampler.get("kind") in FRAMEWORK_KINDS
+    return {
+        k: sampler[k] for k in sorted(sampler) if k != "order_file" and (framework or k not in FRAMEWORK_SAMPLER_KEYS)
     }
 
 
@@ -129,13 +139,18 @@ def _streams(
         if smp["kind"] == "list" and i not in orders:
             raise ValueError(f"datasets.{i}.sampler: kind 'list' needs the contents of order_file")
         try:
-            sampler = make_sampler(
+            sampler = build_sampler(
                 smp["kind"],
                 int(sizes[i]),
                 seed=int(inputs["seed"]),
                 world_size=shape.world_size,
+                batch_size=shape.batch_size,
+                drop_last=shape.drop_last,
                 shuffle=bool(smp.get("shuffle", True)),
                 sampler_drop_last=bool(smp.get("drop_last", False)),
+                even_batches=bool(smp.get("even_batches", True)),
+                split_batches=bool(smp.get("split_batches", False)),
+                loader_generator=bool(smp.get("loader_generator", False)),
                 persistent_workers=bool(smp.get("persistent_workers", False)),
                 num_workers=int(job.get("num_workers", 0)),
                 order=orders.get(i),

@@ -116,31 +116,31 @@ class LRU(Generic[K, V]):
         return key in self._items
 
 
-def _frozen(a: npt.NDArray[np.int64]) -> IndexArray:
+def frozen(a: npt.NDArray[np.int64]) -> IndexArray:
     """Cached arrays are handed out many times: make accidental writes fail loudly."""
     a.setflags(write=False)
     return a
 
 
-def _check_n(n: int) -> int:
+def check_n(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n: expected a dataset of at least 1 file, got {n!r}")
     return int(n)
 
 
-def _check_world(world_size: int) -> int:
+def check_world(world_size: int) -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size: expected a positive integer, got {world_size!r}")
     return int(world_size)
 
 
-def _check_epoch(epoch: int) -> int:
+def check_epoch(epoch: int) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ValueError(f"epoch: expected a non-negative integer, got {epoch!r}")
     return int(epoch)
 
 
-def _check_rank(rank: int, world_size: int) -> int:
+def check_rank(rank: int, world_size: int) -> int:
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
         raise ValueError(f"rank: expected 0..{world_size - 1}, got {rank!r}")
     return int(rank)
@@ -160,8 +160,8 @@ class DistributedSamplerModel:
         backend: Backend = "auto",
         cache_epochs: int = 2,
     ) -> None:
-        self.n = _check_n(n)
-        self.world_size = _check_world(world_size)
+        self.n = check_n(n)
+        self.world_size = check_world(world_size)
         self.seed = check_seed(seed)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
@@ -178,12 +178,12 @@ class DistributedSamplerModel:
 
     def epoch_seed(self, epoch: int) -> int:
         """The seed ``__iter__`` gives its generator (torch refuses it past 2**64 - 1)."""
-        return check_seed(self.seed + _check_epoch(epoch))
+        return check_seed(self.seed + check_epoch(epoch))
 
     def epoch_order(self, epoch: int) -> IndexArray:
         """The padded or truncated global list (length total_size); rank r reads ``[r::R]``."""
-        epoch = _check_epoch(epoch)
-        return self._cache.get(epoch, lambda: _frozen(self._compute_order(epoch)))
+        epoch = check_epoch(epoch)
+        return self._cache.get(epoch, lambda: frozen(self._compute_order(epoch)))
 
     def _compute_order(self, epoch: int) -> IndexArray:
         # the permutation goes straight into the padded array when there is padding
@@ -207,11 +207,11 @@ class DistributedSamplerModel:
 
     def fresh_layout(self, epoch: int) -> EpochLayout:
         """:meth:`epoch_layout` without the cache: a pure function of the epoch, safe in threads."""
-        order = _frozen(self._compute_order(_check_epoch(epoch)))
+        order = frozen(self._compute_order(check_epoch(epoch)))
         return EpochLayout(order=order, shared=False, distinct=min(self.n, self.total_size))
 
     def rank_indices(self, epoch: int, rank: int) -> IndexArray:
-        rank = _check_rank(rank, self.world_size)
+        rank = check_rank(rank, self.world_size)
         return self.epoch_order(epoch)[rank :: self.world_size]
 
 
@@ -238,8 +238,8 @@ class RandomSamplerModel:
         cache_epochs: int = 2,
         max_checkpoints: int = 64,
     ) -> None:
-        self.n = _check_n(n)
-        self.world_size = _check_world(world_size)
+        self.n = check_n(n)
+        self.world_size = check_world(world_size)
         self.seed = check_seed(seed)
         if max_checkpoints < 2:
             raise ValueError(f"max_checkpoints: expected >= 2, got {max_checkpoints}")
@@ -271,7 +271,7 @@ class RandomSamplerModel:
 
     def draws_before(self, epoch: int) -> int:
         """Draws taken before ``epoch``'s permutation starts."""
-        epoch = _check_epoch(epoch)
+        epoch = check_epoch(epoch)
         return sum(self.epoch_draws(e) for e in range(epoch)) + self.base_seed_draws(epoch)
 
     def _stream_at(self, epoch: int) -> Mt19937Stream | TorchGeneratorStream:
@@ -292,12 +292,12 @@ class RandomSamplerModel:
 
     def epoch_order(self, epoch: int) -> IndexArray:
         """The permutation every rank reads in ``epoch``."""
-        epoch = _check_epoch(epoch)
+        epoch = check_epoch(epoch)
 
         def compute() -> IndexArray:
             stream = self._stream_at(epoch)
             stream.skip(self.base_seed_draws(epoch))
-            perm = _frozen(stream.randperm(self.n))
+            perm = frozen(stream.randperm(self.n))
             if epoch + 1 not in self._checkpoints:  # the next epoch starts after the discarded one
                 stream.skip(randperm_draws(self.n))
                 self._remember(epoch + 1, stream)
@@ -309,7 +309,7 @@ class RandomSamplerModel:
         return EpochLayout(order=self.epoch_order(epoch), shared=True, distinct=self.n)
 
     def rank_indices(self, epoch: int, rank: int) -> IndexArray:
-        _check_rank(rank, self.world_size)
+        check_rank(rank, self.world_size)
         return self.epoch_order(epoch)
 
 
@@ -317,8 +317,8 @@ class ExplicitOrderModel:
     """A read order given as a list of dataset indices, the same for every rank and epoch."""
 
     def __init__(self, order: npt.ArrayLike, n: int, world_size: int = 1) -> None:
-        self.n = _check_n(n)
-        self.world_size = _check_world(world_size)
+        self.n = check_n(n)
+        self.world_size = check_world(world_size)
         arr = np.asarray(order)
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
             raise ValueError("order: expected a flat list of integer dataset indices")
@@ -326,7 +326,7 @@ class ExplicitOrderModel:
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.n):
             bad = int(arr[(arr < 0) | (arr >= self.n)][0])
             raise ValueError(f"order: index {bad} is outside the dataset's 0..{self.n - 1}")
-        self._order = _frozen(arr)
+        self._order = frozen(arr)
         counts = np.bincount(arr, minlength=self.n) if arr.size else np.zeros(self.n, np.int64)
         self.max_repeats = int(counts.max())
         self._distinct = arr.size if self.max_repeats <= 1 else 0
@@ -335,12 +335,12 @@ class ExplicitOrderModel:
         return int(self._order.size)
 
     def epoch_layout(self, epoch: int) -> EpochLayout:
-        _check_epoch(epoch)
+        check_epoch(epoch)
         return EpochLayout(order=self._order, shared=True, distinct=self._distinct)
 
     def rank_indices(self, epoch: int, rank: int) -> IndexArray:
-        _check_epoch(epoch)
-        _check_rank(rank, self.world_size)
+        check_epoch(epoch)
+        check_rank(rank, self.world_size)
         return self._order
 
 
@@ -348,7 +348,7 @@ class SequentialSamplerModel(ExplicitOrderModel):
     """``SequentialSampler`` (validation loaders): every rank reads ``0..n-1`` in order."""
 
     def __init__(self, n: int, world_size: int = 1) -> None:
-        super().__init__(np.arange(_check_n(n), dtype=np.int64), n, world_size)
+        super().__init__(np.arange(check_n(n), dtype=np.int64), n, world_size)
 
 
 def varies_by_epoch(model: SamplerModel) -> bool:
@@ -356,15 +356,20 @@ def varies_by_epoch(model: SamplerModel) -> bool:
 
     An unshuffled DistributedSampler, a sequential sampler and a given list read the same order in
     every epoch: a cursor then needs one epoch's inverse, and "which epoch" is no question at all.
-    Unknown models are assumed to vary (the safe answer: every epoch is its own hypothesis).
+    Other models say so with a bool ``shuffle`` attribute (:mod:`placement.frameworks`); unknown
+    ones are assumed to vary (the safe answer: every epoch is its own hypothesis).
     """
-    if isinstance(model, DistributedSamplerModel):
-        return model.shuffle
+    shuffle = getattr(model, "shuffle", None)
+    if isinstance(shuffle, bool):
+        return shuffle
     return not isinstance(model, ExplicitOrderModel)
 
 
 def sampler_name(model: SamplerModel) -> str:
     """The config's ``sampler.kind`` a model stands for (what status reports as detected)."""
+    kind = getattr(model, "kind", None)
+    if isinstance(kind, str):  # the framework models name their kind
+        return kind if getattr(model, "shuffle", True) else f"{kind}(shuffle=False)"
     if isinstance(model, DistributedSamplerModel):
         return "distributed" if model.shuffle else "distributed(shuffle=False)"
     if isinstance(model, RandomSamplerModel):
