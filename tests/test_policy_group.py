@@ -9,7 +9,6 @@ and the next epoch's reads are the pure functions the daemon uses (:mod:`placeme
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
