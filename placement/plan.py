@@ -36,6 +36,7 @@ import xxhash
 
 from placement.assign import Assignment, assign, earliest_reader, per_node, spread_covers
 from placement.catalog import Catalog, build_catalogs
+from placement.frameworks import FRAMEWORK_KINDS, build_sampler
 from placement.frequency import (
     AccessStats,
     Segment,
@@ -47,7 +48,6 @@ from placement.frequency import (
 from placement.jobstreams import DatasetStreams, EpochMap, JobStreams
 from placement.model import PerfModel
 from placement.randperm import Backend
-from placement.frameworks import FRAMEWORK_KINDS, build_sampler
 from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
 

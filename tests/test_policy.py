@@ -46,9 +46,9 @@ from fusefs.readpath.policy import (
     ReadPolicy,
     ReadThrough,
     Released,
+    RetryFillLater,
     SeedInDoubt,
     SeedTrusted,
-    RetryFillLater,
     SourceChanged,
     Stage,
     StageFetched,
@@ -620,7 +620,9 @@ class PolicyMachine(RuleBasedStateMachine):
     def step(self, event: Event, external: bool = False) -> list[Instruction]:
         p = self.s.policy
         before = {e for e, f in p.pages.items() if f.staged}
-        orphans = {e for e, f in p.pages.items() if f.state == "held" and not f.taken} if p.mode == "reactive" else set()
+        orphans = (
+            {e for e, f in p.pages.items() if f.state == "held" and not f.taken} if p.mode == "reactive" else set()
+        )
         out = self.s.do(event)
         after = {e for e, f in p.pages.items() if f.staged}
         gone = before - after

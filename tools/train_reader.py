@@ -135,6 +135,7 @@ def main() -> int:
 
     result["setup_s"] = time.monotonic() - started  # seed written (if asked) to the first epoch's start
     for epoch in range(spec["start_epoch"], spec["epochs"]):
+        started_at = time.time()  # wall clock: other processes (a test's status poller) can compare
         t0 = time.monotonic()
         sampler.set_epoch(epoch)
         before = len(read_times)
@@ -142,7 +143,13 @@ def main() -> int:
         if val_loader is not None:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
         result["epochs"].append(
-            {"epoch": epoch, "seconds": time.monotonic() - t0, "wait_s": waited, "read_s": sum(read_times[before:])}
+            {
+                "epoch": epoch,
+                "start": started_at,
+                "seconds": time.monotonic() - t0,
+                "wait_s": waited,
+                "read_s": sum(read_times[before:]),
+            }
         )
         result["wait_s"] += waited
     result["cpu_s"] = _cpu_seconds() - cpu0  # this rank and its loader workers

@@ -181,6 +181,9 @@ class PeerClient:
         self._idle: list[_Conn] = []
         self._open: set[trio.SocketStream] = set()
         self._next_id = 0
+        # Told "down" when this client marks the peer down and "up" when a request succeeds again
+        # (on the trio thread, inside the request that decided it; it must not await).
+        self.on_state: Callable[[Literal["up", "down"]], None] | None = None
 
     @property
     def address(self) -> str:
@@ -274,6 +277,8 @@ class PeerClient:
         if self._down_since is not None:
             log.warning("peer %d (%s) is up again", self.node, self.address)
             self._down_since = None
+            if self.on_state is not None:
+                self.on_state("up")
 
     def _failed(self, why: str, probe: bool) -> None:
         self.counters.failures += 1
@@ -296,6 +301,8 @@ class PeerClient:
             for conn in self._idle:
                 self._discard_now(conn)
             self._idle.clear()
+            if self.on_state is not None:
+                self.on_state("down")
         else:
             log.info("peer %d (%s) request failed: %s", self.node, self.address, why)
 

@@ -3,12 +3,17 @@
 * Serving: a peer asks by (dataset, index, plan digest); we answer from our local tiers only (never
   the PFS): ok, not-yet (we are fetching it), not-owned, or bad-request (another plan, or an index
   outside the snapshot).  No path ever comes from the wire.
-* Fetching: a file this node does not hold is asked of its owner (the plan's primary owner).  The
-  owner is the one node that reads it from the PFS: when asked for a file it is meant to hold but
-  has not fetched yet (its fill is behind, or it is in flight), it fetches it now and answers once
-  it has it, within the peer timeout.  So the PFS is read once per file, in epoch 0 too, whoever
-  reads it first.  Any non-answer falls back to the PFS at once; a peer that stops answering is
-  marked down by its client and skipped until a probe finds it back.
+* Fetching: a file this node does not hold is asked of its owner.  The owner is the one node that
+  reads it from the PFS: when asked for a file it is meant to hold but has not fetched yet (its
+  fill is behind, or it is in flight), it fetches it now and answers once it has it, within the
+  peer timeout.  So the PFS is read once per file, in epoch 0 too, whoever reads it first.  While
+  this node predicts, the owner is the plan's primary owner (a training node) and the request
+  names the plan; otherwise (no trusted seed, a wrong one, a sampler the planner does not model)
+  it is the group rule's owner (:mod:`placement.owners`: a hash of the entry over the members,
+  the same on every node without any plan) and the request names the file alone (its snapshot
+  identity, which every member shares).  Any non-answer falls back to the PFS at once; a peer
+  that stops answering is marked down by its client and skipped until a probe finds it back, and
+  the read policy is told (its fills skip a down owner's files until it is up again).
 * State: every couple of seconds each daemon tells every peer its training node (detected from
   opens: torchrun hands out node ranks in any order), its plan digest and its seed, and learns
   theirs.  A seed written on any node reaches all: the highest (generation, writer) wins.  A
@@ -34,6 +39,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -48,6 +54,8 @@ from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.staging import Staging
+from placement.owners import member_seed
+from placement.tree import KIND_FILE
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +215,21 @@ class PeerGroup:
                 self.views[key] = PeerView()
             else:
                 client.node = m.index  # its index may have shifted; the address never does
+            self.clients[key].on_state = partial(self._health, key)
         self.seed.me = self.group.me
+        # The group rule's owners follow the members (a hash over their keys: order does not matter).
+        seeds = tuple(member_seed("{}@{}:{}".format(*m.key)) for m in self.group.members)
+        self.prefetcher.group_changed(seeds, self.group.me)
+
+    def _health(self, key: MemberKey, state: str) -> None:
+        """A client marked its peer down or found it up again: the policy's fills follow (by training node)."""
+        view = self.views.get(key)
+        if view is None or view.node is None:
+            return
+        if state == "down":
+            self.prefetcher.peer_down(view.node)
+        else:
+            self.prefetcher.peer_up(view.node)
 
     # ------------------------------------------------------------------ serving
 
@@ -217,6 +239,8 @@ class PeerGroup:
         return FileId(entry, int(tree.size[entry]), int(tree.mtime_ns[entry]))
 
     async def provide(self, get: Get) -> Provision:
+        if not get.digest:
+            return await self._provide_file(get)
         dataset, index = get.dataset, get.index
         plan = self.prefetcher.plan
         if plan is None:
@@ -231,6 +255,22 @@ class PeerGroup:
         mine = self.identity(entry)
         if mine != get.file:  # checked before any byte is read: a damaged plan refuses, never serves
             return Provision("mismatch", reason=f"index {index} is {mine} here", file=mine)
+        return await self._answer(entry, mine, by_plan=True)
+
+    async def _provide_file(self, get: Get) -> Provision:
+        """A request naming the file alone (an asker following the group rule): its snapshot identity
+        must be this node's for that entry, a regular file, before anything is read."""
+        entry = get.file.entry
+        tree = self.fetcher.snapshot.tree
+        if not 0 <= entry < len(tree) or int(tree.kind[entry]) != KIND_FILE:
+            return Provision("bad_request", reason=f"entry {entry} is no file here")
+        mine = self.identity(entry)
+        if mine != get.file:
+            return Provision("mismatch", reason=f"entry {entry} is {mine} here", file=mine)
+        return await self._answer(entry, mine, by_plan=False)
+
+    async def _answer(self, entry: int, mine: FileId, by_plan: bool) -> Provision:
+        """A local copy, a fetch in flight, or (as the file's one owner, the policy decides) a PFS read now."""
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
             return Provision("ok", local.data, file=mine)
@@ -239,10 +279,11 @@ class PeerGroup:
             return Provision("ok", staged.data, file=mine)
         job = self.fetcher.inflight.get(entry)
         if job is None:
-            tier = self.prefetcher.planned_tier_for(entry)
-            if tier is None:
+            read = self.prefetcher.peer_asked(entry, mine.size, by_plan)
+            if read is None:
                 return Provision("not_owned")
-            job = self.fetcher.start(entry, keep_in=tier, use_peer=False, why="peer")  # the owner reads the PFS
+            keep = None if read.keep_in is None else self.fetcher.tiers[read.keep_in]
+            job = self.fetcher.start(entry, keep_in=keep, use_peer=False, why="peer")  # the owner reads the PFS
         with trio.move_on_after(self.answer_within):
             try:
                 return Provision("ok", await job.wait(), file=mine)
@@ -267,7 +308,29 @@ class PeerGroup:
         return chosen
 
     async def fetch(self, entry: int) -> bytes | None:
-        """The entry from its owner, or None: go to the PFS now (never waits past the peer timeout)."""
+        """The entry from its owner, or None: go to the PFS now (never waits past the peer timeout).
+
+        The plan's owner while this node predicts, the group rule's otherwise (module docstring)."""
+        if not self.clients:
+            return None
+        if self.prefetcher.mode == "predicting":
+            return await self._fetch_by_plan(entry)
+        return await self._fetch_by_rule(entry)
+
+    async def _fetch_by_rule(self, entry: int) -> bytes | None:
+        index = self.prefetcher.reactive_owner(entry)
+        members = self.group.members
+        if index is None or not 0 <= index < len(members) or index == self.group.me:
+            return None
+        client = self.clients.get(members[index].key)
+        if client is None:
+            return None
+        try:
+            return await client.fetch(0, 0, b"", self.identity(entry))
+        except PeerDown:
+            return None
+
+    async def _fetch_by_plan(self, entry: int) -> bytes | None:
         plan, view = self.prefetcher.plan, self.prefetcher.view
         if plan is None or not self.clients or view.node is None:
             return None

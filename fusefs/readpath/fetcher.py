@@ -161,4 +161,7 @@ class Fetcher:
             job.done.set()
 
     async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open") -> bytes:
-        return await self.start(entry, keep_in, why=why).wait()
+        try:
+            return await self.start(entry, keep_in, why=why).wait()
+        except NotFromPeer:  # joined a fetch that may only use a peer and found none ready: read it now
+            return await self.start(entry, keep_in, why=why).wait()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pyfuse3
 
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.fetcher import Fetcher, NotFromPeer
 from fusefs.readpath.pfs import SourceFile, StaleFile
 from fusefs.readpath.policy import UseHeld, UsePages
 from fusefs.readpath.prefetch import Prefetcher
@@ -101,7 +101,10 @@ class CachedFiles:
             raise StaleFile(self.revalidator.reason(entry))
         running = self.fetcher.inflight.get(entry)
         if running is not None:
-            return OpenFile(entry, size, data=memoryview(await running.wait())), "inflight"
+            try:
+                return OpenFile(entry, size, data=memoryview(await running.wait())), "inflight"
+            except NotFromPeer:
+                pass  # a fill or next-epoch fetch that may only use a peer found none ready: fetch it here
         if size > self.whole_file_max:
             ranged = await self.pfs.open(entry, whole=False)
             if self.revalidator is not None:

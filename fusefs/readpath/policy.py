@@ -39,6 +39,7 @@ the cursor's worker thread calls while it computes a view.  That reads tier memb
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from placement.cursor import CursorState
+from placement.owners import owners
 from placement.plan import Plan
 from placement.reactive import StaticFrequencySet
 
@@ -131,6 +133,20 @@ class _FillRun:
     inflight: dict[int, int] = field(default_factory=dict)  # entry -> position, fills of this pass
     later: list[int] = field(default_factory=list)  # positions of replicas to try again
     waiting: bool = False  # a RetryFillLater is out
+
+
+@dataclass
+class _NextRun:
+    """The next epoch's files this node does not read this epoch, released as their holders get them."""
+
+    generation: int
+    node: int
+    epoch: int  # the epoch they are for
+    entries: npt.NDArray[np.int64]  # in the order this node reads them then
+    ready_at: npt.NDArray[np.int64]  # position of this epoch from which the holder has each (-1: now)
+    by_ready: npt.NDArray[np.int64]  # indices into entries, by ready_at
+    released: int = 0  # how many of by_ready were released
+    heap: list[int] = field(default_factory=list)  # released indices not staged yet (need order first)
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -265,6 +281,57 @@ class PeerUp:
 
 
 @dataclass(slots=True)
+class GroupChanged:
+    """The daemon group's members, as hashing seeds in member order, and this daemon's index: who
+    reads each file from the PFS while no plan is trusted (:mod:`placement.owners`)."""
+
+    seeds: tuple[int, ...]
+    me: int
+
+
+@dataclass(slots=True)
+class PeerAsked:
+    """A peer asked for ``entry``, which this node neither holds nor fetches: answers
+    :class:`FetchForPeer` when this node is the one to read it from the PFS, else nothing.
+    ``by_plan``: the request named the plan (the asker predicts and takes this node for the plan's
+    owner); otherwise it named the file alone (the asker follows the group rule)."""
+
+    entry: int
+    nbytes: int
+    by_plan: bool
+
+
+@dataclass(slots=True)
+class NextEpoch:
+    """What this node reads in job epoch ``epoch`` that it does not read in the epoch before, in
+    the order it reads them, with the position of the epoch before (this node's ranks' progress)
+    from which the peer that holds each one has it (-1: it has it already).  Computed off the
+    event loop by the executor (:func:`placement.nextepoch.next_epoch_reads`)."""
+
+    generation: int
+    node: int
+    epoch: int
+    entries: npt.NDArray[np.int64]
+    ready_at: npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class NextFetched:
+    """A :class:`StageNext` got its bytes, or failed or found no peer holding them yet (None)."""
+
+    entry: int
+    data: bytes | None
+
+
+@dataclass(slots=True)
+class NextPushed:
+    """A :class:`PushNext` ended: ``ok`` False when the kernel refused the pages."""
+
+    entry: int
+    ok: bool
+
+
+@dataclass(slots=True)
 class Tick:
     """Periodic: retry what waits for room that something outside the policy may have freed."""
 
@@ -288,6 +355,11 @@ Event = (
     | PeerDown
     | PeerUp
     | Tick
+    | GroupChanged
+    | PeerAsked
+    | NextEpoch
+    | NextFetched
+    | NextPushed
 )
 
 
@@ -422,6 +494,33 @@ class RetryFillLater:
     generation: int
 
 
+@dataclass(slots=True)
+class FetchForPeer:
+    """Answer to :class:`PeerAsked`: read ``entry`` from the PFS for the peer, keeping a copy in tier
+    ``keep_in`` when not None."""
+
+    entry: int
+    keep_in: int | None
+
+
+@dataclass(slots=True)
+class StageNext:
+    """Get ``entry``'s bytes for the next epoch, from local tier ``from_tier`` when not None, else from
+    the peer that holds it (never the PFS), keeping a copy in ``keep_in``; report :class:`NextFetched`."""
+
+    entry: int
+    from_tier: int | None
+    keep_in: int | None
+
+
+@dataclass(slots=True)
+class PushNext:
+    """notify_store ``data`` as ``entry``'s pages (in a worker thread), then report :class:`NextPushed`."""
+
+    entry: int
+    data: bytes
+
+
 Instruction = (
     FollowPlan
     | Presume
@@ -438,8 +537,11 @@ Instruction = (
     | Fill
     | DropCopy
     | RetryFillLater
+    | StageNext
+    | PushNext
+    | FetchForPeer
 )
-Answer = UsePages | UseHeld | Bypass | KeepIn
+Answer = UsePages | UseHeld | Bypass | KeepIn | FetchForPeer
 
 
 @dataclass(frozen=True)
@@ -449,6 +551,7 @@ class PolicySettings:
     stage_threads: int = 4  # stages in flight at most (fetch and push)
     fill_threads: tuple[int, ...] = ()  # fills in flight per tier at most
     reactive_capacities: tuple[int, ...] = ()  # bytes per tier the reactive policy may keep
+    next_threads: int = 4  # next-epoch stages in flight at most (local tiers and peers only)
 
 
 # ---------------------------------------------------------------------------------------- the policy
@@ -495,6 +598,17 @@ class ReadPolicy:
         self._fill_busy = [0] * len(self.tiers)
         self.filled_node: int | None = None
         self.peers_down: set[int] = set()
+        # The group (owners while no plan is trusted) and the next epoch's pages
+        self.group_seeds: tuple[int, ...] = ()
+        self.group_me = 0
+        self.group_owner: npt.NDArray[np.int16] | None = None  # per entry, its owning member (None: alone)
+        self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
+        self._lane: _NextRun | None = None
+        self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
+        self.next_bytes = 0
+        self._next_forgotten: set[int] = set()  # dropped while pushed: drop the pages the push stores
+        self.next_pushed = 0  # files pushed for the next epoch before it began
+        self.next_later = 0  # next-epoch stages no peer could serve yet
         # Counters (status)
         self.predicted_opens = 0
         self.unplanned_opens = 0
@@ -523,6 +637,11 @@ class ReadPolicy:
             PeerDown: self._peer_down,
             PeerUp: self._peer_up,
             Tick: self._tick,
+            GroupChanged: self._group_changed,
+            PeerAsked: self._peer_asked,
+            NextEpoch: self._next_epoch,
+            NextFetched: self._next_fetched,
+            NextPushed: self._next_pushed,
         }
 
     # ------------------------------------------------------------------ the interface
@@ -744,13 +863,9 @@ class ReadPolicy:
             if t is not None and not self.tiers[t].contains(ev.entry):
                 self._out.append(KeepIn(ev.entry, t))
             return
-        decision = self.reactive.on_read(ev.entry, ev.nbytes)
-        for t, victim in decision.evict:
-            self._out.append(DropCopy(victim, t))
-            self.reactive.dropped(victim)
-        if decision.tier is not None:
-            self.reactive.admitted(ev.entry, decision.tier, ev.nbytes)
-            self._out.append(KeepIn(ev.entry, decision.tier))
+        tier = self._reactive_keep(ev.entry, ev.nbytes)
+        if tier is not None:
+            self._out.append(KeepIn(ev.entry, tier))
 
     def _released(self, ev: Released) -> None:
         self._retire(ev.entry)
@@ -769,9 +884,11 @@ class ReadPolicy:
             self._retire(entry)
 
     def _pump(self) -> None:
-        """Start what may start now: stages in order of the stage list, then tier fills."""
+        """Start what may start now: stages in order of the stage list, then tier fills and the next
+        epoch's pages."""
         self._pump_staging()
         self._pump_fill()
+        self._pump_lane()
 
     def _pump_staging(self) -> None:
         """Stage the window's next files, resuming where the walk over this stage list stopped.
@@ -981,18 +1098,12 @@ class ReadPolicy:
         """
         for t, tier in enumerate(self.tiers):
             for entry in tier.entries():
-                if entry not in self.reactive.where:
+                rset = self._reactive_for(entry)
+                if entry not in rset.where:
                     size = tier.size_of(entry)
                     if size is not None:
-                        self.reactive.admitted(entry, t, size)
-        for t, rtier in enumerate(self.reactive.tiers):
-            excess = rtier.used - rtier.capacity
-            for entry in list(rtier.members):
-                if excess <= 0:
-                    break
-                excess -= rtier.members[entry]
-                self._out.append(DropCopy(entry, t))
-                self.reactive.dropped(entry)
+                        rset.admitted(entry, t, size)
+        self._trim_reactive()
 
     def _start_fill(self) -> None:
         """Once per plan, as soon as this node is known: its assigned files in order of first use."""
@@ -1045,7 +1156,7 @@ class ReadPolicy:
             run.pos += 1
             if reactive:
                 self.reactive.admitted(entry, t, int(self.sizes[entry]))  # its room, until the fill ends
-            self._out.append(Fill(entry, t, owner == run.node, self.generation))
+            self._out.append(Fill(entry, t, self._fill_reads_pfs(entry, owner, run.node), self.generation))
         if run.later and not run.inflight:
             # The pass is over: try the replicas whose owners could not serve them after a pause.
             keep = np.asarray(run.later, dtype=np.int64)
@@ -1074,13 +1185,15 @@ class ReadPolicy:
             self._pump_fill()
 
     def _copy_lost(self, ev: CopyLost) -> None:
-        if self.reactive.where.get(ev.entry) == ev.tier:
-            self.reactive.dropped(ev.entry)
+        for rset in (self.reactive, self.reactive_owned):
+            if rset.where.get(ev.entry) == ev.tier:
+                rset.dropped(ev.entry)
 
     def _source_changed(self, ev: SourceChanged) -> None:
         """Forget every copy of the file here (the revalidator drops the tiers' copies itself); its
         pages are always invalidated, since a reader may have left some that nothing recorded."""
         entry = ev.entry
+        self._forget_next(entry)
         p = self.pages.pop(entry, None)
         if p is not None:
             if p.staged:
@@ -1108,6 +1221,215 @@ class ReadPolicy:
     def _tick(self, ev: Tick) -> None:
         self._pump()
 
+    # ------------------------------------------------------------------ the group's owners (no trusted plan)
+
+    def _group_changed(self, ev: GroupChanged) -> None:
+        """New members: each file's owner under the group rule, and the reactive capacity owned files get.
+
+        Alone, nothing changes: the reactive policy keeps what a node alone would.  With others, the
+        files this node owns come first: their reactive set may take each tier's capacity up to the
+        owned files' bytes (fastest tier first), and the files others own get what is left.  So,
+        while the group's tiers hold the dataset, every owner keeps what it owns and no file needs
+        a second PFS read; copies of other owners' files take only the room left over.
+        """
+        self.group_seeds, self.group_me = tuple(ev.seeds), ev.me
+        if len(ev.seeds) < 2:
+            self.group_owner = None
+        else:
+            self.group_owner = owners(np.arange(self.sizes.shape[0], dtype=np.int64), ev.seeds).astype(np.int16)
+        self._split_reactive()
+
+    def owns(self, entry: int) -> bool:
+        """Whether this node reads ``entry`` from the PFS under the group rule (always, when alone)."""
+        g = self.group_owner
+        return g is None or not 0 <= entry < g.shape[0] or int(g[entry]) == self.group_me
+
+    def reactive_owner(self, entry: int) -> int | None:
+        """The group member to ask for ``entry`` under the group rule; None when this node reads it
+        itself (it owns it, or is alone)."""
+        if self.owns(entry):
+            return None
+        assert self.group_owner is not None
+        return int(self.group_owner[entry])
+
+    def _reactive_for(self, entry: int) -> StaticFrequencySet:
+        g = self.group_owner
+        return self.reactive_owned if g is not None and self.owns(entry) else self.reactive
+
+    def _split_reactive(self) -> None:
+        """Rebuild both reactive sets for the current owners, carrying every admitted copy and read count."""
+        caps = list(self.settings.reactive_capacities or [0] * len(self.tiers))
+        left = int(self.sizes[self.group_owner == self.group_me].sum()) if self.group_owner is not None else 0
+        mine: list[int] = []
+        rest: list[int] = []
+        for cap in caps:
+            take = min(cap, left)
+            left -= take
+            mine.append(take)
+            rest.append(cap - take)
+        old = (self.reactive, self.reactive_owned)
+        self.reactive, self.reactive_owned = StaticFrequencySet(rest), StaticFrequencySet(mine)
+        for rset in old:
+            for entry, reads in rset.reads.items():
+                new = self._reactive_for(entry)
+                new.reads[entry] = reads
+                new.last_read[entry] = rset.last_read.get(entry, 0)
+                new.clock = max(new.clock, rset.clock)
+            for entry, t in rset.where.items():
+                self._reactive_for(entry).admitted(entry, t, rset.tiers[t].members[entry])
+        self._trim_reactive()
+
+    def _trim_reactive(self) -> None:
+        """Drop copies past either reactive set's capacity (most recently admitted last to go)."""
+        for rset in (self.reactive, self.reactive_owned):
+            for t, rtier in enumerate(rset.tiers):
+                excess = rtier.used - rtier.capacity
+                for entry in list(rtier.members):
+                    if excess <= 0:
+                        break
+                    excess -= rtier.members[entry]
+                    self._out.append(DropCopy(entry, t))
+                    rset.dropped(entry)
+
+    def _reactive_keep(self, entry: int, nbytes: int) -> int | None:
+        """The reactive decision for a file read here: evictions are queued, the tier (or None) returned."""
+        rset = self._reactive_for(entry)
+        decision = rset.on_read(entry, nbytes)
+        for t, victim in decision.evict:
+            self._out.append(DropCopy(victim, t))
+            rset.dropped(victim)
+        if decision.tier is not None:
+            rset.admitted(entry, decision.tier, nbytes)
+        return decision.tier
+
+    def _peer_asked(self, ev: PeerAsked) -> None:
+        """Read a file from the PFS for a peer only as its one owner: the plan's (a request naming the
+        plan, or this node predicting) or the group rule's (a request naming the file alone)."""
+        entry = ev.entry
+        if ev.by_plan or self.mode == "predicting":
+            t = self.planned_tier(entry)
+            if t is not None:
+                self._out.append(FetchForPeer(entry, t))
+                return
+            if ev.by_plan:
+                return
+        if self.group_owner is None or not self.owns(entry):
+            return
+        keep = None if self.mode == "predicting" else self._reactive_keep(entry, ev.nbytes)
+        self._out.append(FetchForPeer(entry, keep))
+
+    def _fill_reads_pfs(self, entry: int, owner: int, node: int) -> bool:
+        """Whether a fill reads ``entry`` from the PFS here: as the plan's owner while the plan is
+        trusted; otherwise as the group rule's owner, which the other nodes now ask for it."""
+        if self.mode == "predicting" or self.group_owner is None:
+            return owner == node
+        return self.owns(entry)
+
+    # ------------------------------------------------------------------ the next epoch's pages
+
+    def _next_epoch(self, ev: NextEpoch) -> None:
+        if ev.generation != self.generation:
+            return
+        order = np.argsort(ev.ready_at, kind="stable").astype(np.int64)
+        self._lane = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order)
+        self._pump_lane()
+
+    def _lane_position(self, epoch: int) -> int:
+        """How far this node's ranks got in job epoch ``epoch`` (the slowest one), from the cursor's view."""
+        positions = (self.view.status or {}).get("rank_positions") or {}
+        lows = [int(low) for job_epoch, low in positions.values() if job_epoch == epoch]
+        return min(lows) if lows else 0
+
+    def _pump_lane(self) -> None:
+        """Push the next epoch's files this node does not hold into the page cache before it starts.
+
+        In a group each node reads this epoch only its share of the files; the rest of what it
+        reads next epoch is on the peers that read it now.  Those are fetched as their holders get
+        them (``ready_at``, from the plan) from a local tier or that peer, never from the PFS: a file
+        nobody holds yet is the window's, fetched in order of use (rule 1), and the next epoch's
+        first files are due right after this one's last.  The lane takes only the budget's room
+        beyond what the window may still take (the window never waits for it) and its own few
+        slots, goes in the next epoch's order among the files released so far (waiting for room
+        rather than skipping to a later file), and each file it pushed counts as a kept page.
+        """
+        lane = self._lane
+        if lane is None:
+            return
+        view = self.view
+        if (
+            lane.generation != self.generation
+            or self.mode != "predicting"
+            or view.node != lane.node
+            or view.epoch >= lane.epoch
+        ):
+            self._lane = None  # replanned, mismatched or moved on: the window has the rest
+            return
+        position = self._lane_position(lane.epoch - 1)
+        n = lane.by_ready.shape[0]
+        while lane.released < n and lane.ready_at[lane.by_ready[lane.released]] < position:
+            heapq.heappush(lane.heap, int(lane.by_ready[lane.released]))
+            lane.released += 1
+        while lane.heap and len(self.next_pages) < self.settings.next_threads:
+            entry = int(lane.entries[lane.heap[0]])
+            if entry in self.kept or entry in self.pages or entry in self.next_pages or entry in self._staging_now:
+                heapq.heappop(lane.heap)
+                continue
+            nbytes = int(self.sizes[entry])
+            spare = self.budget.limit - self.budget.used - max(0, self.staging_limit - self.staged_bytes)
+            if nbytes > spare or not self.budget.try_reserve(nbytes):
+                return
+            heapq.heappop(lane.heap)
+            self.next_pages[entry] = Pages(nbytes, "fetching")
+            self.next_bytes += nbytes
+            local = next((t for t, tier in enumerate(self.tiers) if tier.contains(entry)), None)
+            self._out.append(StageNext(entry, local, None if local is not None else self.planned_tier(entry)))
+
+    def _next_fetched(self, ev: NextFetched) -> None:
+        entry = ev.entry
+        p = self.next_pages.get(entry)
+        if p is None or p.state != "fetching":
+            self._pump()
+            return
+        if ev.data is None or entry in self.pages or entry in self.kept:
+            # No holder had it yet (the window gets it in order), or a reader or the window has it now.
+            self.next_later += ev.data is None
+            del self.next_pages[entry]
+            self.next_bytes -= p.nbytes
+            self.budget.release(p.nbytes)
+        else:
+            p.state, p.data = "pushing", ev.data
+            self._out.append(PushNext(entry, ev.data))
+            return  # the slot stays busy until the push ends
+        self._pump()
+
+    def _next_pushed(self, ev: NextPushed) -> None:
+        entry = ev.entry
+        p = self.next_pages.pop(entry, None)
+        if p is None:
+            if ev.ok and entry in self._next_forgotten:
+                self._out.append(DropPages(entry, 0))  # its source changed while we pushed
+            self._next_forgotten.discard(entry)
+            self._pump()
+            return
+        self.next_bytes -= p.nbytes
+        p.data = None
+        if ev.ok and entry not in self.pages and entry not in self.kept:
+            self.kept[entry] = p.nbytes
+            self.kept_bytes += p.nbytes
+            self.next_pushed += 1
+        else:  # refused, or a reader took the file meanwhile (the pages are then charged as its)
+            self.budget.release(p.nbytes)
+        self._pump()
+
+    def _forget_next(self, entry: int) -> None:
+        p = self.next_pages.pop(entry, None)
+        if p is None:
+            return
+        self.next_bytes -= p.nbytes
+        self.budget.release(p.nbytes)
+        if p.state == "pushing":
+            self._next_forgotten.add(entry)
+
     # ------------------------------------------------------------------ checks and status
 
     def validate(self) -> None:
@@ -1125,14 +1447,18 @@ class ReadPolicy:
         assert fetching <= self._staging_now, (fetching, self._staging_now)
         assert all(self._pushing.get(e) is p for e, p in self.pages.items() if p.state == "pushing")
         assert len(self._staging_now) <= self.settings.stage_threads
+        assert sum(p.nbytes for p in self.next_pages.values()) == self.next_bytes, self.next_bytes
+        assert len(self.next_pages) <= self.settings.next_threads
+        assert all(p.state in ("fetching", "pushing") for p in self.next_pages.values())
 
     def held_entries(self) -> list[int]:
         """Entries whose bytes this node holds outside the tiers: kept pages, staged or read files."""
         return [*self.kept, *(e for e, p in self.pages.items() if p.state != "fetching")]
 
     def held_bytes(self) -> int:
-        """Bytes the policy charges to the budget: the window, readers' pages and kept pages."""
-        return self.staged_bytes + self.cached_bytes + self.kept_bytes
+        """Bytes the policy charges to the budget: the window, readers' pages, kept pages and the next
+        epoch's stages in flight."""
+        return self.staged_bytes + self.cached_bytes + self.kept_bytes + self.next_bytes
 
     def staging_status(self) -> dict[str, Any]:
         return {
@@ -1148,6 +1474,14 @@ class ReadPolicy:
             "reused": self.reused,
             "uncached_opens": self.uncached_opens,
             "unused": self.unused,
+            "next_epoch": {
+                "epoch": self._lane.epoch if self._lane is not None else None,
+                "files": int(self._lane.entries.shape[0]) if self._lane is not None else 0,
+                "released": self._lane.released if self._lane is not None else 0,
+                "inflight": len(self.next_pages),
+                "pushed": self.next_pushed,
+                "later": self.next_later,
+            },
         }
 
 

@@ -49,14 +49,20 @@ from fusefs.readpath.policy import (
     DropCopy,
     DropPages,
     Event,
+    FetchForPeer,
     Fill,
     FillDone,
     FillOutcome,
     FillRetry,
     FollowPlan,
+    GroupChanged,
     KeepIn,
     Missed,
+    NextEpoch,
+    NextFetched,
+    NextPushed,
     Opened,
+    PeerAsked,
     PeerDown,
     PeerUp,
     Place,
@@ -64,6 +70,7 @@ from fusefs.readpath.policy import (
     Presume,
     Push,
     Pushed,
+    PushNext,
     ReadPolicy,
     ReadThrough,
     Released,
@@ -72,6 +79,7 @@ from fusefs.readpath.policy import (
     SeedTrusted,
     Stage,
     StageFetched,
+    StageNext,
     Tick,
     UseHeld,
     UsePages,
@@ -81,12 +89,14 @@ from fusefs.readpath.policy import (
 from fusefs.readpath.staging import Staging
 from fusefs.tiers import Budget, Tier
 from placement.cursor import CursorSettings, NodeCursor
+from placement.nextepoch import next_epoch_reads
 from placement.plan import Plan
 
 log = logging.getLogger(__name__)
 
 VIEW_INTERVAL = 0.01  # seconds between view recomputations in the cursor thread, at most 100/s
 TICK_INTERVAL = 0.5  # seconds between retries of what waits for room freed outside the policy
+LANE_INTERVAL = 0.25  # seconds between looks for a new epoch whose next epoch's reads to compute
 
 __all__ = ["CursorView", "Prefetcher"]
 
@@ -123,6 +133,8 @@ class Prefetcher:
         self._stage_scopes: dict[int, trio.CancelScope] = {}
         self.staging_fetches = 0
         self.fill_fetches = 0
+        self.next_fetches = 0
+        self._lane_for: tuple[int, int, int] | None = None  # (generation, node, epoch) of the last NextEpoch
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
         self.window_files = max(self.settings.window, 64)
@@ -152,6 +164,8 @@ class Prefetcher:
             RetryFillLater: self._retry_fill_later,
             Presume: self._presume,
             SeedInDoubt: self._seed_in_doubt,
+            StageNext: self._stage_next,
+            PushNext: self._push_next,
         }
         budget.reclaim = self._reclaim
         staging.carry_out = self._carry_out
@@ -248,6 +262,19 @@ class Prefetcher:
     def peer_up(self, node: int) -> None:
         self._handle(PeerUp(node))
 
+    def group_changed(self, seeds: tuple[int, ...], me: int) -> None:
+        """The daemon group's members (hashing seeds, in member order) and this daemon's index."""
+        self._handle(GroupChanged(seeds, me))
+
+    def reactive_owner(self, entry: int) -> int | None:
+        """The member to ask for ``entry`` under the group rule, or None: this node reads it itself."""
+        return self.policy.reactive_owner(entry)
+
+    def peer_asked(self, entry: int, nbytes: int, by_plan: bool) -> FetchForPeer | None:
+        """A peer asks for a file this node neither holds nor fetches: read it for them (and where to keep it)?"""
+        answer = self._handle(PeerAsked(entry, nbytes, by_plan))
+        return answer if isinstance(answer, FetchForPeer) else None
+
     # ------------------------------------------------------------------ instructions
 
     def _follow_plan(self, ins: FollowPlan) -> None:
@@ -311,12 +338,19 @@ class Prefetcher:
     def _retry_fill_later(self, ins: RetryFillLater) -> None:
         self.fetcher.spawn(self._fill_pause, ins)
 
+    def _stage_next(self, ins: StageNext) -> None:
+        self.fetcher.spawn(self._stage_next_one, ins)
+
+    def _push_next(self, ins: PushNext) -> None:
+        self.fetcher.spawn(self._push_next_one, ins)
+
     # ------------------------------------------------------------------ background work
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._cursor_loop)
             nursery.start_soon(self._tick_loop)
+            nursery.start_soon(self._lane_loop)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -431,6 +465,49 @@ class Prefetcher:
         if not scope.cancelled_caught:
             self._handle(StageFetched(entry, data))
 
+    async def _lane_loop(self) -> None:
+        """Once per epoch of a node in a group: what it reads next epoch and not this one (the policy's
+        next-epoch lane).  Computed in a worker thread under the cursor's lock: it builds epoch maps
+        (a permutation each at ImageNet scale) in the plan's shared cache, which the cursor uses too."""
+        while True:
+            await trio.sleep(LANE_INTERVAL)
+            policy, plan, view = self.policy, self.policy.plan, self.policy.view
+            if plan is None or plan.nodes < 2 or policy.mode != "predicting" or view.node is None:
+                continue
+            key = (policy.generation, view.node, view.epoch)
+            if key == self._lane_for:
+                continue
+            self._lane_for = key
+            try:
+                entries, ready = await trio.to_thread.run_sync(
+                    next_epoch_reads, plan, view.node, view.epoch, limiter=self._cursor_lock
+                )
+            except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
+                log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, view.epoch, exc)
+                continue
+            self._handle(NextEpoch(key[0], key[1], key[2] + 1, entries, ready))
+
+    async def _stage_next_one(self, ins: StageNext) -> None:
+        """A file for the next epoch, from a local tier or the peer holding it (never the PFS)."""
+        entry = ins.entry
+        data: bytes | None = None
+        try:
+            if ins.from_tier is not None:
+                data = await self.tiers[ins.from_tier].get(entry)
+            if data is None:
+                keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
+                data = await self.fetcher.start(entry, keep_in=keep, why="next", pfs=False).wait()
+                self.next_fetches += 1
+        except NotFromPeer:
+            pass
+        except Exception as exc:  # the reader's own open reports any error; the lane just skips it
+            log.debug("next-epoch stage of entry %d failed: %s", entry, exc)
+        self._handle(NextFetched(entry, data))
+
+    async def _push_next_one(self, ins: PushNext) -> None:
+        ok = await self.staging.push(ins.entry, ins.data)
+        self._handle(NextPushed(ins.entry, ok))
+
     async def _push_one(self, ins: Push) -> None:
         ok = await self.staging.push(ins.entry, ins.data)
         self._handle(Pushed(ins.entry, ok))
@@ -463,6 +540,7 @@ class Prefetcher:
             "unplanned_opens": policy.unplanned_opens,
             "staging_fetches": self.staging_fetches,
             "fill_fetches": self.fill_fetches,
+            "next_fetches": self.next_fetches,
             "fetches_inflight": len(self.fetcher.inflight),
             "window_files": self.window_files,
             "horizon_files": self.horizon_files,

@@ -1,0 +1,64 @@
+"""What a node reads next epoch that it does not read this epoch, and when a peer has each file.
+
+In a group each node reads one share of the dataset per epoch; next epoch it reads a different
+share, most of which other nodes read now.  Each such file is on the node holding it (its plan
+owner, who reads it first) from the moment that node's ranks get to it, and since ranks of a
+data-parallel job advance in step (every step ends in an allreduce), "the position this node's
+ranks reached" says which of those files its peers have by now.  The daemon fetches them from
+there ahead of the next epoch, never from the PFS (see :mod:`fusefs.readpath.policy`).
+
+Pure: plan arrays in, arrays out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from placement.plan import Plan
+
+I64 = npt.NDArray[np.int64]
+
+
+def first_epochs(plan: Plan, upto: int) -> dict[int, int]:
+    """Per dataset offset, the first job epoch (at most ``upto``) in which the job reads it."""
+    js = plan.job_streams()
+    first: dict[int, int] = {}
+    for e in range(upto + 1):
+        for d, _sampler_epoch in js.phases(e):
+            first.setdefault(d.offset, e)
+    return first
+
+
+def next_epoch_reads(plan: Plan, node: int, epoch: int) -> tuple[I64, I64]:
+    """(entries, ready_at) for ``node`` in job epoch ``epoch + 1``.
+
+    ``entries``: what ``node`` opens in epoch ``epoch + 1`` and none of its ranks opens in
+    ``epoch``, each once, in the order it opens them.  ``ready_at``: for each, the position of
+    ``epoch`` (in a rank's stream) from which the node holding it has it: where another rank first
+    reads it in ``epoch`` when the job reads its dataset for the first time then, else -1 (it was
+    read in an earlier epoch).  Files no node holds in its tiers (the plan gives them no owner), and
+    files of a dataset first read in ``epoch`` that nobody reads then, are left out: nobody could
+    serve them from a copy.
+    """
+    js = plan.job_streams()
+    ahead = js.node_stream(epoch + 1, node)
+    now = js.epoch_map(epoch)
+    mine = np.asarray(js.shape.ranks_of_node(node), dtype=np.int64)
+    gids = ahead[~np.isin(now.rank_of[ahead].astype(np.int64), mine)]
+    held = plan.owner()[gids] >= 0
+    gids = gids[held]
+    entries = plan.entry_of(gids).astype(np.int64)
+    _unique, first = np.unique(entries, return_index=True)
+    keep = np.sort(first)
+    gids, entries = gids[keep], entries[keep]
+    read_by = now.rank_of[gids].astype(np.int64)
+    position = now.pos_of[gids].astype(np.int64)
+    new_now = np.zeros(gids.shape[0], np.bool_)
+    starts = first_epochs(plan, epoch)
+    for d, _sampler_epoch in js.phases(epoch):
+        if starts.get(d.offset) == epoch:
+            new_now |= (gids >= d.offset) & (gids < d.offset + d.n)
+    ready = np.where(new_now, position, -1).astype(np.int64)
+    unread = new_now & (read_by < 0)  # read by nobody yet: no holder has it before the epoch starts
+    return entries[~unread], ready[~unread]

@@ -1,0 +1,194 @@
+"""Two seerfs nodes predict and prefetch as well as one, and never read a file from the PFS twice.
+
+Two daemons on this machine (own mountpoints, loopback addresses, a rendezvous directory), one
+emulated PFS under both, one real rank per node (ImageFolder + DataLoader workers +
+DistributedSampler, every sample checked against digests taken from the source before mounting).
+What the PFS served comes from the emulator's own counters; what each node will read next epoch
+is computed with torch's own DistributedSampler.
+
+* Whatever the job writes as its seed -- the right one, a wrong one, none -- the PFS serves each
+  file about once in all (<= 1.05x the dataset) while the group's tiers hold the dataset: with a
+  trusted plan each file's plan owner reads it, otherwise its owner under the group rule
+  (placement/owners.py), and everybody else gets it from that owner.
+* With the right seed each node stages, before the next epoch starts, the files it reads then and
+  did not read this epoch (they are on the other node): sampled from outside while the job runs,
+  the node's pushes of those files happened before its rank started that epoch, and during the
+  epoch the kernel sent the node almost no READ (every file was in its page cache at open).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e import Job, make_source, run_readers, wait_plan, write_seed
+from mounting import status
+from pfsemu_fixture import requires_fuse, running_pfsemu
+
+from tools.nodes import rendezvous_group
+
+pytestmark = [pytest.mark.mount, pytest.mark.torch, requires_fuse]
+
+TRAIN, VAL, MEAN = 600, 60, 20_000
+SEED = 1000  # the sampler's seed; far from the assumed 0 (seed + epoch would otherwise coincide)
+WRONG = 5000
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], int]:
+    root = tmp_path_factory.mktemp("pfs-multinode") / "data"
+    digests, total = make_source(root, TRAIN, VAL, mean_size=MEAN)
+    return root, digests, total
+
+
+@dataclass
+class Sample:
+    at: float
+    reads: int  # FUSE READ requests the kernel sent this node so far
+    next_pushed: int  # files this node pushed into its page cache for the next epoch so far
+    epoch: int | None
+
+
+@dataclass
+class Poller:
+    """Samples every node's status from outside while the job runs (the job itself is untouched)."""
+
+    mnts: list[Path]
+    samples: list[list[Sample]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Poller:
+        self.samples = [[] for _ in self.mnts]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for k, mnt in enumerate(self.mnts):
+                doc = status(mnt)
+                self.samples[k].append(
+                    Sample(
+                        time.time(),
+                        int(doc["reads"]["reads"]),
+                        int(doc["prefetch"]["staging"]["next_epoch"]["pushed"]),
+                        (doc.get("cursor") or {}).get("epoch"),
+                    )
+                )
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def last_before(self, k: int, t: float) -> Sample:
+        before = [s for s in self.samples[k] if s.at < t]
+        assert before, f"no status sample of node {k} before {t}"
+        return before[-1]
+
+
+@dataclass
+class Outcome:
+    results: list[dict[str, Any]]
+    docs: list[dict[str, Any]]
+    pfs_bytes: int
+    twice: list[str]  # files the PFS served more than their size
+    poller: Poller
+
+
+def run_job(
+    source: tuple[Path, dict[str, str], int], work: Path, job: Job, written: int | None, tier_share: float
+) -> Outcome:
+    """The job on two nodes; ``written``: the seed written to the mount before it starts (None: none)."""
+    root, digests, total = source
+    with (
+        running_pfsemu(root) as emu,
+        rendezvous_group(emu.mountpoint, work, job, tier_bytes=int(total * tier_share), n=2) as mnts,
+    ):
+        if written is not None:
+            write_seed(mnts[0], written)  # written on one node, planned on both
+            for mnt in mnts:
+                wait_plan(mnt, written)
+        with Poller(mnts) as poller:
+            results = run_readers(mnts, job, digests, work / "run")
+        docs = [status(m) for m in mnts]
+        stats = emu.counters(files=True)
+    sizes = {rel: (root / rel).stat().st_size for rel in digests}
+    twice = sorted(rel for rel, c in stats.files.items() if rel in sizes and c.bytes > sizes[rel])
+    return Outcome(results, docs, stats.bytes, twice, poller)
+
+
+def check_bytes(out: Outcome, total: int) -> None:
+    assert all(not r["bad"] for r in out.results), [r["bad"][:3] for r in out.results]
+    assert all(r["samples"] > 0 for r in out.results)
+    ratio = out.pfs_bytes / total
+    assert ratio <= 1.05, f"PFS served {ratio:.3f}x the dataset; read more than once: {out.twice[:10]}"
+
+
+def new_next_epoch(job: Job, rank: int, epoch: int) -> set[int]:
+    """Training indices ``rank`` reads in ``epoch`` + 1 and not in ``epoch``, by torch's own sampler."""
+    from indices import Indices
+    from torch.utils.data import DistributedSampler
+
+    def read(e: int) -> set[int]:
+        s: Any = DistributedSampler(Indices(TRAIN), num_replicas=job.world_size, rank=rank, seed=job.seed)
+        s.set_epoch(e)
+        return set(s)
+
+    return read(epoch + 1) - read(epoch)
+
+
+@pytest.mark.parametrize(
+    ("case", "written"), [("right seed", SEED), ("wrong seed", WRONG), ("no seed", None)], ids=lambda x: str(x)
+)
+def test_the_pfs_serves_each_file_once_whatever_the_seed(
+    tmp_path: Path, source: tuple[Path, dict[str, str], int], case: str, written: int | None
+) -> None:
+    """Tiers of 0.75x the dataset per node (1.5x in the group): without a trusted plan neither node
+    could keep the dataset alone, and each file still comes from the PFS once."""
+    job = Job(world_size=2, epochs=3, batch_size=16, num_workers=2, seed=SEED)
+    out = run_job(source, tmp_path, job, written, tier_share=0.75)
+    modes = [d["prefetch"]["mode"] for d in out.docs]
+    print(f"{case}: PFS {out.pfs_bytes / source[2]:.3f}x, modes {modes}, read twice {len(out.twice)}")
+    check_bytes(out, source[2])
+    if written == SEED:
+        assert modes == ["predicting", "predicting"], modes
+    else:
+        assert all(m != "predicting" for m in modes), modes  # the rule, not a plan, decided
+        assert all(int(d["reads"]["by_source"]["peer"]["files"]) > 0 for d in out.docs)
+
+
+def test_each_node_stages_the_next_epochs_files_from_its_peer_before_that_epoch(
+    tmp_path: Path, source: tuple[Path, dict[str, str], int]
+) -> None:
+    job = Job(world_size=2, epochs=3, batch_size=16, num_workers=2, seed=SEED)
+    out = run_job(source, tmp_path, job, SEED, tier_share=2.2)
+    check_bytes(out, source[2])
+    for rank, result in enumerate(out.results):  # rank k reads through node k's mount
+        new = new_next_epoch(job, rank, 0)
+        start1 = result["epochs"][1]["start"]
+        start2 = result["epochs"][2]["start"]
+        before = out.poller.last_before(rank, start1)
+        assert before.epoch in (0, None) or before.epoch == 0, before
+        # The next epoch's files the node did not read in epoch 0 were pushed before epoch 1 began
+        # (only what the other node reached in the last moments of epoch 0 may still be missing).
+        assert before.next_pushed >= 0.8 * len(new), (before.next_pushed, len(new))
+        # And during epoch 1 the kernel hardly asked: the files were in the page cache at open.
+        during = out.poller.last_before(rank, start2).reads - before.reads
+        print(f"node {rank}: {before.next_pushed} of {len(new)} new files pushed before epoch 1, {during} READs in it")
+        assert during <= 0.1 * len(new), (during, len(new))
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_group(tmp_path: Path) -> Iterator[None]:
+    yield
+    from mounting import fuse_mounts
+
+    assert fuse_mounts(tmp_path) == []

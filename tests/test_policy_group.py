@@ -1,0 +1,258 @@
+"""The read policy in a daemon group, by events (no I/O): the group rule's owners while no plan is
+trusted, and the lane that stages the next epoch's files from peers before that epoch starts.
+
+The plans are real (the planner over the small tree of ``tests/test_policy.py``); the owner rule
+and the next epoch's reads are the pure functions the daemon uses (:mod:`placement.owners`,
+:mod:`placement.nextepoch`), checked here against the plan's own streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from test_policy import Held, Setup, build, make_tree, staged
+
+from fusefs.readpath.policy import (
+    CursorView,
+    DropCopy,
+    FetchForPeer,
+    Fill,
+    FillDone,
+    GroupChanged,
+    Instruction,
+    KeepIn,
+    Missed,
+    NextEpoch,
+    NextFetched,
+    NextPushed,
+    Opened,
+    PeerAsked,
+    PushNext,
+    StageNext,
+    UsePages,
+    ViewPublished,
+    entries_due,
+)
+from placement.nextepoch import next_epoch_reads
+from placement.owners import member_seed, owner, owners
+from placement.plan import Plan
+
+SEEDS = (member_seed("node-a@127.0.0.1:4000"), member_seed("node-b@127.0.0.2:4000"))
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, npt.NDArray[np.int64]]:
+    return build(make_tree(tmp_path_factory.mktemp("group") / "src"), 2)
+
+
+# ---------------------------------------------------------------------------- the owner rule
+
+
+def test_every_entry_has_one_owner_that_every_member_computes_alike() -> None:
+    entries = np.arange(20_000)
+    seeds = [member_seed(f"host{k}-{k * 7}@10.0.0.{k}:700{k}") for k in range(4)]
+    got = owners(entries, seeds)
+    shuffled = owners(entries, seeds[::-1])  # another node may list the members in another order
+    assert (np.asarray(seeds)[got] == np.asarray(seeds[::-1])[shuffled]).all()
+    counts = np.bincount(got, minlength=4)
+    assert counts.min() > 0.9 * 5_000 and counts.max() < 1.1 * 5_000, counts  # an even spread
+    assert owner(123, seeds) == got[123]
+    assert (owners(entries, seeds[:1]) == 0).all() and (owners(entries, []) == -1).all()
+
+
+def test_a_member_joining_or_leaving_moves_only_its_share() -> None:
+    entries = np.arange(20_000)
+    seeds = [member_seed(f"m{k}") for k in range(4)]
+    before = np.asarray(seeds)[owners(entries, seeds)]
+    joined = [*seeds, member_seed("m4")]
+    after = np.asarray(joined)[owners(entries, joined)]
+    moved = before != after
+    assert (after[moved] == joined[4]).all()  # files move only to the newcomer ...
+    assert 0.15 < moved.mean() < 0.25, moved.mean()  # ... about a fifth of them
+    left = [s for s in seeds if s != seeds[1]]
+    without = np.asarray(left)[owners(entries, left)]
+    assert (without[before != seeds[1]] == before[before != seeds[1]]).all()  # only its own files move
+
+
+def group_of(two_nodes: tuple[Plan, npt.NDArray[np.int64]], me: int, reactive: int) -> Setup:
+    s = Setup(*two_nodes, reactive=reactive)
+    s.do(GroupChanged(SEEDS, me))
+    return s
+
+
+def test_members_split_the_files_and_each_keeps_its_own_first(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """No plan: each file is owned by one of the two members, each member asks the other for the other's
+    files, and a member's reactive tiers keep every file it owns before any copy of another's."""
+    files = Setup(*two_nodes).files
+    owned = {me: [e for e in files if group_of(two_nodes, me, 0).policy.owns(e)] for me in (0, 1)}
+    assert sorted(owned[0] + owned[1]) == sorted(files) and owned[0] and owned[1]
+    mine_bytes = sum(int(two_nodes[1][e]) for e in owned[0])
+    s = group_of(two_nodes, 0, reactive=mine_bytes + 3_000)
+    assert all(s.policy.reactive_owner(e) is None for e in owned[0])
+    assert all(s.policy.reactive_owner(e) == 1 for e in owned[1])
+    kept: list[int] = []
+    for e in owned[1] + owned[0]:  # the other's files first: they must not crowd out this node's own
+        out = s.do(Missed(e, s.size(e)))
+        kept += [i.entry for i in out if isinstance(i, KeepIn)]
+        assert not any(isinstance(i, DropCopy) for i in out)
+    assert set(owned[0]) <= set(kept)
+    assert sum(s.size(e) for e in kept if e in owned[1]) <= 3_000
+
+
+def test_alone_the_reactive_policy_is_unchanged(two_nodes: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    s = Setup(*two_nodes, reactive=3_000)
+    s.do(GroupChanged(SEEDS[:1], 0))
+    assert all(s.policy.owns(e) and s.policy.reactive_owner(e) is None for e in s.files)
+    a, b, c = s.by_size()[:3]
+    assert s.do(Missed(a, s.size(a))) == [KeepIn(a, 0)]
+    assert s.do(Missed(b, s.size(b))) == [KeepIn(b, 0)]
+    assert s.do(Missed(c, s.size(c))) == []  # as in test_policy: full, and c leads nobody by two reads
+
+
+def test_a_peer_is_served_a_pfs_read_only_by_the_files_one_owner(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = group_of(two_nodes, 0, reactive=100_000)
+    mine = next(e for e in s.files if s.policy.owns(e))
+    theirs = next(e for e in s.files if not s.policy.owns(e))
+    assert s.do(PeerAsked(mine, s.size(mine), by_plan=False)) == [FetchForPeer(mine, 0)]  # read and kept
+    assert s.do(PeerAsked(theirs, s.size(theirs), by_plan=False)) == []  # not this node's to read
+    assert s.do(PeerAsked(mine, s.size(mine), by_plan=True)) == []  # asked as the plan's owner: no plan
+    s.follow()
+    view = CursorView("tracking", 0, 0, {}, ())
+    s.do(ViewPublished(view, [], s.policy.generation))
+    planned = next(e for e in s.files if s.policy.planned_tier(e) is not None)
+    assert s.do(PeerAsked(planned, s.size(planned), by_plan=True)) == [FetchForPeer(planned, 0)]
+
+
+def test_a_wrong_plans_fill_reads_the_pfs_only_for_what_this_node_owns_by_the_rule(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """A trusted plan whose opens do not follow (a wrong seed) keeps filling its tiers, but once the
+    readers are found not to follow it, only files this node owns under the group rule come from the
+    PFS: the others are asked of their owner, who every node asks too."""
+    s = group_of(two_nodes, 0, reactive=100_000)
+    s.follow()
+    gen = s.policy.generation
+    first = [i for i in s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], gen)) if isinstance(i, Fill)]
+    assert first
+    out = s.do(ViewPublished(CursorView("mismatch", None, 0, {}, ()), [], gen))
+    assert s.policy.mode == "reactive"
+    pending = first + [i for i in out if isinstance(i, Fill)]
+    later: list[Fill] = []
+    while pending:
+        f = pending.pop(0)
+        out = s.do(FillDone(f.entry, f.tier, "stored", gen))
+        new = [i for i in out if isinstance(i, Fill)]
+        later += new
+        pending += new
+    assert later
+    assert all(f.from_pfs == s.policy.owns(f.entry) for f in later)
+    assert any(f.from_pfs for f in later) and any(not f.from_pfs for f in later)
+
+
+# ---------------------------------------------------------------------------- the next epoch's lane
+
+
+def test_next_epoch_reads_are_what_the_node_reads_then_and_not_now(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    plan = two_nodes[0]
+    js = plan.job_streams()
+    now, ahead = js.epoch_map(0), js.node_stream(1, 0)
+    mine = set(js.shape.ranks_of_node(0))
+    expected = [g for g in dict.fromkeys(ahead.tolist()) if int(now.rank_of[g]) not in mine]
+    entries, ready = next_epoch_reads(plan, 0, 0)
+    assert entries.tolist() == plan.entry_of(np.asarray(expected, dtype=np.int64)).tolist()
+    assert ready.tolist() == [int(now.pos_of[g]) for g in expected]  # where the other node reads it now
+    assert all(int(now.rank_of[g]) >= 0 and int(now.rank_of[g]) not in mine for g in expected)
+    _entries, later = next_epoch_reads(plan, 0, 1)
+    assert (later == -1).all()  # from the second epoch on the holders have every file already
+
+
+def tracking(s: Setup, position: int, epoch: int = 0, order: Sequence[int] = ()) -> list[Instruction]:
+    status = {"rank_positions": {"0": [epoch, position]}}
+    view = CursorView("tracking", 0, epoch, entries_due(order), s.policy.stage_list(list(order)), status)
+    return s.do(ViewPublished(view, [], s.policy.generation))
+
+
+def lane(s: Setup) -> tuple[list[int], list[int]]:
+    entries, ready = next_epoch_reads(s.plan, 0, 0)
+    s.do(NextEpoch(s.policy.generation, 0, 1, entries, ready))
+    return entries.tolist(), ready.tolist()
+
+
+def next_stages(out: list[Instruction]) -> list[StageNext]:
+    return [i for i in out if isinstance(i, StageNext)]
+
+
+def test_the_next_epochs_files_are_staged_as_their_holders_get_them_in_the_order_of_use(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*two_nodes, budget=40_000)
+    s.follow()
+    tracking(s, 0)
+    entries, ready = lane(s)
+    assert len(entries) >= 4
+    assert next_stages(tracking(s, 0)) == []  # nothing is on the other node yet
+    cut = sorted(ready)[3] + 1  # the first four are on the other node by then
+    released = [e for e, r in zip(entries, ready, strict=True) if r < cut]
+    out = tracking(s, cut)
+    assert [i.entry for i in next_stages(out)] == released  # in the order of use, four slots
+    assert all(i.from_tier is None for i in next_stages(out))  # from the peer: no local copy
+    a = released[0]
+    data = b"a" * s.size(a)
+    assert s.do(NextFetched(a, data)) == [PushNext(a, data)]
+    s.do(NextPushed(a, ok=True))
+    assert s.policy.kept[a] == s.size(a) and s.policy.next_pushed == 1  # a kept page now
+    assert UsePages(a) in s.do(Opened(a))  # next epoch's open finds it in the page cache
+    b = released[1]
+    s.do(NextFetched(b, None))  # no peer held it: the window will stage it in order
+    assert b not in s.policy.next_pages and s.policy.next_later == 1
+    assert s.budget.used == s.policy.held_bytes()
+
+
+def test_a_file_in_a_local_tier_is_staged_from_it_and_the_lane_never_takes_the_windows_room(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    entries, ready = next_epoch_reads(two_nodes[0], 0, 0)
+    local = entries[0]  # the first the node reads next epoch
+    tier = Held("memory", {local: int(two_nodes[1][local])})
+    window = 6_000
+    s = Setup(*two_nodes, budget=window + int(two_nodes[1][local]), window=window, tiers=[tier])
+    s.follow()
+    tracking(s, 0)
+    lane(s)
+    out = tracking(s, max(ready) + 1)
+    stages = next_stages(out)
+    assert [i.entry for i in stages] == [local] and stages[0].from_tier == 0  # room for one file past the window
+    assert s.budget.limit - s.budget.used >= window  # the window's whole allowance is still free
+    order = [e for e in s.files if e != local][:3]
+    assert staged(tracking(s, max(ready) + 1, order=order)) == order[:2]  # the window stages as it would alone
+
+
+def test_the_lane_ends_when_its_epoch_begins_or_the_plan_is_not_followed(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*two_nodes, budget=40_000)
+    s.follow()
+    tracking(s, 0)
+    lane(s)
+    assert s.policy._lane is not None
+    assert next_stages(tracking(s, 0, epoch=1)) == [] and s.policy._lane is None
+    lane(s)  # a NextEpoch for epoch 1 while epoch 1 is under way: ignored at once
+    assert s.policy._lane is None
+    s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], s.policy.generation))
+    lane(s)
+    s.do(ViewPublished(CursorView("mismatch", None, 0, {}, ()), [], s.policy.generation))
+    assert s.policy._lane is None
+    old = s.policy.generation
+    s.follow()
+    entries, ready = next_epoch_reads(s.plan, 0, 0)
+    s.do(NextEpoch(old, 0, 1, entries, ready))  # computed for the plan just replaced
+    assert s.policy._lane is None
