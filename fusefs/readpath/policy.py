@@ -42,14 +42,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
-from placement.cursor import CursorState
+from placement.cursor import CursorState, CursorStatus
 from placement.plan import Plan
 from placement.reactive import StaticFrequencySet
+from placement.statusfields import counter, gauge, state
 
 Mode = Literal["reactive", "detecting", "predicting"]
 """reactive: no plan can be trusted; detecting: a plan, waiting for opens to place this node;
@@ -80,11 +81,29 @@ class Charges(Protocol):
 class TierView(Protocol):
     """What the policy asks a tier: membership only (a tier's own index, no I/O)."""
 
-    kind: str
+    @property
+    def kind(self) -> str: ...
 
     def contains(self, entry: int) -> bool: ...
     def size_of(self, entry: int) -> int | None: ...
     def entries(self) -> list[int]: ...
+
+
+class WindowStatus(TypedDict):
+    """The staging window and the page cache, as the policy accounts them."""
+
+    mode: Annotated[StagingMode, state("page_cache: staged files are pushed into the page cache; memory: held in RAM")]
+    limit_bytes: Annotated[int, gauge("bytes the staging window may hold")]
+    staged_bytes: Annotated[int, gauge("bytes staged for coming opens")]
+    staged_files: Annotated[int, gauge("files staged for coming opens")]
+    page_cache_bytes: Annotated[
+        int, gauge("pages the mount holds in the kernel page cache, pushed or pulled by readers")
+    ]
+    kept_files: Annotated[int, gauge("files read already whose pages stay cached while the budget has room")]
+    kept_bytes: Annotated[int, gauge("bytes of those files")]
+    reused: Annotated[int, counter("opens served by pages kept from an earlier read", metric="reused_opens")]
+    uncached_opens: Annotated[int, counter("opens served with direct_io because the memory budget was full")]
+    unused: Annotated[int, counter("staged files dropped before any open used them", metric="unused_files")]
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -99,7 +118,7 @@ class CursorView:
     epoch: int = 0
     due: Mapping[int, int] = field(default_factory=dict)  # entry -> first position in the predicted horizon
     stage: tuple[int, ...] = ()  # what to stage next, in order (not held already, fits the window)
-    status: dict[str, Any] = field(default_factory=dict)
+    status: CursorStatus | None = None  # the cursor's status section, computed with the view
     predicted: int = 0  # opens of this batch the plan predicted
     fresh: bool = True  # False: the horizon was carried over from the last view (nobody moved a step)
     upcoming: tuple[int, ...] = ()  # the horizon's entries in predicted read order (what revalidation checks first)
@@ -1025,7 +1044,7 @@ class ReadPolicy:
         """Bytes the policy charges to the budget: the window, readers' pages and kept pages."""
         return self.staged_bytes + self.cached_bytes + self.kept_bytes
 
-    def staging_status(self) -> dict[str, Any]:
+    def staging_status(self) -> WindowStatus:
         return {
             "mode": self.settings.staging_mode,
             "limit_bytes": self.staging_limit,
