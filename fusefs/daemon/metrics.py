@@ -155,7 +155,9 @@ class MetricsExporter:
         if self._server is None:
             return
         self._token = trio.lowlevel.current_trio_token()
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="metrics-http", daemon=True
+        )
         self._thread.start()
         log.info("metrics: serving %s", self._url())
 
