@@ -256,6 +256,17 @@ class PeersConfig:
     spread: bool = doc("assign every file an owner when aggregate storage allows", True)
 
 
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = doc("serve Prometheus metrics (GET /metrics over HTTP), generated from the status document", False)
+    bind: str = doc(
+        "address or interface name the metrics endpoint binds to (anyone who can reach it reads the "
+        "daemon's status: keep it on loopback or a management network)",
+        "127.0.0.1",
+    )
+    port: int = doc("metrics port (0: any free port; status metrics.port shows the one bound)", 9477)
+
+
 def _default_pfs_table() -> ThroughputTable:
     return {1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0}
 
@@ -320,6 +331,7 @@ class Config:
     prefetch: PrefetchConfig = doc("staging window", factory=PrefetchConfig)
     peers: PeersConfig = doc("the daemon group and its data plane", factory=PeersConfig)
     model: ModelConfig = doc("performance-model parameters (NoPFS section 4)", factory=ModelConfig)
+    metrics: MetricsConfig = doc("the Prometheus endpoint (seerfs-control(7), METRICS)", factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested mapping (the form ``placement`` takes and ``.control/config`` shows)."""
@@ -471,6 +483,8 @@ def check(cfg: Config) -> Config:
         raise ConfigError(f"control_owner: expected a uid (0 or more), got {cfg.control_owner}")
     if not 0 <= cfg.peers.port <= 65535:
         raise ConfigError(f"peers.port: expected 0..65535, got {cfg.peers.port}")
+    if not 0 <= cfg.metrics.port <= 65535:
+        raise ConfigError(f"metrics.port: expected 0..65535, got {cfg.metrics.port}")
     for i, item in enumerate(cfg.peers.static):
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:

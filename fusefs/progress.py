@@ -15,13 +15,46 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any, TextIO
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal, TextIO, TypedDict
+
+from placement.statusfields import gauge, state, text
 
 LOG_INTERVAL_S = 10.0
 """Without a terminal (a log, a batch job's output), one progress line at most this often."""
 TTY_REFRESH_S = 0.2
 """With a terminal, how often the refreshing line is redrawn."""
+
+
+ProgressState = Literal["idle", "running", "done", "failed"]
+
+
+class ProgressDoc(TypedDict):
+    """One long task (status field ``progress``; the start record's ``progress`` too)."""
+
+    task: Annotated[str, text("walk, plan or start")]
+    state: Annotated[ProgressState, state("idle, running, done or failed")]
+    phase: Annotated[str, text("what it does now (e.g. walking, planning)")]
+    detail: Annotated[str, text("e.g. the seed, or that a persisted snapshot was reused")]
+    done: Annotated[int, gauge("units done; for a finished plan, its files")]
+    total: Annotated[
+        int | None,
+        gauge(
+            "units expected, when knowable (a walk expects the entries of the persisted snapshot of the "
+            "same source, even a stale one); null otherwise"
+        ),
+    ]
+    unit: Annotated[str, text("what done and total count (entries, files, steps)")]
+    elapsed_s: Annotated[float, gauge("seconds since it started (until it ended)")]
+    rate: Annotated[float | None, gauge("units per second, while counted as the work goes; null otherwise")]
+    eta_s: Annotated[
+        float | None,
+        gauge(
+            "seconds left, when knowable: from total and rate, or for a plan from the last plan built "
+            "for this mountpoint, scaled by files; null otherwise"
+        ),
+    ]
+    line: Annotated[str, text("the sentence seerfs mount, seerfs wait and seerfs status print")]
 
 
 def _count(n: float) -> str:
@@ -47,7 +80,7 @@ class Progress:
         self.task = task
         self.unit = unit
         self._lock = threading.Lock()
-        self.state = "idle"  # idle | running | done | failed
+        self.state: ProgressState = "idle"
         self.phase = ""
         self.detail = ""
         self.done = 0
@@ -79,7 +112,7 @@ class Progress:
             self.done += n
             self.counted = True
 
-    def finish(self, state: str = "done", done: int | None = None, detail: str | None = None) -> None:
+    def finish(self, state: ProgressState = "done", done: int | None = None, detail: str | None = None) -> None:
         with self._lock:
             if not self.started:
                 self.started = time.monotonic()
@@ -89,12 +122,19 @@ class Progress:
             if detail is not None:
                 self.detail = detail
 
-    def doc(self) -> dict[str, Any]:
+    def doc(self) -> ProgressDoc:
         """The JSON-able view (status field ``progress``, seerfs-control(7))."""
         with self._lock:
             now = self.ended if self.ended is not None else time.monotonic()
             elapsed = max(0.0, now - self.started) if self.started else 0.0
-            doc: dict[str, Any] = {
+            rate = round(self.done / elapsed, 1) if elapsed > 0 and self.counted and self.done else None
+            eta: float | None = None
+            if self.state == "running":
+                if self.total is not None and rate and self.done < self.total:
+                    eta = round((self.total - self.done) / rate, 1)
+                elif self.expected_s is not None:
+                    eta = round(max(0.0, self.expected_s - elapsed), 1)
+            doc: ProgressDoc = {
                 "task": self.task,
                 "state": self.state,
                 "phase": self.phase,
@@ -103,20 +143,15 @@ class Progress:
                 "total": self.total,
                 "unit": self.unit,
                 "elapsed_s": round(elapsed, 3),
-                "rate": round(self.done / elapsed, 1) if elapsed > 0 and self.counted and self.done else None,
-                "eta_s": None,
+                "rate": rate,
+                "eta_s": eta,
+                "line": "",
             }
-            if self.state == "running":
-                rate = doc["rate"]
-                if self.total is not None and rate and self.done < self.total:
-                    doc["eta_s"] = round((self.total - self.done) / rate, 1)
-                elif self.expected_s is not None:
-                    doc["eta_s"] = round(max(0.0, self.expected_s - elapsed), 1)
         doc["line"] = describe(doc)
         return doc
 
 
-def describe(doc: dict[str, Any]) -> str:
+def describe(doc: Mapping[str, Any]) -> str:
     """One line a person reads: what runs, how far, how fast, how long is left (when knowable)."""
     task, unit, done = doc.get("task", "?"), doc.get("unit", ""), doc.get("done", 0)
     detail = f" ({doc['detail']})" if doc.get("detail") else ""
@@ -146,7 +181,7 @@ def describe(doc: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def current_line(tasks: dict[str, Any]) -> str:
+def current_line(tasks: Mapping[str, Any]) -> str:
     """The line of the task under way among ``tasks`` (name -> :meth:`Progress.doc`): the last one
     running, else the last one listed."""
     docs = [d for d in tasks.values() if isinstance(d, dict)]

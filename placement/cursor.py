@@ -68,7 +68,7 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -84,6 +84,7 @@ from placement.samplers import (
     varies_by_epoch,
 )
 from placement.shapeprobe import ShapeFit, probe_shapes
+from placement.statusfields import counter, gauge, state, text
 from placement.streams import EpochInverse, JobShape, Streams
 
 CursorState = Literal["detecting", "presumed", "tracking", "mismatch"]
@@ -97,6 +98,101 @@ Mode = Literal["unknown", "advance", "repeat"]
 """How a dataset's next pass relates to the last: ``advance`` (set_epoch: epoch + 1), ``repeat``
 (the same sampler epoch again: no set_epoch).  Samplers that do not shuffle need neither."""
 Anchor = Literal["start", "anywhere"]
+
+
+class DatasetCursorStatus(TypedDict):
+    """One dataset of the job, followed on its own."""
+
+    dataset: Annotated[int, text("the dataset's index in the configuration")]
+    lead: Annotated[bool, text("whether it is the lead dataset")]
+    state: Annotated[DatasetState, state("idle (no opens yet), detecting, presumed, tracking or mismatch")]
+    sampler: Annotated[
+        str,
+        text(
+            "the sampler the opens showed, e.g. distributed(shuffle=False) for a validation set read "
+            "through DistributedSampler(shuffle=False), or sequential when every rank reads it all"
+        ),
+    ]
+    mode: Annotated[Mode, state("advance: set_epoch; repeat: the same order every pass; unknown")]
+    epoch: Annotated[int | None, gauge("the job epoch its ranks are in (null before any)")]
+    sampler_epoch: Annotated[int | None, gauge("the sampler's epoch its ranks are in (null before any)")]
+    rank_positions: Annotated[
+        dict[str, list[int]], text("per rank: job epoch, first unconsumed and highest read position + 1")
+    ]
+    passes: Annotated[int, gauge("passes of it seen (validation sets), under this plan")]
+    opens: Annotated[int, gauge("opens of it under this plan")]
+    hits: Annotated[int, gauge("of those, opens predicted (withdrawn when a presumption is refuted)")]
+    plan_opens: Annotated[int, gauge("opens under this plan")]
+    plan_hits: Annotated[int, gauge("hits under this plan")]
+    locks: Annotated[int, gauge("times its position was locked from opens")]
+    lock_opens: Annotated[int | None, gauge("opens the last lock looked at (null before one)")]
+    strays: Annotated[int, gauge("opens not predicted since the last lock")]
+    searches: Annotated[int, gauge("searches of the plan for the opens' position")]
+    epochs_searched: Annotated[int, gauge("epochs those searches looked at")]
+    every_steps: Annotated[int | None, gauge("a pass every this many lead steps, as learned (null: lead, unknown)")]
+    every_epochs: Annotated[
+        int | None, gauge("a pass after every this many lead epochs, as learned (null: lead, unknown)")
+    ]
+    mismatch_reason: Annotated[str | None, text("why its opens fit no position of the plan, or null")]
+    mismatch_kind: Annotated[
+        MismatchKind | None, text("wrong_seed, wrong_shape (the opens fit another job shape) or unpredictable; null")
+    ]
+
+
+class EpochHits(TypedDict):
+    epoch: Annotated[int, text("lead epoch")]
+    opens: Annotated[int, text("opens in it, every dataset's opens counted in the lead epoch under way")]
+    hits: Annotated[int, text("of those, predicted")]
+
+
+class CursorStatus(TypedDict):
+    """Status section ``cursor``: where this node's ranks are in the predicted streams."""
+
+    state: Annotated[
+        CursorState,
+        state("detecting; presumed: predicting before opens proved it; tracking; mismatch"),
+    ]
+    node: Annotated[int | None, gauge("this node's index in the job, inferred from the opens (null: not yet)")]
+    epoch: Annotated[
+        int,
+        gauge(
+            "the lead's epoch, also past the configured job.epochs (which only bounds planning); its pass "
+            "count when the job does not call set_epoch"
+        ),
+    ]
+    step: Annotated[int, gauge("batches into the epoch")]
+    ranks: Annotated[list[int], text("the training ranks this node hosts")]
+    rank_positions: Annotated[dict[str, list[int]], text("per rank: epoch and first unconsumed position")]
+    opens: Annotated[
+        int, counter("opens the cursor saw, over every plan of the mount: a rewritten seed does not reset them")
+    ]
+    hits: Annotated[
+        int, gauge("of those, opens it predicted (hits a presumption made are withdrawn when opens refute it)")
+    ]
+    hit_rate: Annotated[float, gauge("hits / opens: the prediction hit ratio", unit="ratio", metric="hit_ratio")]
+    plan_opens: Annotated[int, gauge("opens under the current plan")]
+    plan_hits: Annotated[int, gauge("hits under the current plan")]
+    plans: Annotated[int, gauge("plans this mount's cursor has followed")]
+    mismatch: Annotated[
+        bool,
+        gauge(
+            "the opens fit no epoch, node or position of the plan (wrong seed or an unmodelled sampler): "
+            "the daemon falls back to its reactive policy"
+        ),
+    ]
+    mismatch_reason: Annotated[str | None, text("why, or null")]
+    mismatch_kind: Annotated[MismatchKind | None, text("wrong_seed, wrong_shape or unpredictable; null")]
+    first_mismatch_open: Annotated[int | None, text("the open at which a mismatch was first declared")]
+    detect_opens: Annotated[int | None, text("how many opens the lead's last lock looked at")]
+    lead: Annotated[
+        int,
+        text("the lead dataset's index: the largest that follows no other (the training set) gives the epoch"),
+    ]
+    datasets: Annotated[
+        list[DatasetCursorStatus], text("per dataset", label="dataset", key="dataset", metric="dataset")
+    ]
+    history: Annotated[list[EpochHits], text("per lead epoch, also past the planned epochs")]
+
 
 FALSE_LOCK = 1e-6
 """Accepted chance that opens of another order (wrong seed, epoch or node) are taken for this one."""
@@ -665,7 +761,7 @@ class DatasetCursor:
 
     # ---- status ---------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DatasetCursorStatus:
         cur = self.cur
         lead = cur.lead == self.d
         return {
@@ -1607,7 +1703,7 @@ class NodeCursor:
 
     # ---- status ---------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> CursorStatus:
         """What the cursor knows, JSON-able.
 
         Counters: ``opens``/``hits`` over every plan of the mount, ``plan_opens``/``plan_hits``
@@ -1617,7 +1713,7 @@ class NodeCursor:
         """
         lead = self.datasets[self.lead]
         positions = [t.low for t in lead.tracks if t.job_epoch == self.epoch]
-        history = [{"epoch": e, "opens": o, "hits": h} for e, (o, h) in sorted(self.history.items())]
+        history: list[EpochHits] = [{"epoch": e, "opens": o, "hits": h} for e, (o, h) in sorted(self.history.items())]
         return {
             "state": self.state,
             "node": self.node,

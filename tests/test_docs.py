@@ -1,4 +1,4 @@
-"""README, --help and man pages agree: every command, option and config key is documented."""
+"""README, --help and man pages agree: every command, option, config key, status field and metric is documented."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 from fusefs.cli.main import build_parser
+from fusefs.daemon import schema
+from fusefs.daemon.status import StatusDocument, StatusSections
 from tools import genman
 from tools.genman import documented_actions, tool_parsers
 
@@ -14,8 +16,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_generated_man_pages_are_current() -> None:
+    """seerfs-control(7) included: its status fields and metrics come from the status types."""
     stale = [name for name, make in genman.PAGES.items() if (ROOT / "man" / name).read_text() != make()]
     assert not stale, f"run tools/genman: stale {stale}"
+
+
+def test_readme_lists_every_metric_as_generated() -> None:
+    assert (ROOT / "README.md").read_text() == genman.readme_text(), "run tools/genman: README's metric list is stale"
+    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "man" / "seerfs-control.7").read_text()
+    for spec in schema.metric_specs(StatusDocument).values():
+        assert f"`{spec.exposed}" in readme, spec.exposed
+        assert f".B {genman.esc(spec.exposed)}" in page, spec.exposed
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -49,7 +61,10 @@ def test_readme_names_every_tool_option() -> None:
                     assert opt in text, f"README does not mention tools/{name} {opt}"
 
 
-def test_control_page_documents_every_status_section() -> None:
+def test_control_page_documents_every_status_section_and_field() -> None:
     page = (ROOT / "man" / "seerfs-control.7").read_text()
-    for section in ("snapshot", "seed", "reads", "plan", "cursor", "prefetch", "memory_budget", "tiers", "progress"):
-        assert f".B {section}\n" in page, section
+    for section in StatusSections.__annotations__:
+        assert f".SS {genman.esc(section)}\n" in page, section
+    for item in schema.walk(StatusDocument):
+        if item.path not in StatusSections.__annotations__:  # a section is a .SS heading
+            assert f".B {genman.esc(item.path)}\n" in page, item.path

@@ -17,7 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("placement", "fusefs", "fusefs.errors", "fusefs.progress"),
+    ("placement",),
+    ("fusefs", "fusefs.errors", "fusefs.progress"),
     ("fusefs.config", "fusefs.mountinfo"),
     ("fusefs.meta",),
     ("fusefs.tiers", "fusefs.planning"),

@@ -253,7 +253,7 @@ def seerfs_nodes_run(emu: RunningEmulator, work: Path, job: Job, total: int, nod
 
 def opens_by_source(reads: dict[str, Any]) -> dict[str, int]:
     """Where each open was served from; opens that had to wait for a fetch of their own are "fetched"."""
-    served = {k: int(reads["by_source"][k]["files"]) for k in OPEN_SOURCES}
+    served: dict[str, int] = {k: int(reads["by_source"][k]["files"]) for k in OPEN_SOURCES}
     served["fetched"] = int(reads["opens"]) - sum(served.values())
     return {k: v for k, v in served.items() if v}
 

@@ -1,23 +1,31 @@
-"""Generate man/seerfs.1, man/seerfs.yaml.5 and man/seerfs-tools.7 from the argparse parsers and the config schema.
+"""Generate the man pages from the argparse parsers, the config schema and the status types.
 
-Why generated: the commands, options, exit codes and config keys then cannot drift between
-``--help``, ``seerfs config --defaults`` and the man pages; tests/test_docs.py fails when the
-committed pages are stale (run ``tools/genman`` to refresh them).
+man/seerfs.1 and man/seerfs-tools.7 come from the parsers, man/seerfs.yaml.5 from the config schema,
+man/seerfs-control.7's status fields and metrics from the status TypedDicts (fusefs/daemon/status.py
+and the sections it names), and so does the metric list in README.md between its ``metrics`` markers.
+Why generated: commands, options, exit codes, config keys, status fields and metrics then cannot
+drift between ``--help``, ``seerfs config --defaults``, ``.control/status``, the metrics endpoint and
+the docs; tests/test_docs.py fails when a committed page is stale (run ``tools/genman`` to refresh).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from typing import Any, get_type_hints
 
 from fusefs import __version__, config
 from fusefs.cli.main import build_parser as seerfs_parser
+from fusefs.daemon import schema
+from fusefs.daemon.status import DaemonStatus, StartingStatus, StatusDocument, StatusSections
 from fusefs.errors import EXIT_MEANINGS, ExitCode
 
-MAN = Path(__file__).resolve().parent.parent / "man"
+REPO = Path(__file__).resolve().parent.parent
+MAN = REPO / "man"
+README = REPO / "README.md"
 DATE = "2026-11-22"
 
 
@@ -317,6 +325,220 @@ tiers:
 peers: {discovery: mpi, bind: ib0}
 """
 
+CONTROL_HEAD = r"""
+.SH NAME
+seerfs\-control \- the .control directory of a seerfs mount: seed, status, config
+.SH DESCRIPTION
+Every seerfs mount has a directory
+.I MOUNTPOINT/.control
+that is reachable by name but never listed by the mount root's readdir: a listed
+.B .control
+directory would become class 0 of torchvision's ImageFolder and shift every label.
+.B os.listdir
+and
+.B os.scandir
+of the mount root therefore show exactly the source's entries (a
+.B .control
+entry of the source itself is shadowed and hidden).
+.PP
+Only the mounting user and root may write the control files (or, instead of the mounting user, the
+uid named by
+.B control_owner
+in
+.BR seerfs.yaml (5):
+a root Slurm prolog names the job's user); everyone who can use the mount may read them.
+.SH FILES
+.TP
+.B seed
+The sampler's shuffle seed, as a decimal integer: the
+.I seed
+argument of
+.B DistributedSampler
+(default 0), or the seed of the
+.B torch.Generator
+given to a DataLoader with
+.BR shuffle=True .
+It is not the script's
+.BR torch.manual_seed ,
+which does not change DistributedSampler's order.
+Write it with
+.B echo 42 > MOUNTPOINT/.control/seed
+(a trailing newline and surrounding blanks are fine; the range is
+\-2**63 .. 2**64\-1, as torch accepts).
+Anything else fails the
+.BR write (2)
+with
+.B EINVAL
+(bash prints "Invalid argument"), keeps the previous seed, and puts the reason in the
+.B seed.last_error
+field of the status.
+The seed is the whole text written through one open file, at most 256 bytes: a write that would
+end past that (a long text, or a write at a large offset), an append to the current seed, or a
+truncate to any size but 0 is refused the same way, and a seed split over several writes is taken
+once its text so far is a seed.
+Until a seed is written the daemon assumes the sampler default 0
+.RB ( origin " is " assumed ).
+Reading the file returns the current seed and a newline.
+.TP
+.B status
+A JSON document describing the mount, rendered afresh at every open (the file is opened with
+direct_io, so
+.B cat
+always sees whole, current text).
+.B seerfs status
+renders it for a person.
+.TP
+.B config
+The effective configuration (YAML) the daemon runs with, after
+.B \-o
+overrides: the format of
+.BR seerfs.yaml (5).
+"""
+
+_KIND_TEXT = {"counter": "counter", "gauge": "gauge", "state": "state", "info": "info", "text": ""}
+
+
+def _field_lines(items: list[schema.Documented]) -> list[str]:
+    out: list[str] = []
+    variant = ""
+    for item in items:
+        if item.variant != variant:
+            variant = item.variant
+            if variant:
+                out += [".TP", f"\\fI{esc(variant)}\\fR"]
+        f = item.spec
+        what = schema.type_text(f.tp)
+        kind = _KIND_TEXT[f.meta.kind] if f.meta.export else ""
+        unit = schema.infer_unit(f.name, f.meta) if f.meta.kind in ("counter", "gauge") else ""
+        tags = ", ".join(t for t in (what, kind, unit) if t)
+        metric = _metric_of().get(item.path)
+        shown = f" Metric: \\%{esc(metric)}." if metric else ""
+        out += [".TP", f".B {esc(item.path)}", f"({esc(tags)}) {esc(f.meta.doc)}.{shown}"]
+    return out
+
+
+@functools.cache
+def _metric_of() -> dict[str, str]:
+    """Status field path -> the metric that mirrors it (as the man page writes both)."""
+    out: dict[str, str] = {}
+    for spec in schema.metric_specs(StatusDocument).values():
+        if spec.type == "info":
+            section = spec.path.partition("{")[0] if "{" in spec.path else ""
+            for name in spec.info:
+                out[f"{section}.{name}" if section else name] = spec.exposed
+            continue
+        out[spec.path] = spec.exposed
+        if spec.labels and spec.path.endswith("." + spec.labels[-1].upper()):  # a mapping of numbers
+            out[spec.path.rpartition(".")[0]] = spec.exposed
+    return out
+
+
+def status_lines() -> list[str]:
+    """STATUS FIELDS, START RECORD and METRICS of seerfs-control(7), from the status types."""
+    done: set[object] = set()
+    items = list(schema.walk(StatusDocument, done=done))
+    out = [
+        ".SH STATUS FIELDS",
+        "Sizes are in bytes, times in seconds, timestamps in seconds since the epoch, unless a field says "
+        "otherwise.  Each field shows its type and, for numbers, whether it is a counter (only grows while "
+        "the daemon lives), a gauge, a state or an info (a string exported as a metric label); a path "
+        "such as tiers[].files names a field of every item of a list, and reads.by_source.SOURCE.files "
+        "one of every entry of an object.  Later versions add fields; existing names and units do not "
+        "change.  A test checks that a mount's document has exactly these fields.",
+    ]
+    run: list[schema.Documented] = []
+    for item in items:
+        if item.depth == 0 and item.path in StatusSections.__annotations__:
+            out += _field_lines(run)
+            run = []
+            doc = item.spec.meta.doc
+            out += [".SS " + esc(item.path), esc(doc[:1].upper() + doc[1:]) + "."]
+        else:
+            run.append(item)
+    out += _field_lines(run)
+    start = [i for i in schema.walk(StartingStatus, done=done) if i.path not in DaemonStatus.__annotations__]
+    out += [
+        ".SH START RECORD",
+        esc(" ".join((StartingStatus.__doc__ or "").split())) + ":",
+        *_field_lines(start),
+        ".PP",
+        "Each of its progress tasks has the fields of progress.TASK above.",
+    ]
+    out += metrics_lines()
+    return out
+
+
+def metrics_lines() -> list[str]:
+    out = [
+        ".SH METRICS",
+        "With",
+        ".B metrics.enabled",
+        "(seerfs.yaml(5)), the daemon serves every metric below at",
+        ".BI http:// ADDRESS : PORT /metrics",
+        "(metrics.bind, default 127.0.0.1; metrics.port, default "
+        f"{config.Config().metrics.port}, 0 for any free port: the bound one is status metrics.port) in the "
+        "Prometheus text format, or OpenMetrics when the scraper asks for it.  Each metric mirrors the "
+        "status field named after it, at the moment of the scrape: a scrape renders the status document on "
+        "the daemon's event loop, as a read of .control/status does, and answers 503 if that takes over "
+        "5 s.  Names are seerfs_ and the field's path, with the unit (_bytes, _seconds, _ratio) and "
+        "_total for counters; a list or object of sections gives its items a label (tier, peer, source, "
+        "task, dataset); a state field is a state set (1 for the current state, labelled with the metric's "
+        "name); the info fields of a section are the labels of its _info metric.  Metrics of a null field "
+        "(a cursor before the first plan, a tier without a journal) have no sample.",
+    ]
+    for spec in schema.metric_specs(StatusDocument).values():
+        labels = list(spec.labels) + ([spec.name] if spec.type == "stateset" else [])
+        name = spec.exposed + ("{" + ",".join(labels) + "}" if labels else "")
+        what = {"stateset": f"state set of {', '.join(spec.states)}", "info": "info"}.get(spec.type, spec.type)
+        out += [".TP", f".B {esc(name)}", f"{esc(what)}; status {esc(spec.path)}: {esc(spec.doc)}."]
+    return out
+
+
+def seerfs_control_7() -> str:
+    out = [
+        f'.TH SEERFS\\-CONTROL 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"',
+        *CONTROL_HEAD.strip("\n").splitlines(),
+        *status_lines(),
+        ".SH EXAMPLES",
+        ".nf",
+        "echo 0 > /tmp/imagenet/.control/seed",
+        "cat /tmp/imagenet/.control/status | python3 \\-m json.tool",
+        "seerfs status /tmp/imagenet",
+        "curl \\-s http://127.0.0.1:" + str(config.Config().metrics.port) + "/metrics | grep ^seerfs_reads",
+        ".fi",
+        ".SH SEE ALSO",
+        ".BR seerfs (1),",
+        ".BR seerfs.yaml (5)",
+    ]
+    return "\n".join(out) + "\n"
+
+
+README_BEGIN = "<!-- metrics: generated by tools/genman from the status types -->"
+README_END = "<!-- end of metrics -->"
+
+
+def readme_metrics() -> str:
+    """The README's metric list: every metric name, by status section (details in seerfs-control(7))."""
+    groups: dict[str, list[str]] = {}
+    for spec in schema.metric_specs(StatusDocument).values():
+        section = spec.path.split(".")[0].split("[")[0].split("{")[0]
+        if section not in StatusSections.__annotations__:
+            section = "daemon"
+        labels = "{" + ",".join(spec.labels) + "}" if spec.labels else ""
+        groups.setdefault(section, []).append(f"`{spec.exposed}{labels}`")
+    lines = [f"- {name}: " + ", ".join(names) for name, names in groups.items()]
+    return "\n".join([README_BEGIN, *lines, README_END])
+
+
+def readme_text() -> str:
+    """README.md with its metric list regenerated."""
+    text = README.read_text()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        raise SystemExit(f"genman: README.md lacks the lines {README_BEGIN!r} and {README_END!r}")
+    return text[:begin] + readme_metrics() + text[end + len(README_END) :]
+
+
 TOOLS = (
     "bench_train",
     "bench_ceiling",
@@ -386,7 +608,12 @@ def seerfs_tools_7() -> str:
     return "\n".join(out) + "\n"
 
 
-PAGES = {"seerfs.1": seerfs_1, "seerfs.yaml.5": seerfs_yaml_5, "seerfs-tools.7": seerfs_tools_7}
+PAGES = {
+    "seerfs.1": seerfs_1,
+    "seerfs.yaml.5": seerfs_yaml_5,
+    "seerfs-control.7": seerfs_control_7,
+    "seerfs-tools.7": seerfs_tools_7,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,12 +625,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stale = []
-    for name, make in PAGES.items():
+    outputs = {MAN / name: make for name, make in PAGES.items()} | {README: readme_text}
+    for path, make in outputs.items():
         text = make()
-        path = MAN / name
         if args.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(name)
+                stale.append(path.name)
         else:
             path.write_text(text)
     if stale:

@@ -78,9 +78,18 @@ def _teardown(mnts: list[Path]) -> None:
 
 @contextlib.contextmanager
 def rendezvous_group(
-    source: Path, work: Path, job: Job, *, tier_bytes: int, n: int = 3, timeout: float = 1.0, alone: bool = False
+    source: Path,
+    work: Path,
+    job: Job,
+    *,
+    tier_bytes: int,
+    n: int = 3,
+    timeout: float = 1.0,
+    alone: bool = False,
+    **sections: Any,
 ) -> Iterator[list[Path]]:
-    """``n`` daemonised mounts that find each other through a rendezvous directory (``alone``: that do not)."""
+    """``n`` daemonised mounts that find each other through a rendezvous directory (``alone``: that do not);
+    ``sections`` replace whole top-level sections of every node's config."""
     mnts = mountpoints(work, n)
     peers: dict[str, Any] = {
         "discovery": "rendezvous",
@@ -93,7 +102,7 @@ def rendezvous_group(
         peers = {"discovery": "none"}
     try:
         for k, mnt in enumerate(mnts):
-            cfg = node_config(work, k, job, tier_bytes=tier_bytes, peers=peers)
+            cfg = node_config(work, k, job, tier_bytes=tier_bytes, peers=peers, **sections)
             seerfs("mount", str(source), str(mnt), "-c", str(cfg), check=True)
         for mnt in mnts:
             seerfs("wait", str(mnt), "--timeout", "60", check=True)

@@ -29,10 +29,11 @@ import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal, TypedDict
 
 from fusefs.config import Config
 from fusefs.errors import ExitCode, GroupError, SeerfsError
+from placement.statusfields import gauge, info, state, text
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +62,37 @@ class Member:
         return f"{self.host}:{self.port}"
 
 
+GroupMode = Literal["alone", "mpi", "rendezvous", "static"]
+GroupState = Literal["forming", "ready"]
+
+
+class GroupStatus(TypedDict):
+    """Status section ``group``: the daemon group this node belongs to."""
+
+    mode: Annotated[GroupMode, state("alone, mpi, rendezvous or static: how the group formed")]
+    state: Annotated[GroupState, state("forming while a rendezvous group waits for peers.expect members; ready")]
+    me: Annotated[int, gauge("this daemon's index in the group (the training node it serves is detected from opens)")]
+    size: Annotated[int, gauge("members now")]
+    expect: Annotated[int, gauge("members expected")]
+    inputs_digest: Annotated[
+        str, info("digest of the planning configuration and the dataset snapshot; members must agree")
+    ]
+    token_fingerprint: Annotated[str, info("identifies the job token without revealing it")]
+    excluded: Annotated[dict[str, str], text("rendezvous members left out (by label), with why")]
+
+
 @dataclass
 class Group:
-    mode: str  # alone | mpi | rendezvous | static
+    mode: GroupMode
     me: int
     members: list[Member]
     token: bytes
     inputs: str
-    state: str = "ready"  # forming | ready
+    state: GroupState = "ready"
     expect: int = 1
     excluded: dict[str, str] = field(default_factory=dict)  # label -> why it was left out
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> GroupStatus:
         return {
             "mode": self.mode,
             "state": self.state,

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Annotated, Literal, TypedDict, cast
 
 import trio
 import xxhash
@@ -61,6 +61,7 @@ from fusefs.cluster.protocol import (
 )
 from fusefs.cluster.streams import Closed, Receiver
 from fusefs.tiers.digest import BLOCK, BlockDigests
+from placement.statusfields import counter, gauge, state, text
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,52 @@ class PeerCounters:
     connects: int = 0
 
 
+PeerState = Literal["up", "down"]
+
+
+class _PeerState(TypedDict):
+    state: Annotated[PeerState, state("up or down (down after peers.down_after consecutive failures)")]
+
+
+class PeerCountersStatus(TypedDict):
+    """The requests to one peer (the fields of :class:`PeerCounters`)."""
+
+    requests: Annotated[int, counter("requests sent")]
+    ok: Annotated[int, counter("answered with the file")]
+    not_yet: Annotated[int, counter("answered: the owner does not hold it yet")]
+    not_owned: Annotated[int, counter("answered: the peer does not own it")]
+    bad_request: Annotated[int, counter("answered: the request was bad")]
+    errors: Annotated[int, counter("answered: the peer could not read its copy")]
+    busy: Annotated[int, counter("refused for lack of connections, or no request slot before the deadline")]
+    failures: Annotated[int, counter("timeouts, connection errors, protocol errors and mismatches")]
+    timeouts: Annotated[int, counter("requests unanswered within peers.timeout")]
+    mismatches: Annotated[int, counter("answers whose bytes failed their digest")]
+    identity_mismatches: Annotated[
+        int,
+        counter(
+            "answers or refusals naming another file than the one asked for: its plan or snapshot "
+            "disagrees; those files are read from the PFS"
+        ),
+    ]
+    refused_down: Annotated[int, counter("fetches answered at once because the peer is down (no request sent)")]
+    times_down: Annotated[int, counter("times it was marked down")]
+    bytes: Annotated[int, counter("file bytes received")]
+    ok_seconds: Annotated[float, counter("total time of the answered requests")]
+    max_seconds: Annotated[float, gauge("longest answered request")]
+    connects: Annotated[int, counter("connections opened")]
+
+
+class PeerLinkStatus(_PeerState, PeerCountersStatus):
+    """What this node's client knows of one peer."""
+
+    mean_seconds: Annotated[float | None, gauge("mean time of an answered request (null before one)")]
+    consecutive_failures: Annotated[int, gauge("failures since the last success")]
+    last_error: Annotated[str, text("the last failure, or empty")]
+    down_for_seconds: Annotated[float | None, gauge("seconds since it was marked down (null while up)")]
+    connections: Annotated[int, gauge("connections open")]
+    idle_connections: Annotated[int, gauge("of those, idle in the pool")]
+
+
 @dataclass
 class _Conn:
     stream: trio.SocketStream
@@ -190,7 +237,7 @@ class PeerClient:
         return f"{self.host}:{self.port}"
 
     @property
-    def state(self) -> Literal["up", "down"]:
+    def state(self) -> PeerState:
         return "down" if self._down_since is not None or self._closed else "up"
 
     # ------------------------------------------------------------------ public API
@@ -225,20 +272,22 @@ class PeerClient:
         if self._down_since is not None and not self._probing:
             self._down_since = min(self._down_since, trio.current_time() - self.retry_down_after)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PeerLinkStatus:
         c = self.counters
-        out: dict[str, Any] = {"node": self.node, "address": self.address, "state": self.state}
-        out.update(asdict(c))
-        out["ok_seconds"] = round(c.ok_seconds, 6)
-        out["max_seconds"] = round(c.max_seconds, 6)
-        out["mean_seconds"] = round(c.ok_seconds / c.ok, 6) if c.ok else None
-        out["consecutive_failures"] = self.consecutive_failures
-        out["last_error"] = self.last_error
+        counts = cast(PeerCountersStatus, asdict(c))  # PeerCountersStatus documents PeerCounters one to one
         now, since = _now(), self._down_since
-        out["down_for_seconds"] = round(now - since, 3) if now is not None and since is not None else None
-        out["connections"] = len(self._open)
-        out["idle_connections"] = len(self._idle)
-        return out
+        return {
+            "state": self.state,
+            **counts,
+            "ok_seconds": round(c.ok_seconds, 6),
+            "max_seconds": round(c.max_seconds, 6),
+            "mean_seconds": round(c.ok_seconds / c.ok, 6) if c.ok else None,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+            "down_for_seconds": round(now - since, 3) if now is not None and since is not None else None,
+            "connections": len(self._open),
+            "idle_connections": len(self._idle),
+        }
 
     def close_now(self) -> None:
         """Like :meth:`aclose` without a checkpoint (its member left the group)."""

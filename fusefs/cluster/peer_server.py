@@ -27,7 +27,7 @@ import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Literal, TypedDict
 
 import trio
 import xxhash
@@ -57,6 +57,7 @@ from fusefs.cluster.protocol import (
     parse_frame_header,
 )
 from fusefs.cluster.streams import Closed, Receiver
+from placement.statusfields import counter, gauge, text
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,45 @@ Provider = Callable[[Get], Awaitable[Provision]]
 (dataset, index, plan digest) maps to here is not the file ``get.file`` names.  It runs under the
 server's ``frame_timeout`` (cancelled past it, and the connection closed); an exception becomes an
 ERROR reply and a logged traceback, never a dead server."""
+
+
+class ReplyMemoryStatus(TypedDict):
+    used: Annotated[int, gauge("bytes of file data held for replies now", unit="bytes")]
+    peak: Annotated[int, gauge("most held at once", unit="bytes")]
+    limit: Annotated[int, gauge("peers.server_memory", unit="bytes")]
+
+
+class ServerStatus(TypedDict):
+    """The data port this node serves its peers on."""
+
+    port: Annotated[int | None, text("the port (null before it listens)")]
+    connections: Annotated[int, gauge("connections open now")]
+    connections_total: Annotated[int, counter("connections accepted", metric="accepted_connections")]
+    authenticated_total: Annotated[
+        int, counter("connections that proved the job token", metric="authenticated_connections")
+    ]
+    refused: Annotated[
+        dict[str, int],
+        counter(
+            "connections refused, by reason: busy, handshake_timeout, malformed, bad_version, no_token, bad_token",
+            label="reason",
+            metric="refused_connections",
+        ),
+    ]
+    requests: Annotated[
+        dict[str, int],
+        counter(
+            "requests answered, by outcome: ok, not_yet, not_owned, bad_request, error, mismatch, busy, "
+            "too_large, malformed, ping, note (an outcome appears once it happened)",
+            label="outcome",
+        ),
+    ]
+    protocol_errors: Annotated[int, counter("frames a client may not send, refused from their header")]
+    provider_errors: Annotated[int, counter("requests this node failed to read its own copy for")]
+    identity_mismatches: Annotated[int, counter("requests naming another file than this node has at that index")]
+    reply_memory: Annotated[ReplyMemoryStatus, text("file data held for replies")]
+    bytes_sent: Annotated[int, counter("file bytes sent", unit="bytes", metric="sent_bytes")]
+    blocks_sent: Annotated[int, counter("blocks of file data sent")]
 
 
 class ByteBudget:
@@ -186,7 +226,7 @@ class PeerServer:
         task_status.started(self.port)
         await trio.serve_listeners(self._connection, listeners)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ServerStatus:
         return {
             "port": self.port,
             "connections": self.connections,

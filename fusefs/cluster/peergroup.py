@@ -40,13 +40,13 @@ import logging
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Annotated, Any, Literal, TypedDict
 
 import trio
 
-from fusefs.cluster.formation import Group, Member, Rendezvous
-from fusefs.cluster.peer_client import PeerClient, PeerDown
-from fusefs.cluster.peer_server import PeerServer, Provision
+from fusefs.cluster.formation import Group, GroupStatus, Member, Rendezvous
+from fusefs.cluster.peer_client import PeerClient, PeerDown, PeerLinkStatus
+from fusefs.cluster.peer_server import PeerServer, Provision, ServerStatus
 from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState, valid_seed
@@ -55,6 +55,7 @@ from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.staging import Staging
 from placement.owners import member_seed
+from placement.statusfields import counter, gauge, info, state, text
 from placement.tree import KIND_FILE
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,55 @@ class PeerView:
     plan_seed: int | None = None  # the seed that plan was made for
     seed: tuple[int, int, int] | None = None  # value, generation, writer
     heard: float = 0.0
+
+
+class _Member(TypedDict):
+    index: Annotated[int, text("its index in the group (indices shift as members come and go)")]
+    address: Annotated[str, info("its data address host:port (the one this node's client talks to)")]
+    label: Annotated[str, text("hostname-pid-nonce: one daemon's lifetime; the peer label of its metrics")]
+
+
+class SelfMemberStatus(_Member):
+    """This daemon's own entry:"""
+
+    state: Annotated[Literal["self"], state("self")]
+    node: Annotated[int | None, gauge("the training node this node serves, detected from opens (null: not yet)")]
+
+
+class PeerMemberStatus(_Member, PeerLinkStatus):
+    """Every other member's entry:"""
+
+    node: Annotated[int | None, gauge("the training node it announced (null: not yet)")]
+    plan: Annotated[str | None, info("the digest of its current plan, or null")]
+    plan_mismatch: Annotated[bool, gauge("its plan differs from this node's for the same seed")]
+
+
+class PeeredGroupStatus(GroupStatus):
+    """With peers (mpi, rendezvous or static discovery), also:"""
+
+    members: Annotated[
+        list[SelfMemberStatus | PeerMemberStatus],
+        text(
+            "per member; members are told apart by label and address, never by index",
+            label="peer",
+            key="label",
+            metric="peer",
+        ),
+    ]
+    server: Annotated[ServerStatus, text("the data port this node serves its peers on")]
+    plan_mismatches: Annotated[list[int], text("indices of members planning differently for the same seed")]
+    notes_refused: Annotated[
+        int, counter("peer state notes ignored because a field failed the checks local input gets")
+    ]
+    notes_unknown: Annotated[int, counter("notes from no current member")]
+    last_bad_note: Annotated[str | None, text("why the last note was ignored, or null")]
+    removed_stale: Annotated[
+        list[str],
+        text(
+            "labels of rendezvous entries this daemon removed as stale when it joined: entries of its own "
+            "host whose port refused connections or was its own (a predecessor that crashed)"
+        ),
+    ]
 
 
 class PeerGroup:
@@ -484,24 +534,38 @@ class PeerGroup:
         if self.rendezvous is not None:
             self.rendezvous.leave()
 
-    def status(self) -> dict[str, Any]:
-        members = []
+    def status(self) -> PeeredGroupStatus:
+        members: list[SelfMemberStatus | PeerMemberStatus] = []
         mismatched = []
         for i, m in enumerate(self.group.members):
-            entry: dict[str, Any] = {"index": i, "address": m.address, "label": m.label}
             if i == self.group.me:
-                entry.update(state="self", node=self.prefetcher.view.node)
-            else:
-                view = self.views.get(m.key, PeerView())
-                client = self.clients.get(m.key)
-                entry.update(node=view.node, plan=view.plan, plan_mismatch=m.key in self.digest_mismatch)
-                if m.key in self.digest_mismatch:
-                    mismatched.append(i)
-                if client is not None:
-                    entry.update(client.status())
-                    entry["node"] = view.node
-                    entry["address"] = m.address  # the member's, and so its client's
-            members.append(entry)
+                members.append(
+                    {
+                        "index": i,
+                        "address": m.address,
+                        "label": m.label,
+                        "state": "self",
+                        "node": self.prefetcher.view.node,
+                    }
+                )
+                continue
+            client = self.clients.get(m.key)
+            if client is None:  # clients follow the member list on this thread (_sync_clients): never
+                continue
+            view = self.views.get(m.key, PeerView())
+            if m.key in self.digest_mismatch:
+                mismatched.append(i)
+            members.append(
+                {
+                    "index": i,
+                    "address": m.address,  # the member's, and so its client's
+                    "label": m.label,
+                    "node": view.node,
+                    "plan": view.plan,
+                    "plan_mismatch": m.key in self.digest_mismatch,
+                    **client.status(),
+                }
+            )
         return {
             **self.group.status(),
             "members": members,

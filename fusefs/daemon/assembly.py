@@ -39,8 +39,9 @@ from fusefs.cluster.formation import (
 from fusefs.cluster.peergroup import PeerGroup
 from fusefs.config import Config
 from fusefs.daemon.checks import MountRequest
+from fusefs.daemon.metrics import MetricsExporter
 from fusefs.daemon.runtime import MountRecord
-from fusefs.daemon.status import StatusBoard
+from fusefs.daemon.status import StatusBoard, StatusDocument, StatusSections, snapshot_status
 from fusefs.errors import FuseUnavailable, MountpointError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
@@ -216,17 +217,9 @@ class Daemon:
         self._build_cache()
         self._join_group()
         self.ops = build_operations(self.readpath, self.seed, self.board)
-        self.board.add("snapshot", self._snapshot_status)
-        self.board.add("seed", self.seed.status)
-        self.board.add("plan", self.plans.status)
-        self.board.add("cursor", lambda: self.prefetcher.status()["cursor"])
-        self.board.add("prefetch", self.prefetcher.status)
-        self.board.add("memory_budget", self.budget.status)
-        self.board.add("tiers", lambda: [t.status() for t in self.tiers])  # type: ignore[arg-type, return-value]
-        self.board.add("reads", self.counters.status)
-        self.board.add("revalidation", self.revalidator.status)
-        self.board.add("group", self.peering.status if self.peering is not None else self.group.status)
-        self.board.add("progress", lambda: {"walk": self.walk.doc(), "plan": self.plans.progress.doc()})
+        self.board.sections = self._sections
+        self.metrics = MetricsExporter(cfg.metrics, StatusDocument, self.board.document)
+        self.metrics.bind()
 
     def _form_group(self) -> None:
         """Find the peers before mounting (MPI formation is blocking and must precede serving)."""
@@ -359,19 +352,22 @@ class Daemon:
         except OSError as exc:
             log.info("read_ahead_kb not set (%s): %s", path, exc.strerror)
 
-    def _snapshot_status(self) -> dict[str, Any]:
-        s: Snapshot = self.snapshot
+    def _sections(self) -> StatusSections:
+        """The status sections (seerfs-control(7)); rendered on the trio thread only."""
+        prefetch = self.prefetcher.status()
         return {
-            **s.counts(),
-            "reused": s.reused,
-            "reason": self.snapshot_reason,
-            "build_seconds": round(s.build_seconds, 4),
-            "fingerprint": s.fingerprint,
-            "memory_bytes": s.memory_bytes(),
-            "bytes_per_entry": round(s.bytes_per_entry(), 2),
-            "external_symlinks": s.external_links[:100],
-            "external_symlinks_total": len(s.external_links),
-            "unlisted_dirs": s.errors[:100],
+            "snapshot": snapshot_status(self.snapshot, self.snapshot_reason),
+            "seed": self.seed.status(),
+            "plan": self.plans.status(),
+            "cursor": prefetch["cursor"],
+            "prefetch": prefetch,
+            "memory_budget": self.budget.status(),
+            "tiers": [t.status() for t in self.tiers],
+            "reads": self.counters.status(),
+            "revalidation": self.revalidator.status(),
+            "group": self.peering.status() if self.peering is not None else self.group.status(),
+            "progress": {"walk": self.walk.doc(), "plan": self.plans.progress.doc()},
+            "metrics": self.metrics.status(),
         }
 
     # ------------------------------------------------------------------ serving
@@ -391,6 +387,7 @@ class Daemon:
             nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)
+            self.metrics.start()
             self.plans.request(self.seed.value)  # the sampler default until a seed is written
             await pyfuse3.main(min_tasks=2, max_tasks=self.cfg.fuse.max_tasks)
             nursery.cancel_scope.cancel()
@@ -416,6 +413,9 @@ class Daemon:
                 return
 
     def close(self) -> None:
+        metrics: MetricsExporter | None = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
         if self.mounted:
             try:
                 pyfuse3.close(unmount=True)

@@ -1,33 +1,152 @@
-"""The ``.control/status`` document: sections contributed by each component, in a fixed order.
+"""The ``.control/status`` document: its type, section by section, and the board that renders it.
 
-Field names and units are documented in seerfs-control(7); components add sections, never rename.
+Every section is a TypedDict defined next to the ``status()`` that fills it, each field annotated
+with its doc and kind (:mod:`placement.statusfields`).  :class:`StatusDocument` names the sections;
+seerfs-control(7) and the Prometheus metrics are generated from it, and a test checks that a real
+mount's document has exactly these fields.  Components add fields and sections, never rename.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, Literal, TypedDict
 
 from fusefs import __version__
+from fusefs.cluster.formation import GroupStatus
+from fusefs.cluster.peergroup import PeeredGroupStatus
+from fusefs.daemon.metrics import MetricsStatus
+from fusefs.meta.snapshot import Snapshot, SnapshotCounts
+from fusefs.planning.manager import PlanStatus
+from fusefs.planning.seed import SeedStatus
+from fusefs.progress import ProgressDoc
+from fusefs.readpath.counters import ReadsStatus
+from fusefs.readpath.prefetch import PrefetchStatus
+from fusefs.readpath.revalidate import RevalidationStatus
+from fusefs.tiers.base import DirectoryTierStatus, MemoryTierStatus
+from fusefs.tiers.budget import BudgetStatus
+from placement.cursor import CursorStatus
+from placement.statusfields import gauge, info, state, text
 
-Section = Callable[[], dict[str, Any]]
+DaemonState = Literal["starting", "serving", "stopping"]
+
+_LISTED = 100
+"""Lists of paths in status stop at this many (their ``_total`` field counts them all)."""
+
+
+class SnapshotStatus(SnapshotCounts):
+    """Status section ``snapshot``: the metadata snapshot of the source, taken at mount."""
+
+    reused: Annotated[bool, gauge("the persisted snapshot was reused because the source's fingerprint did not change")]
+    reason: Annotated[str, text("why it was reused or walked (or why a persisted one was refused)")]
+    build_seconds: Annotated[float, gauge("time to walk, or to load and verify")]
+    fingerprint: Annotated[str, info("hex digest of every directory's identity and times")]
+    memory_bytes: Annotated[int, gauge("the snapshot's memory, excluding names")]
+    bytes_per_entry: Annotated[float, gauge("memory_bytes / entries", unit="bytes", metric="memory_per_entry")]
+    external_symlinks: Annotated[
+        list[str],
+        text("up to 100 relative paths of symlinks whose target leaves the source tree (reads bypass seerfs)"),
+    ]
+    external_symlinks_total: Annotated[int, gauge("how many such symlinks there are", metric="external_symlinks")]
+    unlisted_dirs: Annotated[list[str], text("up to 100 directories that could not be read at mount")]
+
+
+def snapshot_status(snapshot: Snapshot, reason: str) -> SnapshotStatus:
+    s = snapshot
+    return {
+        **s.counts(),
+        "reused": s.reused,
+        "reason": reason,
+        "build_seconds": round(s.build_seconds, 4),
+        "fingerprint": s.fingerprint,
+        "memory_bytes": s.memory_bytes(),
+        "bytes_per_entry": round(s.bytes_per_entry(), 2),
+        "external_symlinks": s.external_links[:_LISTED],
+        "external_symlinks_total": len(s.external_links),
+        "unlisted_dirs": s.errors[:_LISTED],
+    }
+
+
+ProgressTask = Literal["walk", "plan"]
+
+
+class DaemonStatus(TypedDict):
+    """The daemon itself (the fields every status document starts with)."""
+
+    version: Annotated[str, info("seerfs's version")]
+    state: Annotated[DaemonState, state("starting, serving or stopping")]
+    pid: Annotated[int, text("the daemon's process id")]
+    source: Annotated[str, info("the source directory")]
+    mountpoint: Annotated[str, info("the mountpoint")]
+    started_at: Annotated[float, gauge("when the daemon started (timestamp)", unit="seconds", metric="start_time")]
+    uptime_s: Annotated[float, gauge("seconds since it started", metric="uptime")]
+
+
+class StatusSections(TypedDict):
+    """The sections after the daemon's own fields, in this order."""
+
+    snapshot: Annotated[SnapshotStatus, text("the metadata snapshot")]
+    seed: Annotated[SeedStatus, text("the sampler seed (written to .control/seed)")]
+    plan: Annotated[PlanStatus, text("the placement plan for the current seed")]
+    cursor: Annotated[
+        CursorStatus | None,
+        text(
+            "where this node's ranks are in the predicted streams; null with no plan, and for the moment "
+            "between a new plan and its first cursor window.  Every dataset is followed on its own; the "
+            "lead dataset (the largest that follows no other: the training set) gives the job's epoch"
+        ),
+    ]
+    prefetch: Annotated[PrefetchStatus, text("the prefetch policy and the staging window")]
+    memory_budget: Annotated[BudgetStatus, text("the RAM budget")]
+    tiers: Annotated[
+        list[MemoryTierStatus | DirectoryTierStatus],
+        text("one object per configured tier, fastest first", label="tier", key="name", metric="tier"),
+    ]
+    reads: Annotated[ReadsStatus, text("reads served, by source")]
+    revalidation: Annotated[RevalidationStatus, text("rechecks of cached copies against their source")]
+    group: Annotated[GroupStatus | PeeredGroupStatus, text("the daemon group")]
+    progress: Annotated[
+        dict[ProgressTask, ProgressDoc],
+        text(
+            "long work, one object per task: walk (the walk of the source at mount, in entries) and plan "
+            "(the plan for the current seed, in files)",
+            label="task",
+        ),
+    ]
+    metrics: Annotated[MetricsStatus, text("the Prometheus endpoint (the metrics key of seerfs.yaml(5))")]
+
+
+class StatusDocument(DaemonStatus, StatusSections):
+    """``MOUNTPOINT/.control/status``: what the daemon shows of itself (seerfs-control(7))."""
+
+
+StartupTask = Literal["start", "walk"]
+
+
+class StartingStatus(DaemonStatus):
+    """What seerfs status --json shows while the daemon still starts, from its start record (no
+    .control exists yet): the daemon's fields above, and"""
+
+    log_file: Annotated[str, text("the daemon's log")]
+    progress: Annotated[
+        dict[StartupTask, ProgressDoc],
+        text("start (the step of startup under way) and walk (the walk of the source)", label="task"),
+    ]
 
 
 class StatusBoard:
+    """Renders the document on the trio thread (``.control/status`` reads and metrics snapshots)."""
+
     def __init__(self, source: str, mountpoint: str) -> None:
         self.source = source
         self.mountpoint = mountpoint
         self.started = time.time()
-        self.state = "starting"
-        self.sections: dict[str, Section] = {}
+        self.state: DaemonState = "starting"
+        self.sections: Callable[[], StatusSections] | None = None  # set once the daemon is assembled
 
-    def add(self, name: str, section: Section) -> None:
-        self.sections[name] = section
-
-    def __call__(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+    def daemon(self) -> DaemonStatus:
+        return {
             "version": __version__,
             "state": self.state,
             "pid": os.getpid(),
@@ -36,6 +155,12 @@ class StatusBoard:
             "started_at": round(self.started, 3),
             "uptime_s": round(time.time() - self.started, 3),
         }
-        for name, section in self.sections.items():
-            doc[name] = section()
-        return doc
+
+    def document(self) -> StatusDocument:
+        if self.sections is None:
+            raise RuntimeError("the status board has no sections yet (the daemon is not assembled)")
+        return {**self.daemon(), **self.sections()}
+
+    def __call__(self) -> Mapping[str, object]:
+        """The whole document; only the daemon's fields while a read path runs without a daemon around it."""
+        return self.document() if self.sections is not None else self.daemon()

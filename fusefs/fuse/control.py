@@ -18,9 +18,9 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import pyfuse3
 
@@ -48,7 +48,7 @@ class ControlFiles:
     def __init__(
         self,
         seed: SeedState,
-        status: Callable[[], dict[str, Any]],
+        status: Callable[[], Mapping[str, object]],
         config_yaml: str,
         uid: int,
         gid: int,

@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,7 @@ from fusefs.meta.digests import persisted_digest, roundtrip
 from fusefs.meta.identity import SourceColumns
 from fusefs.meta.walker import STAT_FIELDS, DirChunk, stat_paths, stat_row, walk_levels
 from fusefs.progress import Progress
+from placement.statusfields import gauge
 from placement.tree import (
     KIND_DIR,
     KIND_FILE,
@@ -69,6 +70,14 @@ _TREE_COLUMNS = (
     "child_count",
     "link_target",
 )
+
+
+class SnapshotCounts(TypedDict):
+    entries: Annotated[int, gauge("entries of the tree (files, directories, symlinks)")]
+    files: Annotated[int, gauge("regular files")]
+    dirs: Annotated[int, gauge("directories")]
+    symlinks: Annotated[int, gauge("symlinks")]
+    bytes: Annotated[int, gauge("sum of the files' sizes")]
 
 
 @dataclass(eq=False)
@@ -112,7 +121,7 @@ class Snapshot:
         rel = self.tree.path(i)
         return os.path.join(self.source, rel) if rel else self.source
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> SnapshotCounts:
         kind = self.tree.kind
         files = kind == KIND_FILE
         return {

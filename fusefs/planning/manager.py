@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypedDict
 
 import trio
 
@@ -33,6 +33,7 @@ from fusefs.planning.inputs import plan_key, planning_config
 from fusefs.planning.store import load_plan
 from fusefs.progress import Progress
 from placement.plan import Plan
+from placement.statusfields import gauge, info, state, text
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,38 @@ def load_daemon_plan(directory: Path) -> Plan:
     return load_plan(directory, backend="numpy")
 
 
+PlanState = Literal["idle", "planning", "ready", "failed"]
+
+
+class PlanStatus(TypedDict):
+    """Status section ``plan``: the placement plan for the current seed, built in a subprocess."""
+
+    state: Annotated[PlanState, state("idle, planning, ready or failed")]
+    seed: Annotated[int | None, info("the seed it is (being) planned for; null before any")]
+    progress: Annotated[str, text("the planning phase")]
+    digest: Annotated[
+        str | None, info("xxh3 over the plan's inputs and outputs, equal on every node that agrees; null unless ready")
+    ]
+    reused: Annotated[
+        bool,
+        gauge(
+            "a plan cached under the cache directory for the same snapshot, configuration and seed was "
+            "loaded instead of built"
+        ),
+    ]
+    seconds: Annotated[float, gauge("time planning took (while planning: so far)")]
+    message: Annotated[str | None, text("why planning failed, or null")]
+    cache_refused: Annotated[
+        str | None,
+        text(
+            "why the last cached plan looked at was refused (another format, or its digest over every "
+            "column did not match) and planned again; null when none was"
+        ),
+    ]
+    nodes: Annotated[int | None, gauge("nodes the plan is for (null unless ready)")]
+    files: Annotated[int | None, gauge("files the plan places, over every dataset (null unless ready)")]
+
+
 class PlanManager:
     def __init__(self, snapshot_file: Path, fingerprint: str, cfg: Config, plans_dir: Path) -> None:
         self.snapshot_file = snapshot_file
@@ -55,7 +88,7 @@ class PlanManager:
         self.config = planning_config(cfg)
         self.plans_dir = plans_dir
         self.plan: Plan | None = None
-        self.state = "idle"  # idle | planning | ready | failed
+        self.state: PlanState = "idle"
         self.seed: int | None = None
         self.phase = ""
         self.message: str | None = None
@@ -226,19 +259,19 @@ class PlanManager:
         for old in dirs[KEEP_PLANS - 1 :]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def status(self) -> dict[str, Any]:
-        summary = self.plan.summary() if self.plan is not None and self.state == "ready" else {}
+    def status(self) -> PlanStatus:
+        ready = self.plan if self.plan is not None and self.state == "ready" else None
         return {
             "state": self.state,
             "seed": self.seed,
             "progress": self.phase,
-            "digest": self.plan.digest if self.plan is not None and self.state == "ready" else None,
+            "digest": ready.digest if ready is not None else None,
             "reused": self.reused,
             "seconds": round(self.seconds if self.state != "planning" else time.monotonic() - self.started, 3),
             "message": self.message,
             "cache_refused": self.refused,
-            "nodes": summary.get("nodes"),
-            "files": summary.get("files"),
+            "nodes": int(ready.summary()["nodes"]) if ready is not None else None,
+            "files": ready.files if ready is not None else None,
         }
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Literal, TypedDict
+
+from placement.statusfields import gauge, info, state, text
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed's accepted range
@@ -67,10 +69,27 @@ def valid_seed(value: object) -> bool:
     return type(value) is int and SEED_MIN <= value <= SEED_MAX
 
 
+SeedOrigin = Literal["assumed", "written", "peer"]
+
+
+class SeedStatus(TypedDict):
+    """Status section ``seed``: the sampler seed in use."""
+
+    value: Annotated[int, info("the seed in use")]
+    origin: Annotated[
+        SeedOrigin,
+        state("assumed: the sampler default, nothing written yet; written: on this node; peer: on another node"),
+    ]
+    generation: Annotated[int, gauge("bumped by every accepted change; with peers the highest generation wins")]
+    writer: Annotated[int, gauge("the node that wrote it, -1 if none")]
+    updated_at: Annotated[float | None, gauge("when it last changed (timestamp), or null", unit="seconds")]
+    last_error: Annotated[str | None, text("why the last rejected write was rejected, or null")]
+
+
 @dataclass
 class SeedState:
     value: int = SAMPLER_DEFAULT_SEED
-    origin: str = "assumed"  # assumed (sampler default) | written (here) | peer (from another node)
+    origin: SeedOrigin = "assumed"
     generation: int = 0
     writer: int = -1  # node index that wrote it (-1: nobody yet)
     updated_at: float = 0.0
@@ -78,7 +97,7 @@ class SeedState:
     me: int = -1  # this daemon's index in its group: the writer of seeds written here
     listeners: list[Callable[[SeedState], None]] = field(default_factory=list, repr=False)
 
-    def set(self, value: int, origin: str, generation: int | None = None, writer: int = -1) -> bool:
+    def set(self, value: int, origin: SeedOrigin, generation: int | None = None, writer: int = -1) -> bool:
         """Adopt a seed; returns False when a newer generation already holds (it is ignored)."""
         gen = self.generation + 1 if generation is None else generation
         if generation is None:
@@ -98,7 +117,7 @@ class SeedState:
     def content(self) -> bytes:
         return f"{self.value}\n".encode()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> SeedStatus:
         return {
             "value": self.value,
             "origin": self.origin,

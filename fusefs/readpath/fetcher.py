@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.counters import ReadCounters, Source
 from fusefs.readpath.pfs import PfsReader, StaleFile
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.tiers import Tier
@@ -46,7 +46,7 @@ class Inflight:
     done: trio.Event = field(default_factory=trio.Event)
     data: bytes | None = None
     error: BaseException | None = None
-    source: str = "pfs"
+    source: Source = "pfs"
 
     async def wait(self) -> bytes:
         await self.done.wait()
@@ -59,7 +59,7 @@ class Inflight:
 @dataclass
 class Fetched:
     data: bytes
-    source: str  # one of counters.SOURCES
+    source: Source
 
 
 class Fetcher:

@@ -14,10 +14,11 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import pyfuse3
 
-from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.counters import ReadCounters, Source
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer
 from fusefs.readpath.pfs import SourceFile, StaleFile
 from fusefs.readpath.policy import UseHeld, UsePages
@@ -81,7 +82,7 @@ class CachedFiles:
             raise self._io_error(entry, exc) from None
         waited = time.monotonic() - t0
         self.counters.stalled(waited)
-        if source in ("page_cache", "memory", "directory", "inflight"):
+        if source != "fetched" and source != "pfs":
             self.counters.sources[source].add(size, waited)  # whole fetches are counted by the fetcher
         elif source == "pfs":
             self.counters.sources["pfs"].files += 1  # a big file: its bytes are counted as it is read
@@ -89,7 +90,9 @@ class CachedFiles:
             handle.direct = True
         return handle
 
-    async def _locate(self, entry: int, size: int, staged: UsePages | UseHeld | None) -> tuple[OpenFile, str]:
+    async def _locate(
+        self, entry: int, size: int, staged: UsePages | UseHeld | None
+    ) -> tuple[OpenFile, Source | Literal["fetched"]]:
         if isinstance(staged, UsePages):
             return OpenFile(entry, size, pushed=True), "page_cache"
         if isinstance(staged, UseHeld):

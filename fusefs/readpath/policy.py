@@ -43,15 +43,16 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
-from placement.cursor import CursorState
+from placement.cursor import CursorState, CursorStatus
 from placement.owners import owners
 from placement.plan import Plan
 from placement.reactive import StaticFrequencySet
+from placement.statusfields import counter, gauge, state
 
 Mode = Literal["reactive", "detecting", "predicting"]
 """reactive: no plan can be trusted; detecting: a plan, waiting for opens to place this node;
@@ -82,11 +83,41 @@ class Charges(Protocol):
 class TierView(Protocol):
     """What the policy asks a tier: membership only (a tier's own index, no I/O)."""
 
-    kind: str
+    @property
+    def kind(self) -> str: ...
 
     def contains(self, entry: int) -> bool: ...
     def size_of(self, entry: int) -> int | None: ...
     def entries(self) -> list[int]: ...
+
+
+class NextEpochStatus(TypedDict):
+    """The lane that stages the next epoch's files this node does not read in this one."""
+
+    epoch: Annotated[int | None, gauge("the epoch they are for (null: no lane)")]
+    files: Annotated[int, gauge("files in the lane")]
+    released: Annotated[int, gauge("of those, released to stage (their holders have them)")]
+    inflight: Annotated[int, gauge("stages in flight")]
+    pushed: Annotated[int, counter("files pushed for the next epoch before it began", metric="next_pushed")]
+    later: Annotated[int, counter("next-epoch stages no peer could serve yet", metric="next_later")]
+
+
+class WindowStatus(TypedDict):
+    """The staging window and the page cache, as the policy accounts them."""
+
+    mode: Annotated[StagingMode, state("page_cache: staged files are pushed into the page cache; memory: held in RAM")]
+    limit_bytes: Annotated[int, gauge("bytes the staging window may hold")]
+    staged_bytes: Annotated[int, gauge("bytes staged for coming opens")]
+    staged_files: Annotated[int, gauge("files staged for coming opens")]
+    page_cache_bytes: Annotated[
+        int, gauge("pages the mount holds in the kernel page cache, pushed or pulled by readers")
+    ]
+    kept_files: Annotated[int, gauge("files read already whose pages stay cached while the budget has room")]
+    kept_bytes: Annotated[int, gauge("bytes of those files")]
+    reused: Annotated[int, counter("opens served by pages kept from an earlier read", metric="reused_opens")]
+    uncached_opens: Annotated[int, counter("opens served with direct_io because the memory budget was full")]
+    unused: Annotated[int, counter("staged files dropped before any open used them", metric="unused_files")]
+    next_epoch: Annotated[NextEpochStatus, text("the next epoch's files staged from peers and local tiers")]
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -101,7 +132,7 @@ class CursorView:
     epoch: int = 0
     due: Mapping[int, int] = field(default_factory=dict)  # entry -> first position in the predicted horizon
     stage: tuple[int, ...] = ()  # what to stage next, in order (not held already, fits the window)
-    status: dict[str, Any] = field(default_factory=dict)
+    status: CursorStatus | None = None  # the cursor's status section, computed with the view
     predicted: int = 0  # opens of this batch the plan predicted
     fresh: bool = True  # False: the horizon was carried over from the last view (nobody moved a step)
     upcoming: tuple[int, ...] = ()  # the horizon's entries in predicted read order (what revalidation checks first)
@@ -794,7 +825,8 @@ class ReadPolicy:
         self._adopt_into_reactive()
         self._settle_window()
         if self.plan is not None:
-            reason = str(ev.view.status.get("mismatch_reason") or "the opens fit no epoch, node or position")
+            status = ev.view.status
+            reason = (status and status["mismatch_reason"]) or "the opens fit no epoch, node or position"
             self._out.append(SeedInDoubt(self.plan.seed, self.trusted, reason, self.generation))
 
     def _relock(self, ev: Relock) -> None:
@@ -1336,7 +1368,8 @@ class ReadPolicy:
 
     def _lane_position(self, epoch: int) -> int:
         """How far this node's ranks got in job epoch ``epoch`` (the slowest one), from the cursor's view."""
-        positions = (self.view.status or {}).get("rank_positions") or {}
+        status = self.view.status
+        positions = status["rank_positions"] if status is not None else {}
         lows = [int(low) for job_epoch, low in positions.values() if job_epoch == epoch]
         return min(lows) if lows else 0
 
@@ -1460,7 +1493,7 @@ class ReadPolicy:
         epoch's stages in flight."""
         return self.staged_bytes + self.cached_bytes + self.kept_bytes + self.next_bytes
 
-    def staging_status(self) -> dict[str, Any]:
+    def staging_status(self) -> WindowStatus:
         return {
             "mode": self.settings.staging_mode,
             "limit_bytes": self.staging_limit,

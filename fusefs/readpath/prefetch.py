@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import numpy as np
 import trio
@@ -58,6 +58,7 @@ from fusefs.readpath.policy import (
     GroupChanged,
     KeepIn,
     Missed,
+    Mode,
     NextEpoch,
     NextFetched,
     NextPushed,
@@ -86,11 +87,12 @@ from fusefs.readpath.policy import (
     ViewPublished,
     entries_due,
 )
-from fusefs.readpath.staging import Staging
+from fusefs.readpath.staging import Staging, StagingStatus
 from fusefs.tiers import Budget, Tier
-from placement.cursor import CursorSettings, NodeCursor
+from placement.cursor import CursorSettings, CursorStatus, NodeCursor
 from placement.nextepoch import next_epoch_reads
 from placement.plan import Plan
+from placement.statusfields import counter, gauge, state, text
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,28 @@ LANE_INTERVAL = 0.25  # seconds between looks for a new epoch whose next epoch's
 __all__ = ["CursorView", "Prefetcher"]
 
 _STAGED = (UsePages, UseHeld)
+
+
+class PrefetchStatus(TypedDict):
+    """Status section ``prefetch``: what the policy decided and the fetches that carried it out."""
+
+    mode: Annotated[
+        Mode,
+        state(
+            "predicting; detecting: a plan, waiting for opens to place this node; reactive: without a "
+            "usable plan, files are kept by a static frequency set and nothing is prefetched"
+        ),
+    ]
+    cursor: Annotated[CursorStatus | None, text("the same object as the cursor section", export=False)]
+    predicted_opens: Annotated[int, counter("opens the cursor predicted")]
+    unplanned_opens: Annotated[int, counter("opens of files no plan places (no plan yet, or outside its datasets)")]
+    staging_fetches: Annotated[int, counter("fetches for the staging window")]
+    fill_fetches: Annotated[int, counter("fetches that filled long-term tiers")]
+    next_fetches: Annotated[int, counter("fetches that staged the next epoch's files (peers and local tiers)")]
+    fetches_inflight: Annotated[int, gauge("fetches running now")]
+    window_files: Annotated[int, gauge("opens ahead that count as predicted")]
+    horizon_files: Annotated[int, gauge("files ahead the prefetcher plans for")]
+    staging: Annotated[StagingStatus, text("the staging window", metric="staging")]
 
 
 class Prefetcher:
@@ -389,7 +413,7 @@ class Prefetcher:
                     view.state,
                     view.node,
                     view.epoch,
-                    f": {view.status['mismatch_reason']}" if view.status.get("mismatch_reason") else "",
+                    f": {view.status['mismatch_reason']}" if view.status and view.status["mismatch_reason"] else "",
                 )
             if view.fresh and view.upcoming and self.upcoming_hook is not None and self.policy.view is view:
                 self.upcoming_hook(view.upcoming)
@@ -531,11 +555,11 @@ class Prefetcher:
         await trio.sleep(ins.seconds)  # owners not ready for these replicas yet
         self._handle(FillRetry(ins.generation))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PrefetchStatus:
         policy = self.policy
         return {
             "mode": policy.mode,
-            "cursor": policy.view.status or None,
+            "cursor": policy.view.status,
             "predicted_opens": policy.predicted_opens,
             "unplanned_opens": policy.unplanned_opens,
             "staging_fetches": self.staging_fetches,

@@ -37,7 +37,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Literal, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,7 @@ from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.staging import Staging
 from fusefs.tiers import Tier
+from placement.statusfields import counter, gauge, text
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,39 @@ def stat_identity(path: bytes) -> SourceId | str:
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file any more (a FIFO, socket, device, link or directory)"
     return SourceId.of(st)
+
+
+StatKind = Literal["ahead", "open", "background"]
+"""Why a source was stat'ed: ahead of the readers in predicted order, by an open that got there
+first, or by a background round."""
+
+
+class RevalidationStatus(TypedDict):
+    """Status section ``revalidation``: checks that cached copies still match their source (a copy is
+    served only after a stat of its source in this mount matched the identity it was made from)."""
+
+    rate_per_s: Annotated[float, gauge("stats per second (snapshot.revalidate_per_s)", metric="stats_per_second")]
+    round_files: Annotated[
+        int,
+        gauge(
+            "cached files the current round rechecks: in a group, those this node owns, and every "
+            "replicas_every_rounds-th round its replicas of files other nodes own too"
+        ),
+    ]
+    replicas_every_rounds: Annotated[int, gauge("rounds between two that also recheck replicas (the group's size)")]
+    round_seconds: Annotated[
+        float,
+        gauge(
+            "round_files / rate_per_s (at least one second): the staleness bound while mounted, to which "
+            "the PFS client's own attribute cache adds"
+        ),
+    ]
+    last_round_seconds: Annotated[float | None, gauge("how long the last round took (null before the first)")]
+    rounds: Annotated[int, counter("background rounds done")]
+    stats: Annotated[dict[StatKind, int], counter("stats made, by why: ahead, open, background", label="why")]
+    fresh_files: Annotated[int, gauge("files checked unchanged in this mount")]
+    changed_total: Annotated[int, counter("files seen changed", metric="changed_files")]
+    changed: Annotated[dict[str, str], text("up to 100 relative paths seen changed, with what changed")]
 
 
 class Revalidator:
@@ -96,7 +130,7 @@ class Revalidator:
         # asked each round: a rendezvous group grows after the mount).
         self.replicas_every: Callable[[], int] = lambda: 1
         self.on_changed: list[Callable[[str, str], None]] = []  # (relative path, reason)
-        self.stats = {"ahead": 0, "open": 0, "background": 0}
+        self.stats: dict[StatKind, int] = {"ahead": 0, "open": 0, "background": 0}
         self.rounds = 0
         self.round_files = 0  # files the current round checks
         self.last_round_seconds: float | None = None
@@ -133,7 +167,7 @@ class Revalidator:
 
     # ------------------------------------------------------------------ checking
 
-    async def _check(self, entry: int, why: str) -> None:
+    async def _check(self, entry: int, why: StatKind) -> None:
         running = self._checking.get(entry)
         if running is not None:
             await running.wait()
@@ -240,7 +274,7 @@ class Revalidator:
 
     # ------------------------------------------------------------------ status
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RevalidationStatus:
         cached = self.round_files
         return {
             "rate_per_s": self.rate,

@@ -35,15 +35,26 @@ import errno
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Annotated, Protocol
 
 import pyfuse3
 import trio
 
 from fusefs.meta.ids import inode_of
-from fusefs.readpath.policy import DropPages, Instruction, Pages, ReadPolicy, SourceChanged
+from fusefs.readpath.policy import DropPages, Instruction, Pages, ReadPolicy, SourceChanged, WindowStatus
+from placement.statusfields import counter
 
 log = logging.getLogger(__name__)
+
+
+class StagingStatus(WindowStatus):
+    """Status field ``prefetch.staging``: the staging window and the kernel calls that carry it out."""
+
+    pushes: Annotated[int, counter("files pushed into the page cache (notify_store)")]
+    push_failures: Annotated[
+        int, counter("pushes the kernel refused (ENOENT: it does not know the inode yet); served from RAM")
+    ]
+    invalidations: Annotated[int, counter("files whose pages were dropped from the page cache")]
 
 
 class Kernel(Protocol):
@@ -149,7 +160,7 @@ class Staging:
             assert isinstance(ins, DropPages), ins
             self.drop_pages(ins.entry)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StagingStatus:
         return {
             **self.policy.staging_status(),
             "pushes": self.pushes,

@@ -8,7 +8,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, TypedDict
+
+from placement.statusfields import counter, gauge, text
+
+
+class BudgetStatus(TypedDict):
+    """Status section ``memory_budget``: the RAM budget shared by memory tiers, the staging window and the
+    mount's page cache."""
+
+    name: Annotated[str, text("the budget's name (memory)")]
+    limit: Annotated[int, gauge("its bytes (the memory tiers' bytes)", unit="bytes")]
+    used: Annotated[int, gauge("bytes charged now", unit="bytes")]
+    free: Annotated[int, gauge("bytes left", unit="bytes")]
+    peak: Annotated[int, gauge("most bytes ever charged at once", unit="bytes")]
+    refused: Annotated[int, counter("charges refused (they did not fit, even after reclaiming)", metric="refusals")]
+    reclaimed: Annotated[int, counter("bytes of kept pages given back to make room", unit="bytes")]
 
 
 class Budget:
@@ -63,7 +78,7 @@ class Budget:
                 raise ValueError(f"budget {self.name}: release of {n} with {self.used} used")
             self.used -= n
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BudgetStatus:
         return {
             "name": self.name,
             "limit": self.limit,

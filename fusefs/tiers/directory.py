@@ -38,14 +38,14 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
 from fusefs.errors import ConfigError
 from fusefs.meta.identity import SourceColumns, SourceId
 from fusefs.tiers import index as index_io
-from fusefs.tiers.base import PutSlot, TierCounters, in_trio
+from fusefs.tiers.base import AuditStatus, DirectoryTierStatus, OpenedStatus, PutSlot, TierCounters, in_trio
 from fusefs.tiers.budget import Budget
 from fusefs.tiers.digest import BLOCK, BlockDigests
 from fusefs.tiers.fileio import is_enospc, read_verified, unlink_quiet, write_atomic
@@ -81,7 +81,7 @@ def round_up(n: int, unit: int) -> int:
 
 
 class DirectoryTier:
-    kind = "directory"
+    kind: Literal["directory"] = "directory"
 
     def __init__(
         self,
@@ -107,7 +107,7 @@ class DirectoryTier:
         self.alloc = 4096
         self.base_bytes = 0
         self.foreign_bytes = 0
-        self.opened: dict[str, Any] = {}
+        self.opened: OpenedStatus | None = None
         self._idx = TierIndex()
         self._over: dict[int, int] = {}  # entry -> allocated bytes beyond round_up(size)
         self._inflight: dict[int, PutSlot] = {}
@@ -126,7 +126,7 @@ class DirectoryTier:
         self._background = 0
         self._background_idle: trio.Event | None = None
         self._logged_errnos: set[int] = set()
-        self._last_audit: dict[str, Any] | None = None
+        self._last_audit: AuditStatus | None = None
         self._closed = False
         self.drop_listeners: list[Callable[[int], None]] = []  # told of every entry this tier forgets
         self.journal: Journal | None = None
@@ -674,13 +674,13 @@ class DirectoryTier:
 
     # ------------------------------------------------------------------ status
 
-    async def audit(self) -> dict[str, Any]:
+    async def audit(self) -> AuditStatus:
         """Measure the directory as ``du`` would and compare with the budget's count."""
         real = await trio.to_thread.run_sync(disk_usage, self.path, limiter=self.limiter)
         self._last_audit = {"real_bytes": real, "used_bytes": self.budget.used, "at": time.time()}
-        return dict(self._last_audit)
+        return self._last_audit.copy()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DirectoryTierStatus:
         return {
             "name": self.name,
             "kind": self.kind,
@@ -709,7 +709,7 @@ class DirectoryTier:
                 "errors": self._journal_errors,
                 "note": self._journal_note,
             },
-            "opened": dict(self.opened),
+            "opened": None if self.opened is None else self.opened.copy(),
             "audit": self._last_audit,
             **self.counters.as_dict(),
         }

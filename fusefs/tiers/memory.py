@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 import trio
 
 from fusefs.meta.identity import SourceColumns, SourceId
-from fusefs.tiers.base import PutSlot, TierCounters
+from fusefs.tiers.base import MemoryTierStatus, PutSlot, TierCounters
 from fusefs.tiers.budget import Budget
 from fusefs.tiers.digest import BLOCK, BlockDigests
 
@@ -38,7 +38,7 @@ class _Held:
 
 
 class MemoryTier:
-    kind = "memory"
+    kind: Literal["memory"] = "memory"
 
     def __init__(self, index: int, budget: Budget, threads: int, verify_reads: bool = False) -> None:
         self.index = index
@@ -189,7 +189,7 @@ class MemoryTier:
         self.counters.stale += len(stale)
         return len(stale)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> MemoryTierStatus:
         return {
             "name": self.name,
             "kind": self.kind,
