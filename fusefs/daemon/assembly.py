@@ -46,6 +46,7 @@ from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
 from fusefs.fuse.operations import SeerOperations
 from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_file
+from fusefs.planning.discovery import SeedDiscovery
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
@@ -54,7 +55,7 @@ from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
-from fusefs.readpath.policy import PolicySettings, ReadPolicy
+from fusefs.readpath.policy import CursorView, PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging
@@ -218,6 +219,7 @@ class Daemon:
         self.ops = build_operations(self.readpath, self.seed, self.board)
         self.board.add("snapshot", self._snapshot_status)
         self.board.add("seed", self.seed.status)
+        self.board.add("discovery", self.discovery.status)
         self.board.add("plan", self.plans.status)
         self.board.add("cursor", lambda: self.prefetcher.status()["cursor"])
         self.board.add("prefetch", self.prefetcher.status)
@@ -291,6 +293,18 @@ class Daemon:
         self.plans.listeners.append(self.prefetcher.on_plan)
         self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
+        self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
+        self.prefetcher.open_hook = self.discovery.on_open
+        self.prefetcher.view_hook = self._cursor_view
+
+    def _cursor_view(self, view: CursorView) -> None:
+        """Tell seed discovery the lead dataset's state under the plan the cursor follows."""
+        plan = self.prefetcher.plan
+        doc = view.status
+        datasets = doc.get("datasets") or []
+        lead = doc.get("lead")
+        lead_state = datasets[lead].get("state") if isinstance(lead, int) and lead < len(datasets) else view.state
+        self.discovery.on_cursor(str(lead_state), plan.seed if plan is not None else None)
 
     def _source_changed(self, path: str, reason: str) -> None:
         """Mark the persisted snapshot so the next mount walks the source again (best effort)."""
@@ -382,6 +396,7 @@ class Daemon:
             nursery.start_soon(self._signals, nursery.cancel_scope)
             nursery.start_soon(self._tune_read_ahead)
             nursery.start_soon(self.plans.run)
+            nursery.start_soon(self.discovery.run)
             nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)

@@ -2,7 +2,9 @@
 
 The seed that matters is the *sampler's* (``DistributedSampler(seed=...)``, default 0; or the seed of
 the generator given to the DataLoader), not the script's ``torch.manual_seed`` (DESIGN section 1).
-Until a seed is written the daemon assumes the sampler default 0 and marks it ``assumed``.
+Until a seed is written the daemon assumes the sampler default 0 and marks it ``assumed``; a seed
+the daemon found from the node's opens (:mod:`fusefs.planning.discovery`) is ``discovered`` and is
+used exactly as a written one (a later write replaces it).
 
 Every accepted change bumps ``generation``; with peers, the highest generation wins (ties broken
 by the writing node's index) so concurrent writes on different nodes settle on one value.
@@ -70,7 +72,7 @@ def valid_seed(value: object) -> bool:
 @dataclass
 class SeedState:
     value: int = SAMPLER_DEFAULT_SEED
-    origin: str = "assumed"  # assumed (sampler default) | written (here) | peer (from another node)
+    origin: str = "assumed"  # assumed (sampler default) | written (here) | peer (from another node) | discovered
     generation: int = 0
     writer: int = -1  # node index that wrote it (-1: nobody yet)
     updated_at: float = 0.0
