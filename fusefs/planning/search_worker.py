@@ -123,28 +123,23 @@ def search(request: dict[str, Any], stdin: BinaryIO, parent: int) -> int:
                 if i >= 0 and not seen[i]:
                     seen[i] = True
                     opens.append(i)
-        if not gate.ready(len(opens)):
-            reason = f"the node opened {len(opens)} distinct files of {setup.root!r}; {gate.need} needed"
-            say("done", status="too_few_opens", result=f"too few opens ({reason})", reason=reason, opens=len(opens))
-            return 0
+        # Exactly the first ``need`` distinct opens (two batches per local rank): the evidence, and so
+        # the outcome, do not depend on how far the job got while this process started.  With no
+        # more opens to come (the mount recorded all it keeps), whatever there is.
+        use = opens[: gate.need] if gate.ready(len(opens)) else opens
         searcher = ss.SeedSearch(
-            setup.n,
-            opens[: dv.MAX_OPENS],
-            setup.shape,
-            kinds=setup.kinds,
-            candidates=plan,
-            threshold=threshold,
-            max_opens=dv.MAX_OPENS,
+            setup.n, use, setup.shape, kinds=setup.kinds, candidates=plan, threshold=threshold, max_opens=dv.MAX_OPENS
         )
         if searcher.status != "too_few_opens":
             break
-        gate.too_few(len(opens))
-        say("waiting", opens=len(opens), need=gate.need, reason=searcher.reason)
-        if gate.exhausted:
-            result = searcher.run()
-            say("done", **dv.result_fields(result), opens=len(opens), seconds=0.0, cpu_seconds=0.0)
+        gate.too_few(len(use))
+        if not more or gate.exhausted:
+            reason = f"{searcher.reason} (the node opened {len(opens)} distinct files of {setup.root!r})"
+            fields = {**dv.result_fields(searcher.run()), "reason": reason, "result": f"too few opens ({reason})"}
+            say("done", **fields, opens=len(use), seconds=0.0, cpu_seconds=0.0)
             return 0
-    return _run(searcher, likely, parent, len(opens))
+        say("waiting", opens=len(use), need=gate.need, reason=searcher.reason)
+    return _run(searcher, likely, parent, len(use))
 
 
 def _run(searcher: ss.SeedSearch, likely: int, parent: int, opens: int) -> int:
