@@ -96,12 +96,14 @@ def main() -> int:
     loader_fn = raw_timed if spec.get("time_reads") else raw
     train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=loader_fn)
     sampler: Any = None
+    loader: Any
     if spec.get("sampler", "distributed") == "random":
         # DataLoader(shuffle=True) with a seeded generator: every rank reads the same order
         generator = torch.Generator()
         generator.manual_seed(spec["seed"])
+        indexed: Any = Indexed(train)
         loader = DataLoader(
-            Indexed(train),
+            indexed,
             batch_size=spec["batch_size"],
             shuffle=True,
             generator=generator,
