@@ -306,3 +306,114 @@ def test_a_seed_outside_the_range_is_not_found_and_never_locked(
     assert (doc["seed"]["value"], doc["seed"]["origin"]) == (0, "assumed")
     assert doc["cursor"]["state"] == "mismatch" and doc["prefetch"]["mode"] == "reactive"
     assert pfs <= 2.05 * source[2], pfs / source[2]
+
+
+# ---- slow: the rest of the cases -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.mount
+@pytest.mark.torch
+@pytest.mark.parametrize(("seed", "value"), [(0, 0), (3407, 3407), (20240229, 20240229), (2**32 + 5, 5)])
+def test_nothing_written_finds_common_seeds_dates_and_the_low_32_bits(
+    tmp_path: Path, source: tuple[Path, dict[str, str], int], seed: int, value: int
+) -> None:
+    job = Job(seed=seed, epochs=2)
+    doc, results, pfs = run_job(tmp_path, source, job)
+    assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
+    assert_found(doc, job, value)
+    assert doc["discovery"]["candidates_tried"] <= doc["discovery"]["likely_candidates"]  # the likely tier
+    assert pfs <= 1.05 * source[2], pfs / source[2]
+
+
+@pytest.mark.slow
+@pytest.mark.mount
+@pytest.mark.torch
+def test_a_job_resumed_in_epoch_3_is_found_as_seed_plus_3_and_followed_into_epoch_4(
+    tmp_path: Path, source: tuple[Path, dict[str, str], int]
+) -> None:
+    job = Job(seed=42, start_epoch=3, epochs=5)
+    doc, results, pfs = run_job(tmp_path, source, job)
+    assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
+    assert_found(doc, job, 45)  # the plan for 45 reads job epoch 3 as its epoch 0, epoch 4 as its epoch 1
+    assert doc["cursor"]["history"][-1]["epoch"] == 1, doc["cursor"]["history"]
+    assert pfs <= 1.05 * source[2], pfs / source[2]
+
+
+@pytest.mark.slow
+@pytest.mark.mount
+@pytest.mark.torch
+def test_a_seeded_shuffling_dataloader_is_found(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
+    job = Job(seed=1337, epochs=2, world_size=1, sampler="random")
+    doc, results, pfs = run_job(tmp_path, source, job)
+    assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
+    assert_found(doc, job, 1337, identifies="seed")
+    assert doc["discovery"]["sampler"] == "random"
+    assert pfs <= 1.05 * source[2], pfs / source[2]
+
+
+@pytest.mark.slow
+@pytest.mark.mount
+@pytest.mark.torch
+@pytest.mark.mpi
+def test_two_nodes_each_find_the_seed(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
+    """Two daemons (a rendezvous group), one rank each: the seed is found from each node's own opens
+    (or taken from the peer that found it first), the group plans it and reads the PFS about once."""
+    from tools.nodes import rendezvous_group
+
+    root, digests, total = source
+    job = Job(seed=42, epochs=2, world_size=2)
+    with running_pfsemu(root) as emu, rendezvous_group(emu.mountpoint, tmp_path, job, tier_bytes=total, n=2) as mnts:
+        results = run_readers(mnts, job, digests, tmp_path / "run")
+        docs = [status(m) for m in mnts]
+        pfs = emu.counters().bytes
+    assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
+    for d in docs:
+        assert (d["seed"]["value"], d["plan"]["seed"]) == (42, 42), d["seed"]
+        assert d["seed"]["origin"] in ("discovered", "peer")
+        last = d["cursor"]["history"][-1]
+        assert last["hits"] == last["opens"] > 0, d["cursor"]["history"]
+    assert any(d["discovery"]["state"] == "found" for d in docs), [d["discovery"] for d in docs]
+    assert sorted(d["cursor"]["node"] for d in docs) == [0, 1]
+    assert pfs <= 1.05 * total, pfs / total
+
+
+def wait_discovery(mnt: Path, timeout: float) -> dict[str, Any]:
+    from tools.mounts import wait_for
+
+    wait_for(lambda: status(mnt)["discovery"]["state"] not in ("waiting", "preparing", "searching"), timeout=timeout)
+    return status(mnt)
+
+
+@pytest.mark.slow
+@pytest.mark.mount
+@pytest.mark.torch
+@pytest.mark.parametrize(("seed", "value"), [(2**24 - 1, 2**24 - 1), (WRONG_SEED, None)])
+def test_the_whole_default_range(
+    tmp_path: Path, source: tuple[Path, dict[str, str], int], seed: int, value: int | None
+) -> None:
+    """2**24 - 1, the last value of the default range, is found after the whole range (at nice 19: on a
+    busy machine this takes long); a random 64-bit seed is not, and nothing is locked on.  A first job
+    of one epoch gives the opens; a second one, started after the search ended, reads epoch 1."""
+    root, digests, total = source
+    tiers = [{"kind": "memory", "bytes": f"{int(total * 1.5) + (16 << 20)}", "threads": 4}]
+    first, second = Job(seed=seed, epochs=1), Job(seed=seed, start_epoch=1, epochs=2)
+    cfg = seerfs_config(tmp_path / "seerfs.yaml", first, cache_dir=tmp_path / "cache", tiers=tiers)
+    with running_pfsemu(root) as emu, seerfs_over(emu.mountpoint, tmp_path / "mnt", cfg) as mnt:
+        results = run_readers(mnt, first, digests, tmp_path / "run1")
+        doc = wait_discovery(mnt, timeout=3600)
+        disc = doc["discovery"]
+        assert disc["candidates_tried"] == disc["candidates_planned"] == len(ss.default_candidates()), disc
+        results += run_readers(mnt, second, digests, tmp_path / "run2")
+        after = status(mnt)
+        pfs = emu.counters().bytes
+    assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
+    if value is None:
+        assert disc["state"] == "not_found" and disc["best_chance"] > 1e-6, disc
+        assert after["seed"]["origin"] == "assumed" and after["prefetch"]["mode"] == "reactive"
+    else:
+        assert (disc["state"], disc["seed"]) == ("found", value), disc
+        assert (after["seed"]["value"], after["plan"]["seed"]) == (value, value)
+        last = after["cursor"]["history"][-1]
+        assert last["hits"] >= 0.9 * last["opens"] > 0, after["cursor"]["history"]  # relocked in epoch 1
+    assert pfs <= 1.05 * total, pfs / total
