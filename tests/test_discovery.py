@@ -131,6 +131,30 @@ def test_outcome_lines() -> None:
     assert dv.result_fields(missing)["seed"] is None
 
 
+def test_status_view_shows_the_search_in_one_line() -> None:
+    from fusefs.cli.status_view import render
+
+    base = {"enabled": True, "candidates_planned": 17_067_160, "opens_recorded": 80, "opens_needed": 64}
+    found = {
+        **base,
+        "state": "found",
+        "result": "seed+epoch = 45 (DistributedSampler, node 0)",
+        "hits": 64,
+        "opens_used": 64,
+        "false_match_chance": 3e-40,
+        "candidates_tried": 65536,
+        "seconds": 0.31,
+    }
+    text = render({"discovery": found})
+    assert "discovery seed+epoch = 45 (DistributedSampler, node 0): 64 of 64 opens fit" in text
+    assert "65,536 candidates in 0.31s" in text
+    running = {**base, "state": "searching", "tier": "range", "candidates_tried": 1_000_000, "fraction": 0.06}
+    assert "searching (range tier)" in render({"discovery": running})
+    missing = {**base, "state": "not_found", "result": "not found (searched 17,067,160 candidates)"}
+    assert "discovery not found (searched 17,067,160 candidates)" in render({"discovery": missing})
+    assert "discovery" not in render({"discovery": {**base, "state": "idle"}})
+
+
 # ---- the search worker ---------------------------------------------------------------------------
 
 

@@ -51,5 +51,16 @@ def test_readme_names_every_tool_option() -> None:
 
 def test_control_page_documents_every_status_section() -> None:
     page = (ROOT / "man" / "seerfs-control.7").read_text()
-    for section in ("snapshot", "seed", "reads", "plan", "cursor", "prefetch", "memory_budget", "tiers", "progress"):
+    for section in (
+        "snapshot",
+        "seed",
+        "discovery",
+        "reads",
+        "plan",
+        "cursor",
+        "prefetch",
+        "memory_budget",
+        "tiers",
+        "progress",
+    ):
         assert f".B {section}\n" in page, section
