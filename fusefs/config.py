@@ -267,6 +267,27 @@ class MetricsConfig:
     port: int = doc("metrics port (0: any free port; status metrics.port shows the one bound)", 9477)
 
 
+@dataclass(frozen=True)
+class SeedDiscoveryConfig:
+    enabled: bool = doc(
+        "when no seed is written, or the seed in use does not match what the node opens, find the "
+        "sampler's seed from the node's first opens (status section discovery, seerfs-control(7)); false: "
+        "assume 0 and fall back to caching reactively when it is wrong",
+        True,
+    )
+    limit: int = doc(
+        "search the seeds 0..limit-1 (at most 2**32) after the likely ones (the common seeds, 0..65535, "
+        "seed + epoch of the common seeds and every date YYYYMMDD), which are always tried; a seed beyond "
+        "is not found: write it",
+        1 << 24,
+    )
+    epoch_span: int = doc(
+        "a DistributedSampler job resumed in epoch e shows seed + e: the common seeds and dates are also "
+        "tried with e = 1..epoch_span-1",
+        1000,
+    )
+
+
 def _default_pfs_table() -> ThroughputTable:
     return {1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0}
 
@@ -332,6 +353,9 @@ class Config:
     peers: PeersConfig = doc("the daemon group and its data plane", factory=PeersConfig)
     model: ModelConfig = doc("performance-model parameters (NoPFS section 4)", factory=ModelConfig)
     metrics: MetricsConfig = doc("the Prometheus endpoint (seerfs-control(7), METRICS)", factory=MetricsConfig)
+    seed_discovery: SeedDiscoveryConfig = doc(
+        "finding the sampler's seed from the first opens", factory=SeedDiscoveryConfig
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested mapping (the form ``placement`` takes and ``.control/config`` shows)."""
@@ -479,6 +503,9 @@ def check(cfg: Config) -> Config:
             f"job.ranks_per_node: expected a divisor of job.world_size ({cfg.job.world_size}), "
             f"got {cfg.job.ranks_per_node}"
         )
+    if not 0 <= cfg.seed_discovery.limit <= 1 << 32:
+        raise ConfigError(f"seed_discovery.limit: expected 0..4294967296 (2**32), got {cfg.seed_discovery.limit}")
+    _check_positive("seed_discovery.epoch_span", cfg.seed_discovery.epoch_span)
     if cfg.control_owner is not None and cfg.control_owner < 0:
         raise ConfigError(f"control_owner: expected a uid (0 or more), got {cfg.control_owner}")
     if not 0 <= cfg.peers.port <= 65535:

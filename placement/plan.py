@@ -172,6 +172,16 @@ def _job_streams(inputs: Mapping[str, Any], streams: Sequence[Streams]) -> JobSt
     return JobStreams(datasets, _shape(inputs), int(inputs["job"]["epochs"]))
 
 
+def job_streams_of(
+    config: Mapping[str, Any], sizes: Sequence[int], orders: Mapping[int, npt.ArrayLike] | None = None
+) -> JobStreams:
+    """The job's streams for datasets of ``sizes`` files, without a plan (seed 0; which dataset
+    leads and each one's shape do not depend on the seed): what the seed search needs to know."""
+    inputs = plan_inputs(config, 0)
+    order_arrays = {int(i): np.asarray(o, dtype=np.int64) for i, o in (orders or {}).items()}
+    return _job_streams(inputs, _streams(inputs, sizes, order_arrays, "numpy"))
+
+
 def _segments(js: JobStreams, ranks_per_node: int) -> list[Segment]:
     index = {id(d): i for i, d in enumerate(js.datasets)}
     phases = [[(index[id(d)], se) for d, se in js.phases(e)] for e in range(js.epochs)]

@@ -494,11 +494,71 @@ def metrics_lines() -> list[str]:
     return out
 
 
+SEED_DISCOVERY = r"""
+.SH SEED DISCOVERY
+Users get the seed wrong or do not know it: the ImageNet example of PyTorch passes no seed to its
+DistributedSampler (0 is right, not its \-\-seed flag); Lightning seeds its sampler from
+.B seed_everything
+(the
+.B PL_GLOBAL_SEED
+environment variable); accelerate uses
+.BR set_seed 's
+value or
+.BR data_seed .
+So when nothing was written, or when the lead dataset's opens do not fit the plan of a written seed
+(the cursor's mismatch), the daemon searches for the seed in a separate process at low priority
+(nice 10 for the likely seeds, nice 19 for the rest of the range) that never runs in the FUSE loop.
+Torch seeds its generator with the low 32 bits of the seed, a DistributedSampler's order in epoch e
+depends only on seed + e, and people pick small seeds, so the search tries, in order: common seeds
+(0, 1, 42, 1234, 3407, ...), 0..65535, the common seeds plus 1..999 (a job resumed in a later
+epoch), every date YYYYMMDD of 1970..2099 plus 0..999, then the rest of 0..2**24\-1
+.RB ( seed_discovery.limit ).
+It starts once the node opened two batches per local rank of the lead dataset and compares exactly
+those.  A match is accepted only when the chance that any wrong candidate of the whole plan fits
+as well is below the cursor's false\-lock chance (1e\-6); it is then planned and used as if it had
+been written
+.RB ( seed.origin " discovered)."
+A seed written while the search runs stops it; a written seed that matches the opens is used and
+no search runs.  Limits:
+.IP \(bu 2
+a DataLoader that shuffles without a generator
+.RB ( shuffle=True ", " generator=None )
+draws a fresh 64\-bit seed from the global RNG every epoch: not searchable (and not predictable:
+pass it a seeded generator and write that seed);
+.IP \(bu 2
+a seed outside the range (a random 64\-bit one, say) is not found: write it, or raise
+.BR seed_discovery.limit ;
+.IP \(bu 2
+accelerate's default sampler is not searchable:
+.B prepare_data_loader
+gives a shuffling DataLoader's RandomSampler a generator seeded with a 64\-bit draw from the global
+RNG (unless
+.BR use_seedable_sampler )
+and shards its batches across processes; give the job a DistributedSampler and write its seed;
+.IP \(bu 2
+a seeded shuffling DataLoader is found only from its epoch 0; a DistributedSampler from the start of
+any epoch, but not from the middle of one (a job resumed mid\-epoch);
+.IP \(bu 2
+only the sampler kind the configuration names for the lead dataset is searched, and the search runs
+on the mount's first opens only: a second job started later on the same mount with another seed is
+not searched again (write its seed).
+.PP
+Only seeds are found, not a wrong configuration: a job whose world size, ranks per node or batch
+size differ from
+.B job
+in
+.BR seerfs.yaml (5)
+is not found even with the right seed.
+"""
+"""The SEED DISCOVERY section of seerfs-control(7): what the search tries and its limits."""
+
+
 def seerfs_control_7() -> str:
     out = [
         f'.TH SEERFS\\-CONTROL 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"',
         *CONTROL_HEAD.strip("\n").splitlines(),
         *status_lines(),
+        *SEED_DISCOVERY.strip("\n").splitlines(),
         ".SH EXAMPLES",
         ".nf",
         "echo 0 > /tmp/imagenet/.control/seed",

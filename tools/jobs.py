@@ -39,6 +39,7 @@ class Job:
     time_reads: bool = False  # record each file's open+read time (read_max_s, read_p99_s)
     in_memory: bool = False  # the no-I/O lower bound: samples of the files' sizes made in RAM
     write_seed: bool = False  # rank 0 writes the seed to ROOT/.control/seed first thing, as a job script does
+    sampler: str = "distributed"  # random: DataLoader(shuffle=True, generator seeded with seed), no DistributedSampler
 
 
 def make_source(
@@ -64,9 +65,8 @@ def seerfs_config(
 ) -> Path:
     cfg: dict[str, Any] = {
         "cache_dir": str(cache_dir),
-        "datasets": [{"root": "train"}, {"root": "val", "follows": "train", "sampler": {"shuffle": False}}]
-        if job.val
-        else [{"root": "train"}],
+        "datasets": [{"root": "train", "sampler": {"kind": job.sampler}}]
+        + ([{"root": "val", "follows": "train", "sampler": {"shuffle": False}}] if job.val else []),
         "job": {
             "world_size": job.world_size,
             "ranks_per_node": ranks_per_node or job.world_size,

@@ -53,6 +53,21 @@ def collate(batch: list[Any]) -> list[Any]:
     return batch
 
 
+class Indexed:
+    """A dataset whose items carry their index: a shuffling DataLoader's order is known only as it is read
+    (listing its sampler first would draw from the generator and change the order)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.samples = dataset.samples
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        return i, self.dataset[i]
+
+
 def _cpu_seconds() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -61,6 +76,7 @@ def _cpu_seconds() -> float:
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
+    import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -79,15 +95,31 @@ def main() -> int:
         Path(root, ".control", "seed").write_text(f"{spec['seed']}\n")
     loader_fn = raw_timed if spec.get("time_reads") else raw
     train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=loader_fn)
-    sampler: Any = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
-    loader = DataLoader(
-        train,
-        batch_size=spec["batch_size"],
-        sampler=sampler,
-        num_workers=spec["num_workers"],
-        collate_fn=collate,
-        persistent_workers=False,
-    )
+    sampler: Any = None
+    loader: Any
+    if spec.get("sampler", "distributed") == "random":
+        # DataLoader(shuffle=True) with a seeded generator: every rank reads the same order
+        generator = torch.Generator()
+        generator.manual_seed(spec["seed"])
+        indexed: Any = Indexed(train)
+        loader = DataLoader(
+            indexed,
+            batch_size=spec["batch_size"],
+            shuffle=True,
+            generator=generator,
+            num_workers=spec["num_workers"],
+            collate_fn=collate,
+        )
+    else:
+        sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=spec["seed"])
+        loader = DataLoader(
+            train,
+            batch_size=spec["batch_size"],
+            sampler=sampler,
+            num_workers=spec["num_workers"],
+            collate_fn=collate,
+            persistent_workers=False,
+        )
     val_loader = None
     if spec.get("val"):
         val = tv.datasets.ImageFolder(os.path.join(root, "val"), loader=loader_fn)
@@ -104,7 +136,8 @@ def main() -> int:
     read_times: list[float] = []
     cpu0 = _cpu_seconds()
 
-    def consume(dataset: Any, batches: Any, indices: list[int]) -> float:
+    def consume(dataset: Any, batches: Any, indices: list[int] | None) -> float:
+        """Read every batch; ``indices``: the sampler's order (None: the items carry their index)."""
         waited = 0.0
         it = iter(batches)
         pos = 0
@@ -115,13 +148,17 @@ def main() -> int:
             except StopIteration:
                 break
             waited += time.monotonic() - t0
-            for sample, _label in batch:
+            for item in batch:
+                if indices is None:
+                    index, (sample, _label) = item
+                else:
+                    index, (sample, _label) = indices[pos], item
                 data = sample
                 if isinstance(sample, tuple):
                     data, seconds = sample
                     read_times.append(seconds)
                 if digests is not None:
-                    rel = os.path.relpath(dataset.samples[indices[pos]][0], root)
+                    rel = os.path.relpath(dataset.samples[index][0], root)
                     if hashlib.sha1(data).hexdigest() != digests[rel]:
                         result["bad"].append(rel)
                 pos += 1
@@ -137,9 +174,10 @@ def main() -> int:
     for epoch in range(spec["start_epoch"], spec["epochs"]):
         started_at = time.time()  # wall clock: other processes (a test's status poller) can compare
         t0 = time.monotonic()
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         before = len(read_times)
-        waited = consume(train, loader, list(sampler))
+        waited = consume(train, loader, list(sampler) if sampler is not None else None)
         if val_loader is not None:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
         result["epochs"].append(

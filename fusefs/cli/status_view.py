@@ -49,6 +49,9 @@ def render(doc: dict[str, Any]) -> str:
     if seed:
         err = f"  last write rejected: {seed['last_error']}" if seed.get("last_error") else ""
         lines.append(f"seed      {seed.get('value')} ({seed.get('origin')}, generation {seed.get('generation')}){err}")
+    disc = doc.get("discovery")
+    if disc and disc.get("state") not in (None, "off", "idle"):
+        lines.append(f"discovery {discovery_line(disc)}")
     plan = doc.get("plan")
     if plan:
         lines.append(
@@ -106,3 +109,30 @@ def render(doc: dict[str, Any]) -> str:
         for p in peers.get("nodes", []):
             lines.append(f"peer      node {p.get('node')} {p.get('address')} {p.get('state')}")
     return "\n".join(lines)
+
+
+def discovery_line(d: dict[str, Any]) -> str:
+    """The seed search in one line: what it found (or why not), or how far it got."""
+    state = d.get("state")
+    tried, planned = d.get("candidates_tried"), d.get("candidates_planned")
+    if state == "searching":
+        frac = d.get("fraction") or 0.0
+        return (
+            f"searching ({d.get('tier')} tier) {_bar(frac, 1.0)} {tried or 0:,} of {planned or 0:,} candidates, "
+            f"{d.get('seconds') or 0:.1f}s, {d.get('opens_used')} opens"
+        )
+    if state in ("waiting", "preparing"):
+        need = d.get("opens_needed") or "?"
+        return f"{state}: {d.get('opens_recorded', 0)} opens recorded, {need} of the lead dataset needed"
+    if state == "found":
+        return (
+            f"{d.get('result')}: {d.get('hits')} of {d.get('opens_used')} opens fit, false-match chance "
+            f"{d.get('false_match_chance') or 0:.1e}, {tried:,} candidates in {d.get('seconds') or 0:.2f}s"
+            + (f"; {d['note']}" if d.get("note") else "")
+        )
+    line = str(d.get("result") or state)
+    if d.get("message"):
+        line += f"; failed: {d['message']}"
+    if d.get("note"):
+        line += f"; {d['note']}"
+    return line

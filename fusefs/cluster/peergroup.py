@@ -480,7 +480,7 @@ class PeerGroup:
             self.digest_mismatch.pop(key, None)
 
     def _seed_changed(self, seed: SeedState) -> None:
-        if seed.origin == "written" and self._nursery is not None:
+        if seed.origin in ("written", "discovered") and self._nursery is not None:
             self._nursery.start_soon(self._tell_all)  # spread it now, not at the next state round
 
     async def _tell_all(self) -> None:

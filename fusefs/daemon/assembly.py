@@ -47,6 +47,7 @@ from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
 from fusefs.fuse.operations import SeerOperations
 from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_file
+from fusefs.planning.discovery import SeedDiscovery
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
@@ -55,7 +56,7 @@ from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
-from fusefs.readpath.policy import PolicySettings, ReadPolicy
+from fusefs.readpath.policy import CursorView, PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging
@@ -285,11 +286,23 @@ class Daemon:
         self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
         self.seed.listeners.append(self._seed_written)
+        self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
+        self.prefetcher.open_hook = self.discovery.on_open
+        self.prefetcher.view_hook = self._cursor_view
 
     def _seed_written(self, seed: SeedState) -> None:
         """A seed written (here or on a peer) may be the very value the plan assumed: trust it now."""
         if seed.origin != "assumed":
             self.prefetcher.seed_written(seed.value)
+
+    def _cursor_view(self, view: CursorView) -> None:
+        """Tell seed discovery the lead dataset's state under the plan the cursor follows."""
+        plan = self.prefetcher.plan
+        doc = view.status
+        lead_state: str = view.state
+        if doc is not None and 0 <= doc["lead"] < len(doc["datasets"]):
+            lead_state = doc["datasets"][doc["lead"]]["state"]
+        self.discovery.on_cursor(lead_state, plan.seed if plan is not None else None)
 
     def _source_changed(self, path: str, reason: str) -> None:
         """Mark the persisted snapshot so the next mount walks the source again (best effort)."""
@@ -358,6 +371,7 @@ class Daemon:
         return {
             "snapshot": snapshot_status(self.snapshot, self.snapshot_reason),
             "seed": self.seed.status(),
+            "discovery": self.discovery.status(),
             "plan": self.plans.status(),
             "cursor": prefetch["cursor"],
             "prefetch": prefetch,
@@ -384,6 +398,7 @@ class Daemon:
             nursery.start_soon(self._signals, nursery.cancel_scope)
             nursery.start_soon(self._tune_read_ahead)
             nursery.start_soon(self.plans.run)
+            nursery.start_soon(self.discovery.run)
             nursery.start_soon(self._log_progress)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)

@@ -18,6 +18,7 @@ from fusefs.cluster.formation import GroupStatus
 from fusefs.cluster.peergroup import PeeredGroupStatus
 from fusefs.daemon.metrics import MetricsStatus
 from fusefs.meta.snapshot import Snapshot, SnapshotCounts
+from fusefs.planning.discovery import DiscoveryStatus
 from fusefs.planning.manager import PlanStatus
 from fusefs.planning.seed import SeedStatus
 from fusefs.progress import ProgressDoc
@@ -88,6 +89,9 @@ class StatusSections(TypedDict):
 
     snapshot: Annotated[SnapshotStatus, text("the metadata snapshot")]
     seed: Annotated[SeedStatus, text("the sampler seed (written to .control/seed)")]
+    discovery: Annotated[
+        DiscoveryStatus, text("the search for the sampler's seed from the first opens (SEED DISCOVERY)")
+    ]
     plan: Annotated[PlanStatus, text("the placement plan for the current seed")]
     cursor: Annotated[
         CursorStatus | None,

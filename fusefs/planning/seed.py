@@ -2,7 +2,9 @@
 
 The seed that matters is the *sampler's* (``DistributedSampler(seed=...)``, default 0; or the seed of
 the generator given to the DataLoader), not the script's ``torch.manual_seed`` (DESIGN section 1).
-Until a seed is written the daemon assumes the sampler default 0 and marks it ``assumed``.
+Until a seed is written the daemon assumes the sampler default 0 and marks it ``assumed``; a seed
+the daemon found from the node's opens (:mod:`fusefs.planning.discovery`) is ``discovered`` and is
+used exactly as a written one (a later write replaces it).
 
 Every accepted change bumps ``generation``; with peers, the highest generation wins (ties broken
 by the writing node's index) so concurrent writes on different nodes settle on one value.
@@ -69,7 +71,7 @@ def valid_seed(value: object) -> bool:
     return type(value) is int and SEED_MIN <= value <= SEED_MAX
 
 
-SeedOrigin = Literal["assumed", "written", "peer"]
+SeedOrigin = Literal["assumed", "written", "peer", "discovered"]
 
 
 class SeedStatus(TypedDict):
@@ -78,7 +80,10 @@ class SeedStatus(TypedDict):
     value: Annotated[int, info("the seed in use")]
     origin: Annotated[
         SeedOrigin,
-        state("assumed: the sampler default, nothing written yet; written: on this node; peer: on another node"),
+        state(
+            "assumed: the sampler default, nothing written yet; written: on this node; peer: on another node; "
+            "discovered: found from the opens (section discovery)"
+        ),
     ]
     generation: Annotated[int, gauge("bumped by every accepted change; with peers the highest generation wins")]
     writer: Annotated[int, gauge("the node that wrote it, -1 if none")]

@@ -52,7 +52,7 @@ from placement.cursor import CursorState, CursorStatus
 from placement.owners import owners
 from placement.plan import Plan
 from placement.reactive import StaticFrequencySet
-from placement.statusfields import counter, gauge, state
+from placement.statusfields import counter, gauge, state, text
 
 Mode = Literal["reactive", "detecting", "predicting"]
 """reactive: no plan can be trusted; detecting: a plan, waiting for opens to place this node;

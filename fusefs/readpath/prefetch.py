@@ -151,6 +151,10 @@ class Prefetcher:
         self._cursor_generation = 0
         self.seed_trusted: Callable[[], bool] = lambda: True  # False while the seed is only assumed
         self.upcoming_hook: Callable[[tuple[int, ...]], None] | None = None  # told each fresh horizon, in order
+        # Seed discovery's hooks: every open of a dataset file, and every view published for the
+        # current plan (it starts a search when the lead dataset's opens do not fit a written seed).
+        self.open_hook: Callable[[int], None] | None = None
+        self.view_hook: Callable[[CursorView], None] | None = None
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._opens_ready = trio.Event()
         self._cursor_lock = trio.CapacityLimiter(1)
@@ -260,6 +264,8 @@ class Prefetcher:
 
     def opened(self, entry: int) -> UsePages | UseHeld | None:
         """An open of a dataset file: pages or bytes staged for it, if any."""
+        if self.open_hook is not None:
+            self.open_hook(entry)
         answer = self._handle(Opened(entry))
         return answer if isinstance(answer, _STAGED) else None
 
@@ -417,6 +423,8 @@ class Prefetcher:
                 )
             if view.fresh and view.upcoming and self.upcoming_hook is not None and self.policy.view is view:
                 self.upcoming_hook(view.upcoming)
+            if self.view_hook is not None and self.policy.view is view:
+                self.view_hook(view)
             # Let opens gather: placing is cheap, recomputing the view per open is not.
             await trio.sleep(VIEW_INTERVAL)
 

@@ -1,0 +1,388 @@
+"""Finding the sampler's seed from the node's first opens, when nobody wrote it or the one in use is wrong.
+
+The daemon records the first opens of the mount (:meth:`SeedDiscovery.on_open`, every dataset; the
+search keeps the lead dataset's).  A search runs in a subprocess
+(:mod:`fusefs.planning.search_worker`, at low priority) when
+
+* no seed was written (origin ``assumed``): from the start, so the seed is known about as soon as
+  the node has opened enough files (two batches per local rank);
+* the seed in use was written (here or on a peer) and the cursor reports that the lead dataset's
+  opens do not fit its plan (a mismatch).
+
+A match is adopted as if it had been written (:class:`fusefs.planning.seed.SeedState` origin
+``discovered``): the plan manager plans it and the cursor locks on.  A DistributedSampler job seen
+in epoch e is found as ``seed + e`` (its order in epoch e + k is seed + e's in epoch k), which is
+the value planned.  Only a match below the cursor's false-lock chance is accepted.  A search on
+the same recorded opens always ends the same, so it runs once: a later mismatch adopts the match
+found before, or, without one, leaves the reactive policy in charge.
+
+Concurrency rules (all on the trio thread):
+* One search at a time, in :meth:`run`'s cancel scope.  A seed written here or arriving from a peer
+  cancels it (the subprocess is killed), so a stale search never overrides a newer seed; the
+  discovery's own :meth:`SeedState.set` does not (``_adopting``).
+* The recorded opens only grow (up to :data:`OPENS_CAP`); the feeder sends what was added since
+  its last send, in order, until the worker starts searching.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypedDict
+
+import trio
+
+from fusefs.config import Config
+from fusefs.planning.seed import SeedState
+from placement.cursor import FALSE_LOCK
+from placement.seedsearch import seed_value
+from placement.statusfields import counter, gauge, info, state, text
+
+log = logging.getLogger(__name__)
+
+OPENS_CAP = 16384
+"""Opens recorded at most: the search compares at most 4096 distinct files of the lead dataset,
+and the node may open other datasets' files (a validation sanity pass) in between."""
+FEED_INTERVAL = 0.02  # seconds the feeder lets opens gather between two sends
+DiscoveryState = Literal[
+    "off", "idle", "waiting", "preparing", "searching", "found", "not_found", "not_searchable", "stopped"
+]
+
+
+class DiscoveryStatus(TypedDict):
+    """Status section ``discovery``: the search for the sampler's seed from the node's first opens."""
+
+    enabled: Annotated[bool, gauge("seed_discovery.enabled")]
+    state: Annotated[
+        DiscoveryState,
+        state(
+            "off; idle: nothing to search, a written seed is in use; waiting: for enough opens of the lead "
+            "dataset, or for the search process to start; preparing: the search process loads the snapshot; "
+            "searching; found; not_found (the whole range searched, or too few opens ever came); "
+            "not_searchable; stopped: a seed was written, here or on a peer, while it ran"
+        ),
+    ]
+    trigger: Annotated[
+        str | None, text('why it ran: "no seed written", or "the written seed N does not match the opens"')
+    ]
+    result: Annotated[
+        str | None,
+        text(
+            'one line: "seed+epoch = V (DistributedSampler, node K)", "seed = V (DataLoader(shuffle=True, '
+            'seeded generator))", "not found (searched N candidates)", "not searchable (why)" or '
+            '"too few opens (why)"'
+        ),
+    ]
+    seed: Annotated[int | None, info("the value found: the 32-bit generator seed, which is what is planned")]
+    identifies: Annotated[
+        str | None,
+        text(
+            "seed+epoch: a DistributedSampler's order in epoch e depends on seed + e alone, so a job seen in "
+            "epoch e is found as seed + e and planning that value predicts epoch e as the plan's epoch 0; "
+            "seed: a seeded shuffling DataLoader, seen in its epoch 0"
+        ),
+    ]
+    sampler: Annotated[str | None, info("distributed or random: the lead dataset's configured kind, the one searched")]
+    node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
+    dataset: Annotated[int | None, gauge("the lead dataset searched")]
+    files: Annotated[int | None, gauge("its file count")]
+    opens_recorded: Annotated[int, gauge("opens of any dataset recorded for the search, at most 16384")]
+    opens_needed: Annotated[
+        int | None,
+        gauge(
+            "distinct opens of the lead dataset the search waits for: two batches per local rank, at most "
+            "half an epoch and at most 4096; more each time the search answered too few"
+        ),
+    ]
+    opens_used: Annotated[int | None, gauge("distinct lead opens the search compared (the first opens_needed)")]
+    hits: Annotated[int | None, gauge("how many of them the match predicts")]
+    candidates_tried: Annotated[int | None, gauge("seeds tried")]
+    candidates_planned: Annotated[int | None, gauge("seeds in the search's plan")]
+    likely_candidates: Annotated[int | None, gauge("seeds in its likely tier, tried first")]
+    tier: Annotated[str | None, text("while searching: likely or range")]
+    fraction: Annotated[float | None, gauge("candidates_tried / candidates_planned", unit="ratio")]
+    false_match_chance: Annotated[
+        float | None,
+        gauge(
+            "the chance that any wrong candidate of the whole plan fits the opens as well as the match: a "
+            "match is accepted only below threshold"
+        ),
+    ]
+    best_chance: Annotated[float | None, gauge("the smallest false-match chance any candidate reached")]
+    threshold: Annotated[float, gauge("the cursor's false-lock chance")]
+    seconds: Annotated[
+        float | None, gauge("the search's time so far or in all (the process start and snapshot load before)")
+    ]
+    cpu_seconds: Annotated[float | None, gauge("the search process's CPU time", unit="seconds")]
+    found_at_opens: Annotated[int | None, gauge("opens the mount had seen when the match was adopted")]
+    attempts: Annotated[int, counter("search processes started")]
+    reason: Annotated[str | None, text("the search's own sentence: how the match fits, or why nothing did")]
+    note: Annotated[
+        str | None,
+        text(
+            "what happened since: a newer seed stopped it, a match found before was adopted for a later "
+            "mismatch, a discovered seed no longer matches"
+        ),
+    ]
+    message: Annotated[str | None, text("why the search process failed, or null")]
+    limit: Annotated[int, gauge("seed_discovery.limit")]
+
+
+class SeedDiscovery:
+    def __init__(self, snapshot_file: Path, cfg: Config, seed: SeedState) -> None:
+        self.settings = cfg.seed_discovery
+        self.config = cfg.to_dict()
+        self.snapshot_file = snapshot_file
+        self.seed = seed
+        self.threshold = FALSE_LOCK
+        self.state: DiscoveryState = "idle" if self.settings.enabled else "off"
+        self.trigger: str | None = None  # why the last search was started
+        self.note: str | None = None  # what happened after it ended (a newer seed, a later mismatch)
+        self.opens: list[int] = []  # the mount's first opens (snapshot entries), in order
+        self.result: dict[str, Any] | None = None  # the last finished search's fields
+        self.setup: dict[str, Any] = {}  # what the worker said it searches (dataset, files, sampler, ...)
+        self.progress: dict[str, Any] = {}  # the worker's last waiting/searching line
+        self.attempts = 0
+        self.started_at: float | None = None  # monotonic: the search (not the preparation) began
+        self.seconds: float | None = None  # from the search's start to its end
+        self.found_at_opens: int | None = None  # opens the mount had seen when the match was adopted
+        self.message: str | None = None  # why the last worker failed
+        self._recording = self.settings.enabled
+        self._opens_changed = trio.Event()
+        self._wanted = trio.Event()
+        self._scope: trio.CancelScope | None = None
+        self._adopting = False
+        seed.listeners.append(self._seed_changed)
+
+    # ------------------------------------------------------------------ events (trio thread)
+
+    def on_open(self, entry: int) -> None:
+        """A dataset file was opened (the prefetcher's hook): record the first ones."""
+        if not self._recording:
+            return
+        self.opens.append(entry)
+        if len(self.opens) >= OPENS_CAP:
+            self._recording = False
+        self._opens_changed.set()
+
+    def on_cursor(self, lead_state: str, plan_seed: int | None) -> None:
+        """The cursor published a view; ``lead_state``: the lead dataset's state under the plan for
+        ``plan_seed``.  A mismatch under the seed in use, when it was written, starts a search."""
+        if self.state == "off" or lead_state != "mismatch" or plan_seed != self.seed.value:
+            return
+        origin = self.seed.origin
+        if self._scope is not None:
+            return  # a search is under way
+        if origin == "discovered":
+            self.note = f"the discovered seed {plan_seed} no longer matches the opens; write the seed"
+            return
+        if origin not in ("written", "peer"):
+            return
+        if self.result is None:
+            self._want(f"the {origin} seed {plan_seed} does not match the opens")
+            return
+        found = self.result.get("seed")
+        if found is not None and found != seed_value(plan_seed):
+            self.trigger = f"the {origin} seed {plan_seed} does not match the opens"
+            self.note = f"adopted the seed found before, {found}"
+            self._adopt(int(found))
+
+    def _seed_changed(self, seed: SeedState) -> None:
+        if self._adopting or seed.origin not in ("written", "peer"):
+            return
+        if self._scope is not None:
+            self._scope.cancel()
+            self.note = f"stopped: a seed was {seed.origin} ({seed.value})"
+            log.info("seed discovery stopped: seed %d was %s", seed.value, seed.origin)
+
+    def _want(self, trigger: str) -> None:
+        self.trigger = trigger
+        self.note = None
+        self.state = "waiting"
+        self._wanted.set()
+
+    def _adopt(self, value: int) -> None:
+        self.found_at_opens = len(self.opens)
+        self._adopting = True
+        try:
+            self.seed.set(value, "discovered")
+        finally:
+            self._adopting = False
+
+    # ------------------------------------------------------------------ the search task
+
+    async def run(self) -> None:
+        if not self.settings.enabled:
+            return
+        if self.seed.origin == "assumed":
+            self._want("no seed written")
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                try:
+                    await self._search()
+                except SearchFailed as exc:
+                    self.state, self.message = "idle", str(exc)
+                    log.warning("seed discovery failed: %s", exc)
+                finally:
+                    self._scope = None
+            if scope.cancelled_caught:
+                self.state = "stopped"
+
+    async def _search(self) -> None:
+        self.attempts += 1
+        self.state, self.result, self.setup, self.progress = "preparing", None, {}, {}
+        self.started_at = self.seconds = None
+        self.message = None
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "fusefs.planning.search_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        last: dict[str, Any] = {}
+        try:
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._feed, proc.stdin)
+                last = await self._follow(proc.stdout)
+                nursery.cancel_scope.cancel()
+            stderr = bytes(await proc.stderr.receive_some(65536))
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+        if last.get("phase") != "done":
+            reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
+            raise SearchFailed(reason if isinstance(reason, str) else reason[0])
+        self._finished(last)
+
+    async def _feed(self, stdin: trio.abc.SendStream) -> None:
+        """The request, then the recorded opens as they come, until the worker searches."""
+        request = {
+            "snapshot": str(self.snapshot_file),
+            "config": self.config,
+            "limit": self.settings.limit,
+            "epoch_span": self.settings.epoch_span,
+            "threshold": self.threshold,
+        }
+        await stdin.send_all(json.dumps(request).encode() + b"\n")
+        sent = 0
+        while self.state in ("preparing", "waiting"):
+            if sent < len(self.opens):
+                chunk, sent = self.opens[sent:], len(self.opens)
+                await stdin.send_all(json.dumps({"opens": chunk}).encode() + b"\n")
+            elif not self._recording:
+                await stdin.aclose()  # every open it will ever get: let it answer with what it has
+                return
+            else:
+                await self._opens_changed.wait()
+                self._opens_changed = trio.Event()
+                await trio.sleep(FEED_INTERVAL)
+
+    async def _follow(self, stdout: trio.abc.ReceiveStream) -> dict[str, Any]:
+        """Take in the worker's progress lines until its last one."""
+        buf = bytearray()
+        last: dict[str, Any] = {}
+        async for chunk in stdout:
+            buf += chunk
+            while b"\n" in buf:
+                line, _, rest = bytes(buf).partition(b"\n")
+                buf = bytearray(rest)
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(doc, dict):
+                    continue
+                last = doc
+                phase = doc.get("phase")
+                if phase == "ready":
+                    self.setup = {k: doc.get(k) for k in ("dataset", "files", "sampler", "need", "planned", "likely")}
+                    self.state = "waiting"
+                elif phase == "waiting":
+                    self.progress = doc
+                    self.state = "waiting"
+                elif phase == "searching":
+                    if self.state != "searching":
+                        self.started_at = time.monotonic()
+                        log.info("seed discovery: searching with %s opens", doc.get("opens"))
+                    self.progress = doc
+                    self.state = "searching"
+                elif phase in ("done", "failed"):
+                    return last
+        return last
+
+    def _finished(self, doc: dict[str, Any]) -> None:
+        status = str(doc.get("status"))
+        if self.started_at is not None:
+            self.seconds = round(time.monotonic() - self.started_at, 3)
+        self.result = {k: v for k, v in doc.items() if k not in ("phase", "t")}
+        log.info("seed discovery: %s (%s)", self.result.get("result"), self.trigger)
+        if status == "found":
+            self.state = "found"
+            value = int(doc["seed"])
+            if self.seed.origin != "assumed" and seed_value(self.seed.value) == value:
+                self.note = f"the seed in use, {self.seed.value}, fits the opens: the mismatch has another cause"
+                return
+            self._adopt(value)
+        elif status == "not_searchable":
+            self.state = "not_searchable"
+        else:
+            self.state = "not_found"  # not_found, or too_few_opens with every open the mount recorded
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> DiscoveryStatus:
+        r = self.result or {}
+        p = self.progress
+        tried = r.get("candidates_tried", p.get("tried"))
+        planned = r.get("candidates_planned", p.get("planned", self.setup.get("planned")))
+        running = self.state == "searching" and self.started_at is not None
+        return {
+            "enabled": self.settings.enabled,
+            "state": self.state,
+            "trigger": self.trigger,
+            "result": r.get("result"),
+            "seed": r.get("seed"),
+            "identifies": r.get("identifies"),
+            "sampler": r.get("sampler"),
+            "node": r.get("node"),
+            "dataset": self.setup.get("dataset"),
+            "files": self.setup.get("files"),
+            "opens_recorded": len(self.opens),
+            "opens_needed": p.get("need", self.setup.get("need")),
+            "opens_used": r.get("opens", p.get("opens")),
+            "hits": r.get("hits"),
+            "candidates_tried": tried,
+            "candidates_planned": planned,
+            "likely_candidates": self.setup.get("likely"),
+            "tier": p.get("tier") if self.state == "searching" else None,
+            "fraction": round(tried / planned, 4) if isinstance(tried, int) and planned else None,
+            "false_match_chance": r.get("false_match_chance"),
+            "best_chance": r.get("best_chance"),
+            "threshold": self.threshold,
+            "seconds": round(time.monotonic() - self.started_at, 3) if running and self.started_at else self.seconds,
+            "cpu_seconds": r.get("cpu_seconds"),
+            "found_at_opens": self.found_at_opens,
+            "attempts": self.attempts,
+            "reason": r.get("reason") or p.get("reason"),
+            "note": self.note,
+            "message": self.message,
+            "limit": self.settings.limit,
+        }
+
+
+class SearchFailed(Exception):
+    """The search worker failed (the message is one line for status)."""

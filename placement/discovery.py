@@ -1,0 +1,162 @@
+"""What a seed search of the daemon looks for, when a node's opens are enough to start it, and how
+its outcome reads: the decisions around :mod:`placement.seedsearch`, without the process that runs it.
+
+A job that writes no seed, or a wrong one, still shows its sampler's order in the files its node
+opens first.  The daemon records them, and a background process (``fusefs.planning.search_worker``)
+maps them to the lead dataset's indices and searches (:class:`placement.seedsearch.SeedSearch`).
+This module decides:
+
+* which dataset and sampler to search (:func:`search_setup`): the job's lead dataset (the one whose
+  passes are its epochs), with the sampler kind the config names for it.  A sampler without a seed
+  (sequential, an explicit order, ``shuffle: false``) is not searchable, and neither is one the
+  search does not model;
+* when to start (:class:`OpensGate`): once the node has opened two batches per local rank of the
+  lead (what DataLoader workers open first; fewer leave too little margin over the false-match
+  bound to survive the workers' reordering), and later again with half as many more opens each
+  time the search answers ``too_few_opens``;
+* how to report it (:func:`describe`): one line for a person and the fields of the status section.
+
+Pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from placement import seedsearch as ss
+from placement.jobstreams import JobStreams
+from placement.randperm import THRESHOLD_64BIT
+from placement.streams import JobShape
+
+MAX_OPENS = 4096
+"""Distinct lead opens a search compares at most (the engine's own cap: evidence saturates long before)."""
+
+SAMPLER_NAMES = {"distributed": "DistributedSampler", "random": "DataLoader(shuffle=True, seeded generator)"}
+
+
+@dataclass(frozen=True)
+class SearchSetup:
+    """What to search: ``lead`` (dataset index), its ``root`` and ``n`` files, the sampler ``kinds``,
+    the job ``shape`` and ``start_opens`` (distinct lead opens to wait for); or ``reason`` why the
+    job cannot be searched (then nothing else matters)."""
+
+    lead: int
+    root: str
+    n: int
+    kinds: tuple[ss.Kind, ...]
+    shape: JobShape
+    start_opens: int
+    reason: str | None = None
+
+    @property
+    def searchable(self) -> bool:
+        return self.reason is None
+
+
+def search_setup(config: Mapping[str, Any], js: JobStreams) -> SearchSetup:
+    """The search for the job in ``config`` (``Config.to_dict()``) whose streams are ``js``.
+
+    Only the sampler kind the config names is searched: a seed found for another kind would plan
+    the wrong order anyway (the config has to say which sampler the job uses).
+    """
+    lead = js.lead
+    ds = config["datasets"][lead]
+    smp = ds["sampler"]
+    n = int(js.datasets[lead].n)
+    shape = js.shape
+    kind = str(smp["kind"])
+    reason: str | None = None
+    kinds: tuple[ss.Kind, ...] = ()
+    if kind == "distributed" and smp.get("shuffle", True):
+        kinds = ("distributed",)
+    elif kind == "random":
+        kinds = ("random",)
+    elif kind == "distributed":
+        reason = f"dataset {ds['root']!r} is read in index order (sampler.shuffle false): no seed decides it"
+    else:
+        reason = f"dataset {ds['root']!r} is read in a fixed order (sampler.kind {kind}): no seed decides it"
+    if reason is None and n >= THRESHOLD_64BIT:
+        reason = f"{n} files: torch's randperm uses 64-bit draws from 214,748,364 files on"
+    elif reason is None and n < 2:
+        reason = f"dataset {ds['root']!r} has {n} file(s): a single order"
+    return SearchSetup(lead, str(ds["root"]), n, kinds, shape, start_opens(n, shape, kinds), reason)
+
+
+def start_opens(n: int, shape: JobShape, kinds: tuple[ss.Kind, ...]) -> int:
+    """Distinct lead opens to wait for: two batches per local rank (every rank of a DataLoader without
+    a DistributedSampler reads the same order, so one rank's worth is distinct), at most half of
+    what the node reads in an epoch and at most :data:`MAX_OPENS`."""
+    if not kinds:
+        return 1
+    distributed = "distributed" in kinds
+    ranks = shape.ranks_per_node if distributed else 1
+    per_epoch = ranks * (math.ceil(n / shape.world_size) if distributed else n)
+    return max(1, min(2 * shape.batch_size * ranks, MAX_OPENS, max(1, per_epoch // 2)))
+
+
+class OpensGate:
+    """When the recorded opens are enough to search (again).
+
+    ``ready(k)``: start a search with ``k`` distinct lead opens.  After a ``too_few_opens`` answer
+    with ``k`` opens, :meth:`too_few` asks for half as many more (at least one more); once
+    :data:`MAX_OPENS` did not suffice, :attr:`exhausted` is set and no search is worth starting.
+    """
+
+    def __init__(self, first: int) -> None:
+        self.need = max(1, min(first, MAX_OPENS))
+        self.exhausted = False
+
+    def ready(self, opens: int) -> bool:
+        return not self.exhausted and opens >= self.need
+
+    def too_few(self, opens: int) -> None:
+        if opens >= MAX_OPENS:
+            self.exhausted = True
+            return
+        self.need = min(MAX_OPENS, max(opens + 1, math.ceil(opens * 1.5)))
+
+
+def candidates(limit: int, epoch_span: int) -> tuple[ss.Candidates, int]:
+    """The search plan (:func:`placement.seedsearch.default_candidates`) and how many of its first
+    values are the likely tier (the common seeds, 0..65535, seed + epoch of the common seeds, dates):
+    what the daemon tries first, before the rest of 0..limit-1."""
+    plan = ss.default_candidates(limit=limit, epoch_span=epoch_span)
+    likely = len(ss.default_candidates(limit=min(limit, ss.LIKELY_RANGE), epoch_span=epoch_span))
+    return plan, min(likely, len(plan))
+
+
+def describe(result: ss.SearchResult) -> str:
+    """One line for a person: what was identified, or why nothing was."""
+    m = result.match
+    if m is not None:
+        where = f", node {m.node}" if m.node is not None else ""
+        return f"{m.identifies} = {m.value} ({SAMPLER_NAMES[m.kind]}{where})"
+    if result.status == "not_found":
+        return f"not found (searched {result.candidates_tried:,} candidates)"
+    if result.status == "not_searchable":
+        return f"not searchable ({result.reason})"
+    return f"too few opens ({result.reason})"
+
+
+def result_fields(result: ss.SearchResult) -> dict[str, Any]:
+    """The status fields of a finished search (see seerfs-control(7), section discovery)."""
+    m = result.match
+    return {
+        "status": result.status,
+        "result": describe(result),
+        "seed": None if m is None else m.value,
+        "identifies": None if m is None else m.identifies,
+        "sampler": None if m is None else m.kind,
+        "node": None if m is None else m.node,
+        "hits": None if m is None else m.hits,
+        "predicted": None if m is None else m.predicted,
+        "false_match_chance": None if m is None else m.false_match_chance,
+        "best_chance": result.best_chance,
+        "candidates_tried": result.candidates_tried,
+        "candidates_planned": result.candidates_planned,
+        "comparisons": result.comparisons,
+        "reason": result.reason,
+    }
