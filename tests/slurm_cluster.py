@@ -55,7 +55,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +63,7 @@ from typing import Any
 import pytest
 
 from fusefs import mountinfo
+from fusefs.waiting import WaitTimeout, wait_until
 
 __all__ = [
     "JOB_USER",
@@ -165,19 +165,22 @@ class SlurmCluster:
         return record
 
     def wait_job(self, job_id: int, timeout: float, states: frozenset[str] = TERMINAL_STATES) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
+        info: dict[str, Any] = {}
+
+        def done() -> dict[str, Any] | None:
+            nonlocal info
             info = self.job(job_id)
-            if info["job_state"] in states:
-                return info
             if info["job_state"] == "PENDING" and info["state_reason"].startswith("JobHeld"):  # a failed prolog
                 raise AssertionError(f"job {job_id} held ({info['state_reason']})\n" + self.log_tail())
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"job {job_id} still {info['job_state']} after {timeout}s (reason {info['state_reason']})\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.2)
+            return info if info["job_state"] in states else None
+
+        try:
+            return wait_until(done, timeout, f"job {job_id}", max_delay=0.2)
+        except WaitTimeout:
+            raise AssertionError(
+                f"job {job_id} still {info['job_state']} after {timeout}s (reason {info['state_reason']})\n"
+                + self.log_tail()
+            ) from None
 
     def steps(self, job_id: int) -> list[str]:
         """The job's running step ids (``N.batch``, ``N.0``, ...)."""
@@ -240,12 +243,13 @@ class SlurmCluster:
         ]
         if active:
             self.run("scancel", *active, check=False)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             res = self.run("squeue", "-h", "-o", "%T", check=False)
-            if res.returncode != 0 or not res.stdout.strip():
-                return
-            time.sleep(0.2)
+            return res.returncode != 0 or not res.stdout.strip()
+
+        with contextlib.suppress(WaitTimeout):  # best effort: the cluster is torn down next anyway
+            wait_until(drained, timeout, "the queue to drain", max_delay=0.2)
 
 
 def _write_munge(root: Path) -> tuple[Path, Path]:
@@ -427,16 +431,20 @@ def _stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
 
 
 def _wait(cond: Any, timeout: float, what: str, cluster: SlurmCluster) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
+    def done() -> bool:
+        if cond():
+            return True
         for name, proc in [*cluster.procs.items(), *((n.name, n.proc) for n in cluster.nodes if n.proc)]:
             if proc is not None and proc.poll() is not None:
                 raise SlurmUnavailable(
                     f"{name} exited ({proc.returncode}) while waiting for {what}\n" + cluster.log_tail()
                 )
-        if time.monotonic() > deadline:
-            raise SlurmUnavailable(f"timed out after {timeout}s waiting for {what}\n" + cluster.log_tail())
-        time.sleep(0.1)
+        return False
+
+    try:
+        wait_until(done, timeout, what, max_delay=0.1)
+    except WaitTimeout as exc:
+        raise SlurmUnavailable(f"{exc}\n" + cluster.log_tail()) from None
 
 
 def _remove_slurm_cgroups(names: set[str], timeout: float = 15) -> None:
@@ -444,8 +452,8 @@ def _remove_slurm_cgroups(names: set[str], timeout: float = 15) -> None:
 
     A group can be removed only once its last process is gone; killed steps take a moment to exit.
     """
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def removed() -> bool:
         tops = [t for t in Path("/sys/fs/cgroup").glob("*/slurm*") if t.name in names]
         for top in tops:
             for sub in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -453,9 +461,10 @@ def _remove_slurm_cgroups(names: set[str], timeout: float = 15) -> None:
                     sub.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
-        if not any(t.exists() for t in tops) or time.monotonic() > deadline:
-            return
-        time.sleep(0.2)
+        return not any(t.exists() for t in tops)
+
+    with contextlib.suppress(WaitTimeout):  # best effort, like the rmdirs themselves
+        wait_until(removed, timeout, "the slurm cgroups to go", max_delay=0.2)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -37,9 +36,7 @@ def test_corrupted_tier_copy_is_detected_refetched_and_counted(tmp_path: Path) -
         wait_plan(mnt, 0)  # the assumed seed's plan: its guesses are staged while we read
         assert read_all(mnt, rels) == originals  # sorted order: no plan matches, so the reactive set keeps them
         wait_for(lambda: status(mnt)["prefetch"]["mode"] == "reactive", what="fallback to the reactive policy")
-        deadline = time.monotonic() + 20
-        while len(tier_files(tmp_path / "ssd")) < len(rels) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(tier_files(tmp_path / "ssd")) >= len(rels), 20, "the directory tier to take every file")
         copies = tier_files(tmp_path / "ssd")
         assert len(copies) == len(rels), "the directory tier did not take every file"
         for copy in copies:  # flip one byte in the middle of every cached copy

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("placement",),
-    ("fusefs", "fusefs.errors", "fusefs.progress"),
+    ("fusefs", "fusefs.errors", "fusefs.progress", "fusefs.waiting"),
     ("fusefs.config", "fusefs.mountinfo"),
     ("fusefs.meta",),
     ("fusefs.tiers", "fusefs.planning"),

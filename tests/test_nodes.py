@@ -89,13 +89,14 @@ def test_seeds_reach_every_node_and_concurrent_writes_converge(
         wait_seed(mnts, 21)
         write_seed(mnts[0], 30)  # concurrent different writes: one generation, the writer index decides
         write_seed(mnts[2], 31)
-        deadline = time.monotonic() + 20
-        while True:
+        seeds: list[tuple[int, int]] = []
+
+        def agreed() -> bool:
+            nonlocal seeds
             seeds = [(status(m)["seed"]["value"], status(m)["seed"]["generation"]) for m in mnts]
-            if len(set(seeds)) == 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert len(set(seeds)) == 1, seeds  # every node holds the same seed and generation
+            return len(set(seeds)) == 1
+
+        wait_for(agreed, 20, lambda: f"one seed and generation on every node (now {seeds})")
         # Written at once they share generation 2 and the higher writer wins; if node 2 heard of 30
         # before its own write, 31 came later (generation 3) and wins as the latest.
         assert seeds[0] in ((30, 2), (31, 2), (31, 3)), seeds

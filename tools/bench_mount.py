@@ -24,6 +24,7 @@ import numpy as np
 
 from fusefs.meta.snapshot import Snapshot
 from fusefs.meta.walker import STAT_FIELDS, DirChunk
+from fusefs.waiting import WaitTimeout, wait_until
 from placement.tree import KIND_DIR, KIND_FILE
 
 SEERFS = [sys.executable, "-m", "fusefs"]
@@ -89,11 +90,10 @@ def pfs_emulator(backing: Path, work: Path, meta_ms: float) -> Iterator[Path]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("bench_mount: PFS emulator did not start")
-            time.sleep(0.05)
+        with contextlib.suppress(WaitTimeout):
+            wait_until(lambda: os.path.ismount(mnt) or proc.poll() is not None, 30, "the PFS emulator's mount")
+        if not os.path.ismount(mnt):
+            raise SystemExit("bench_mount: PFS emulator did not start")
         yield mnt
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)

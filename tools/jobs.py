@@ -12,7 +12,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from tools.mkdataset import Spec, make_dataset
-from tools.mounts import status
+from tools.mounts import status, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,17 +137,19 @@ def write_seed(mnt: Path, seed: int) -> None:
 
 
 def wait_plan(mnt: Path, seed: int, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The status document once the plan for ``seed`` is ready; a failed plan fails at once."""
+    plan: dict[str, Any] = {}
+
+    def ready() -> dict[str, Any] | None:
+        nonlocal plan
         doc = status(mnt)
         plan = doc["plan"]
-        if plan["state"] == "ready" and plan["seed"] == seed:
-            return doc
         if plan["state"] == "failed":
             raise AssertionError(f"planning failed: {plan['message']}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no plan for seed {seed} after {timeout}s: {plan}")
-        time.sleep(0.05)
+        return doc if plan["state"] == "ready" and plan["seed"] == seed else None
+
+    doc: dict[str, Any] = wait_for(ready, timeout, lambda: f"the plan for seed {seed} (last: {plan})")
+    return doc
 
 
 def rss(pid: int) -> int:

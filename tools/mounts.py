@@ -7,10 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from fusefs.waiting import WaitTimeout, wait_until
 
 SEERFS = [sys.executable, "-m", "fusefs"]
 
@@ -36,17 +37,12 @@ def force_unmount(mountpoint: str | os.PathLike[str]) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str | Callable[[], str] = "condition") -> Any:
+    """:func:`fusefs.waiting.wait_until` whose timeout is a test failure (AssertionError), not an error."""
+    try:
+        return wait_until(predicate, timeout, what)
+    except WaitTimeout as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def status(mountpoint: str | os.PathLike[str]) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -175,11 +174,11 @@ def member_state(mnt: Path, address_prefix: str) -> str:
 
 
 def wait_seed(mnts: list[Path], value: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    seeds: list[Any] = []
+
+    def everywhere() -> bool:
+        nonlocal seeds
         seeds = [status(m)["seed"]["value"] for m in mnts]
-        if all(s == value for s in seeds):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"seed {value} did not reach every node: {seeds}")
-        time.sleep(0.1)
+        return all(s == value for s in seeds)
+
+    wait_for(everywhere, timeout, lambda: f"seed {value} to reach every node (seeds now: {seeds})")

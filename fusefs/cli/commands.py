@@ -16,6 +16,7 @@ from typing import Any
 from fusefs.cli.options import load_config
 from fusefs.errors import ExitCode, SeerfsError, TimeoutExpired
 from fusefs.progress import ProgressPrinter, current_line
+from fusefs.waiting import WaitTimeout, wait_until
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -50,28 +51,32 @@ def cmd_wait(args: argparse.Namespace) -> int:
     printer = ProgressPrinter(sys.stderr)
     try:
         wait_answering(mp, args.timeout, poll=lambda: _show_starting(mp, printer))
-        delay = 0.01
-        while True:
+        waiting_for = ""
+
+        def done() -> bool:
+            nonlocal waiting_for
             doc = read_status(mp, max(1.0, deadline - time.monotonic()))
             group = doc.get("group", {})
-            waiting_for = ""
             if group.get("state", "ready") != "ready":
                 waiting_for = f"daemon group still forming ({group.get('size')} of {group.get('expect')} nodes)"
                 printer.show(f"group: forming, {group.get('size')} of {group.get('expect')} nodes")
-            elif args.plan:
-                plan, seed = doc.get("plan") or {}, (doc.get("seed") or {}).get("value")
-                if plan.get("state") == "ready" and plan.get("seed") == seed:
-                    return 0
-                if plan.get("state") == "failed" and plan.get("seed") == seed:
-                    raise SeerfsError(f"{mp}: plan for seed {seed} failed: {plan.get('message')}", ExitCode.CONFIG)
-                waiting_for = f"plan for seed {seed} not ready ({plan.get('state')}, {plan.get('progress')})"
-                printer.show(str(((doc.get("progress") or {}).get("plan") or {}).get("line", waiting_for)))
-            else:
-                return 0
-            if time.monotonic() >= deadline:
-                raise TimeoutExpired(f"{mp}: {waiting_for} after {args.timeout:g}s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+                return False
+            if not args.plan:
+                return True
+            plan, seed = doc.get("plan") or {}, (doc.get("seed") or {}).get("value")
+            if plan.get("state") == "ready" and plan.get("seed") == seed:
+                return True
+            if plan.get("state") == "failed" and plan.get("seed") == seed:
+                raise SeerfsError(f"{mp}: plan for seed {seed} failed: {plan.get('message')}", ExitCode.CONFIG)
+            waiting_for = f"plan for seed {seed} not ready ({plan.get('state')}, {plan.get('progress')})"
+            printer.show(str(((doc.get("progress") or {}).get("plan") or {}).get("line", waiting_for)))
+            return False
+
+        try:
+            wait_until(done, deadline - time.monotonic(), lambda: waiting_for)
+        except WaitTimeout:
+            raise TimeoutExpired(f"{mp}: {waiting_for} after {args.timeout:g}s") from None
+        return 0
     finally:
         printer.close()
 

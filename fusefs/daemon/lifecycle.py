@@ -29,6 +29,7 @@ from fusefs.daemon.checks import MountRequest
 from fusefs.daemon.runtime import StartRecord
 from fusefs.errors import DeadMount, ExitCode, SeerfsError, TimeoutExpired
 from fusefs.progress import LOG_INTERVAL_S, ProgressPrinter, current_line
+from fusefs.waiting import WaitTimeout, wait_until
 
 if TYPE_CHECKING:
     from fusefs.daemon.assembly import Daemon
@@ -125,23 +126,25 @@ def _detach_stdio() -> None:
 
 def wait_answering(mountpoint: str, timeout: float, poll: Callable[[], None] | None = None) -> None:
     """Poll until the mount is a seerfs mount whose control files answer; ``poll`` runs each round."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
     probe = os.path.join(mountpoint, ".control", "status")
-    while True:
+
+    def answering() -> bool:
         if poll is not None:
             poll()
-        if mountinfo.is_seerfs(mountpoint):
-            try:
-                os.stat(probe)
-                return
-            except OSError as exc:
-                if exc.errno in DEAD_ERRNOS:
-                    raise dead_mount(mountpoint) from None
-        if time.monotonic() >= deadline:
-            raise TimeoutExpired(f"{mountpoint}: mount not answering after {timeout:g}s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+        if not mountinfo.is_seerfs(mountpoint):
+            return False
+        try:
+            os.stat(probe)
+        except OSError as exc:
+            if exc.errno in DEAD_ERRNOS:
+                raise dead_mount(mountpoint) from None
+            return False
+        return True
+
+    try:
+        wait_until(answering, timeout, "the mount to answer", first_delay=0.005, max_delay=0.1)
+    except WaitTimeout:
+        raise TimeoutExpired(f"{mountpoint}: mount not answering after {timeout:g}s") from None
 
 
 DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import xxhash
+
+from fusefs.waiting import WaitTimeout, wait_until
 
 
 def runtime_dir() -> Path:
@@ -114,11 +115,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def wait_pid_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
+    """Whether ``pid`` exited within ``timeout`` seconds."""
+    try:
+        wait_until(lambda: not pid_alive(pid), timeout, f"process {pid} to exit")
+    except WaitTimeout:
+        return False
     return True

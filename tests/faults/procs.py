@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.mounts import force_unmount, is_mounted, seerfs
+from tools.mounts import force_unmount, is_mounted, seerfs, wait_for
 
 
 def daemon_pid(mnt: Path) -> int:
@@ -34,10 +33,7 @@ def kill9(mnt: Path, pid: int | None = None) -> int:
     """kill -9 the daemon of ``mnt``, wait until it is gone and clean up its dead mount."""
     pid = daemon_pid(mnt) if pid is None else pid
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid), f"daemon {pid} survived SIGKILL"
+    wait_for(lambda: not alive(pid), 20, f"daemon {pid} to die of SIGKILL")
     if is_mounted(mnt):
         seerfs("umount", str(mnt), timeout=30)
     force_unmount(mnt)
