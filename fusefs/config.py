@@ -21,6 +21,15 @@ from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_
 import yaml
 
 from fusefs.errors import ConfigError
+from placement.model import (
+    DEFAULT_NETWORK,
+    DEFAULT_OPEN_LATENCY,
+    DEFAULT_PFS,
+    DEFAULT_READ,
+    DEFAULT_STAGING_THREADS,
+    DEFAULT_TIER_THREADS,
+    DEFAULT_WRITE,
+)
 
 ByteSize = NewType("ByteSize", int)
 """An integer byte count; YAML may give ``4GiB``, ``512M`` (binary) or ``2GB`` (decimal)."""
@@ -204,7 +213,7 @@ class TierConfig:
         "bytes gets this default",
         ByteSize(DEFAULT_TIER_BYTES),
     )
-    threads: int = doc("prefetch threads that fill this tier", 4)
+    threads: int = doc("prefetch threads that fill this tier", DEFAULT_TIER_THREADS)
     read_mbps: ThroughputTable | None = doc("r_j(p): MB/s read with p threads; default from model", None)
     write_mbps: ThroughputTable | None = doc("w_j(p): MB/s written with p threads; default from model", None)
 
@@ -214,7 +223,7 @@ class PrefetchConfig:
     lookahead_bytes: ByteSize = doc(
         "staging window: bytes of this node's upcoming reads kept ready", ByteSize(256 << 20)
     )
-    threads: int = doc("threads that fill the staging window", 4)
+    threads: int = doc("threads that fill the staging window", DEFAULT_STAGING_THREADS)
     staging: Literal["page_cache", "memory"] = doc(
         "page_cache: push staged files into the kernel page cache (notify_store); memory: serve from RAM",
         "page_cache",
@@ -288,24 +297,26 @@ class SeedDiscoveryConfig:
     )
 
 
+# The model's defaults live in placement.model (the planner falls back to them too); these
+# factories hand each config a copy of its own.
 def _default_pfs_table() -> ThroughputTable:
-    return {1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0}
+    return dict(DEFAULT_PFS)
 
 
 def _default_memory_read() -> ThroughputTable:
-    return {1: 10000.0, 4: 40000.0, 8: 85000.0}
+    return dict(DEFAULT_READ["memory"])
 
 
 def _default_memory_write() -> ThroughputTable:
-    return {1: 5000.0, 4: 20000.0, 8: 40000.0}
+    return dict(DEFAULT_WRITE["memory"])
 
 
 def _default_disk_read() -> ThroughputTable:
-    return {1: 1000.0, 2: 2000.0, 4: 4000.0}
+    return dict(DEFAULT_READ["directory"])
 
 
 def _default_disk_write() -> ThroughputTable:
-    return {1: 800.0, 2: 1500.0, 4: 2500.0}
+    return dict(DEFAULT_WRITE["directory"])
 
 
 @dataclass(frozen=True)
@@ -313,12 +324,12 @@ class ModelConfig:
     pfs_mbps: ThroughputTable = doc(
         "t(gamma): PFS aggregate random-read MB/s with gamma reading nodes", factory=_default_pfs_table
     )
-    network_mbps: float = doc("b_c: node-to-node bandwidth in MB/s", 24000.0)
+    network_mbps: float = doc("b_c: node-to-node bandwidth in MB/s", DEFAULT_NETWORK)
     memory_read_mbps: ThroughputTable = doc("r(p) of memory tiers by threads", factory=_default_memory_read)
     memory_write_mbps: ThroughputTable = doc("w(p) of memory tiers by threads", factory=_default_memory_write)
     directory_read_mbps: ThroughputTable = doc("r(p) of directory tiers by threads", factory=_default_disk_read)
     directory_write_mbps: ThroughputTable = doc("w(p) of directory tiers by threads", factory=_default_disk_write)
-    open_latency_s: float = doc("PFS per-file open latency in seconds", 0.003)
+    open_latency_s: float = doc("PFS per-file open latency in seconds", DEFAULT_OPEN_LATENCY)
 
 
 def _default_datasets() -> list[DatasetConfig]:

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,11 +40,28 @@ SOURCE_PEER = 1
 SOURCE_PFS = 2
 SOURCE_NAMES = ("local", "peer", "pfs")
 
-DEFAULT_PFS = {1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0}
-DEFAULT_NETWORK = 24000.0
-DEFAULT_OPEN_LATENCY = 0.003
-DEFAULT_READ = {"memory": {1: 10000.0, 4: 40000.0, 8: 85000.0}, "directory": {1: 1000.0, 2: 2000.0, 4: 4000.0}}
-DEFAULT_WRITE = {"memory": {1: 5000.0, 4: 20000.0, 8: 40000.0}, "directory": {1: 800.0, 2: 1500.0, 4: 2500.0}}
+# The model's defaults, in one place: fusefs.config's ``model`` section and ``tiers[].threads`` /
+# ``prefetch.threads`` take their defaults from here (and so do the generated man pages), and
+# from_config falls back to the same numbers for a dict that leaves a key out.
+DEFAULT_PFS: Final[Mapping[int, float]] = MappingProxyType({1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0})
+DEFAULT_NETWORK: Final = 24000.0
+DEFAULT_OPEN_LATENCY: Final = 0.003
+DEFAULT_READ: Final[Mapping[str, Mapping[int, float]]] = MappingProxyType(
+    {
+        "memory": MappingProxyType({1: 10000.0, 4: 40000.0, 8: 85000.0}),
+        "directory": MappingProxyType({1: 1000.0, 2: 2000.0, 4: 4000.0}),
+    }
+)
+DEFAULT_WRITE: Final[Mapping[str, Mapping[int, float]]] = MappingProxyType(
+    {
+        "memory": MappingProxyType({1: 5000.0, 4: 20000.0, 8: 40000.0}),
+        "directory": MappingProxyType({1: 800.0, 2: 1500.0, 4: 2500.0}),
+    }
+)
+DEFAULT_TIER_THREADS: Final = 4
+"""p_j: threads filling a tier."""
+DEFAULT_STAGING_THREADS: Final = 4
+"""p_0: threads filling the staging buffer."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +109,7 @@ class PerfModel:
         pfs_mbps: Mapping[Any, float] | Curve = DEFAULT_PFS,
         network_mbps: float = DEFAULT_NETWORK,
         tiers: Sequence[TierPerf] = (),
-        staging_threads: int = 4,
+        staging_threads: int = DEFAULT_STAGING_THREADS,
         staging_write: Mapping[Any, float] | Curve = DEFAULT_WRITE["memory"],
         open_latency_s: float = DEFAULT_OPEN_LATENCY,
     ) -> None:
@@ -113,12 +131,13 @@ class PerfModel:
             kind = t.get("kind", "memory")
             read = t.get("read_mbps") or model.get(f"{kind}_read_mbps") or DEFAULT_READ[kind]
             write = t.get("write_mbps") or model.get(f"{kind}_write_mbps") or DEFAULT_WRITE[kind]
-            tiers.append(TierPerf(f"{i}:{kind}", Curve.of(read), Curve.of(write), int(t.get("threads", 4))))
+            threads = int(t.get("threads", DEFAULT_TIER_THREADS))
+            tiers.append(TierPerf(f"{i}:{kind}", Curve.of(read), Curve.of(write), threads))
         return cls(
             pfs_mbps=model.get("pfs_mbps") or DEFAULT_PFS,
             network_mbps=float(model.get("network_mbps", DEFAULT_NETWORK)),
             tiers=tiers,
-            staging_threads=int(config.get("prefetch", {}).get("threads", 4)),
+            staging_threads=int(config.get("prefetch", {}).get("threads", DEFAULT_STAGING_THREADS)),
             staging_write=model.get("memory_write_mbps") or DEFAULT_WRITE["memory"],
             open_latency_s=float(model.get("open_latency_s", DEFAULT_OPEN_LATENCY)),
         )

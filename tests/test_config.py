@@ -10,6 +10,7 @@ import yaml
 
 from fusefs import config
 from fusefs.errors import ConfigError
+from placement.model import PerfModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +28,18 @@ def test_defaults_print_and_round_trip() -> None:
 
 def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
     assert load_text(tmp_path, "") == config.Config()
+
+
+def test_the_model_defaults_of_the_config_are_the_planners() -> None:
+    """A config that leaves the model out and one that spells out every default give the same model:
+    placement.model holds the one copy of the numbers, the config section takes its defaults from it."""
+    tiers = [config.TierConfig(kind="memory"), config.TierConfig(kind="directory", path="/x")]
+    spelled = PerfModel.from_config(config.Config(tiers=tiers).to_dict())
+    bare = PerfModel.from_config({"tiers": [{"kind": "memory"}, {"kind": "directory", "path": "/x"}]})
+    assert spelled.tiers == bare.tiers
+    for attr in ("pfs", "network_mbps", "staging_threads", "staging_write", "open_latency_s"):
+        assert getattr(spelled, attr) == getattr(bare, attr), attr
+    assert dict(zip(spelled.pfs.xs, spelled.pfs.ys, strict=True)) == {1: 330.0, 2: 730.0, 4: 1540.0, 8: 2870.0}
 
 
 @pytest.mark.parametrize(
