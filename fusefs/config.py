@@ -228,7 +228,6 @@ class PrefetchConfig:
         "page_cache: push staged files into the kernel page cache (notify_store); memory: serve from RAM",
         "page_cache",
     )
-    reactive: bool = doc("without a confirmed plan, cache by a static frequency set instead of not at all", True)
 
 
 @dataclass(frozen=True)
@@ -456,6 +455,13 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}")
 
 
+REMOVED_KEYS = {
+    "prefetch.reactive": "without a trusted plan the tiers always keep files read here by a static frequency "
+    "set, within their byte budgets (see seerfs-control(7), prefetch.mode); delete the key",
+}
+"""Keys older configs may set, and what to do instead: an error that says so beats 'unknown key'."""
+
+
 def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping, naming the full key of anything unknown or wrong."""
     hints = get_type_hints(cls)
@@ -463,6 +469,8 @@ def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
     for k in data:
         if k not in names:
             where = f"{prefix}." if prefix else ""
+            if f"{where}{k}" in REMOVED_KEYS:
+                raise ConfigError(f"{where}{k} was removed: {REMOVED_KEYS[f'{where}{k}']}")
             raise ConfigError(f"{where}{k}: unknown key (expected one of: {', '.join(sorted(names))})")
     kwargs = {}
     for f in dataclasses.fields(cls):

@@ -56,6 +56,7 @@ def test_the_model_defaults_of_the_config_are_the_planners() -> None:
         ("model:\n  pfs_mbps: {1: -3}\n", "model.pfs_mbps.1", "positive"),
         ("peers:\n  port: 70000\n", "peers.port", "0..65535"),
         ("bogus: 1\n", "bogus", "unknown key"),
+        ("prefetch:\n  reactive: false\n", "prefetch.reactive", "was removed: without a trusted plan the tiers"),
         ("fuse: 3\n", "fuse", "a mapping"),
         ("- a\n", "top level", "mapping"),
         ("job: [\n", "line", "not valid YAML"),
@@ -95,6 +96,8 @@ def test_overrides_reach_nested_keys_and_list_items(tmp_path: Path) -> None:
     assert cfg.tiers[1].kind == "directory" and cfg.job.epochs == 7 and cfg.datasets[0].sampler.drop_last
     with pytest.raises(ConfigError, match="past the end"):
         config.load(None, {"tiers.5.bytes": "1G"})
+    with pytest.raises(ConfigError, match=r"^prefetch\.reactive was removed: .*; delete the key$"):
+        config.load(None, {"prefetch.reactive": "true"})  # the old default, as -o or a saved --defaults file
 
 
 def test_mount_option_parsing() -> None:
