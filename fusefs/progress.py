@@ -27,12 +27,14 @@ TTY_REFRESH_S = 0.2
 
 
 ProgressState = Literal["idle", "running", "done", "failed"]
+Task = Literal["walk", "plan", "start"]
+"""The long tasks: the source walk, building a plan, and the daemon's startup as a whole."""
 
 
 class ProgressDoc(TypedDict):
     """One long task (status field ``progress``; the start record's ``progress`` too)."""
 
-    task: Annotated[str, text("walk, plan or start")]
+    task: Annotated[Task, text("walk, plan or start")]
     state: Annotated[ProgressState, state("idle, running, done or failed")]
     phase: Annotated[str, text("what it does now (e.g. walking, planning)")]
     detail: Annotated[str, text("e.g. the seed, or that a persisted snapshot was reused")]
@@ -76,7 +78,7 @@ class Progress:
     expected duration (e.g. the previous plan's build time); either gives a remaining time.
     """
 
-    def __init__(self, task: str, unit: str) -> None:
+    def __init__(self, task: Task, unit: str) -> None:
         self.task = task
         self.unit = unit
         self._lock = threading.Lock()
@@ -181,9 +183,9 @@ def describe(doc: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def current_line(tasks: Mapping[str, Any]) -> str:
-    """The line of the task under way among ``tasks`` (name -> :meth:`Progress.doc`): the last one
-    running, else the last one listed."""
+def current_line(tasks: Mapping[Any, Any]) -> str:
+    """The line of the task under way among ``tasks`` (name -> :meth:`Progress.doc`, or the same read
+    back from JSON, hence unchecked): the last one running, else the last one listed."""
     docs = [d for d in tasks.values() if isinstance(d, dict)]
     running = [d for d in docs if d.get("state") == "running"]
     return str((running or docs or [{"line": ""}])[-1].get("line", ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,7 +12,7 @@ from tools.mounts import wait_for
 
 
 def test_returns_the_first_truthy_answer() -> None:
-    answers = iter([None, 0, "", [], {"state": "ready"}, "never asked"])
+    answers: Iterator[object] = iter([None, 0, "", [], {"state": "ready"}, "never asked"])
     assert wait_until(lambda: next(answers), 5, "a ready answer", first_delay=0.001) == {"state": "ready"}
     assert next(answers) == "never asked"
 

@@ -230,7 +230,7 @@ class PeerClient:
         self._next_id = 0
         # Told "down" when this client marks the peer down and "up" when a request succeeds again
         # (on the trio thread, inside the request that decided it; it must not await).
-        self.on_state: Callable[[Literal["up", "down"]], None] | None = None
+        self.on_state: Callable[[PeerState], None] | None = None
 
     @property
     def address(self) -> str:

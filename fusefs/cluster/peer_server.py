@@ -424,6 +424,10 @@ class PeerServer:
             self.bytes_sent += len(block)
 
 
+DeadlinePhase = Literal["handshake", "idle", "request", "error reply", "send"]
+"""What a connection is doing while its deadline runs (named in the log when it times out)."""
+
+
 class _Deadline:
     """One cancel scope per connection whose deadline moves with the phase it is in (cheaper than a
     scope per step), and the phase, so a timeout can say what was too slow."""
@@ -432,9 +436,9 @@ class _Deadline:
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
-        self.phase = ""
+        self.phase: DeadlinePhase | Literal[""] = ""
 
-    def set(self, phase: str, seconds: float) -> None:
+    def set(self, phase: DeadlinePhase, seconds: float) -> None:
         self.phase = phase
         self.scope.deadline = trio.current_time() + seconds
 

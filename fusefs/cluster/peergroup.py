@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal, TypedDict
 import trio
 
 from fusefs.cluster.formation import Group, GroupStatus, Member, Rendezvous
-from fusefs.cluster.peer_client import PeerClient, PeerDown, PeerLinkStatus
+from fusefs.cluster.peer_client import PeerClient, PeerDown, PeerLinkStatus, PeerState
 from fusefs.cluster.peer_server import PeerServer, Provision, ServerStatus
 from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import Config
@@ -271,7 +271,7 @@ class PeerGroup:
         seeds = tuple(member_seed("{}@{}:{}".format(*m.key)) for m in self.group.members)
         self.prefetcher.group_changed(seeds, self.group.me)
 
-    def _health(self, key: MemberKey, state: str) -> None:
+    def _health(self, key: MemberKey, state: PeerState) -> None:
         """A client marked its peer down or found it up again: the policy's fills follow (by training node)."""
         view = self.views.get(key)
         if view is None or view.node is None:

@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +40,7 @@ from fusefs.config import Config
 from fusefs.daemon.checks import MountRequest
 from fusefs.daemon.metrics import MetricsExporter
 from fusefs.daemon.runtime import MountRecord
-from fusefs.daemon.status import StatusBoard, StatusDocument, StatusSections, snapshot_status
+from fusefs.daemon.status import StartupTask, StatusBoard, StatusDocument, StatusSections, snapshot_status
 from fusefs.errors import FuseUnavailable, MountpointError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
@@ -51,7 +50,7 @@ from fusefs.planning.discovery import SeedDiscovery
 from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
-from fusefs.progress import LOG_INTERVAL_S, Progress
+from fusefs.progress import LOG_INTERVAL_S, Progress, ProgressDoc
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
@@ -61,6 +60,7 @@ from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
+from placement.cursor import DatasetState
 from placement.plan import plan_inputs
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class Daemon:
         self.walk = Progress("walk", "entries")
         self.startup.start("starting")
 
-    def startup_progress(self) -> dict[str, Any]:
+    def startup_progress(self) -> dict[StartupTask, ProgressDoc]:
         """What the daemon is doing before its mount answers; the last running task is the one shown."""
         return {"start": self.startup.doc(), "walk": self.walk.doc()}
 
@@ -299,7 +299,7 @@ class Daemon:
         """Tell seed discovery the lead dataset's state under the plan the cursor follows."""
         plan = self.prefetcher.plan
         doc = view.status
-        lead_state: str = view.state
+        lead_state: DatasetState = view.state
         if doc is not None and 0 <= doc["lead"] < len(doc["datasets"]):
             lead_state = doc["datasets"][doc["lead"]]["state"]
         self.discovery.on_cursor(lead_state, plan.seed if plan is not None else None)

@@ -28,11 +28,12 @@ from fusefs import mountinfo
 from fusefs.daemon.checks import MountRequest
 from fusefs.daemon.runtime import StartRecord
 from fusefs.errors import DeadMount, ExitCode, SeerfsError, TimeoutExpired
-from fusefs.progress import LOG_INTERVAL_S, ProgressPrinter, current_line
+from fusefs.progress import LOG_INTERVAL_S, ProgressDoc, ProgressPrinter, current_line
 from fusefs.waiting import WaitTimeout, wait_until
 
 if TYPE_CHECKING:
     from fusefs.daemon.assembly import Daemon
+    from fusefs.daemon.status import StartupTask
 
 log = logging.getLogger("seerfs")
 
@@ -211,7 +212,7 @@ class StartupReporter:
         self.thread.join()
         self.record.remove()
 
-    def _publish(self, record: bool) -> dict[str, Any]:
+    def _publish(self, record: bool) -> dict[StartupTask, ProgressDoc]:
         doc = self.server.startup_progress()
         self.pipe.write("PROGRESS " + json.dumps(doc))
         if record:

@@ -8,11 +8,15 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from fusefs.waiting import WaitTimeout, wait_until
+
+if TYPE_CHECKING:
+    from fusefs.daemon.status import StartupTask
+    from fusefs.progress import ProgressDoc
 
 
 def runtime_dir() -> Path:
@@ -62,7 +66,7 @@ class StartRecord:
     source: str
     log_file: str
     started: float
-    progress: dict[str, Any] = field(default_factory=dict)
+    progress: dict[StartupTask, ProgressDoc] = field(default_factory=dict)
 
     @staticmethod
     def path_for(mountpoint: str) -> Path:

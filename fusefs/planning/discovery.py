@@ -39,7 +39,7 @@ import trio
 
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState
-from placement.cursor import FALSE_LOCK
+from placement.cursor import FALSE_LOCK, DatasetState
 from placement.seedsearch import seed_value
 from placement.statusfields import counter, gauge, info, state, text
 
@@ -170,7 +170,7 @@ class SeedDiscovery:
             self._recording = False
         self._opens_changed.set()
 
-    def on_cursor(self, lead_state: str, plan_seed: int | None) -> None:
+    def on_cursor(self, lead_state: DatasetState, plan_seed: int | None) -> None:
         """The cursor published a view; ``lead_state``: the lead dataset's state under the plan for
         ``plan_seed``.  A mismatch under the seed in use, when it was written, starts a search."""
         if self.state == "off" or lead_state != "mismatch" or plan_seed != self.seed.value:

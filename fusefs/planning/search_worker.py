@@ -28,7 +28,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -46,7 +46,11 @@ RANGE_NICE = 19  # the rest of the range: only idle CPU
 PROGRESS_INTERVAL = 0.25  # seconds between progress lines
 
 
-def say(phase: str, **fields: Any) -> None:
+SearchPhase = Literal["preparing", "ready", "waiting", "searching", "done", "failed"]
+"""The ``phase`` of each line the seed-search worker prints (seed discovery follows them)."""
+
+
+def say(phase: SearchPhase, **fields: Any) -> None:
     print(json.dumps({"phase": phase, "t": round(time.monotonic() - T0, 3), **fields}), flush=True)
 
 

@@ -13,10 +13,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+WorkerPhase = Literal["loading snapshot", "planning", "saving", "done", "failed"]
+"""The ``phase`` of each line the plan worker prints (the manager waits for ``done``)."""
 
 
-def say(phase: str, **fields: Any) -> None:
+def say(phase: WorkerPhase, **fields: Any) -> None:
     print(json.dumps({"phase": phase, "t": round(time.monotonic() - T0, 3), **fields}), flush=True)
 
 
