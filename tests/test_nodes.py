@@ -25,7 +25,7 @@ from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.protocol import FileId
 from tools.nodes import member_state, mpi_group, peer_reads, rendezvous_group, wait_seed
 
-pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.mpi]
+pytestmark = [pytest.mark.mount, pytest.mark.torch]  # and mpi on the one test that runs mpirun
 
 TRAIN, VAL = 900, 90
 
@@ -62,6 +62,7 @@ def check_shared_job(
     assert ratio <= 1.1, ratio
 
 
+@pytest.mark.mpi
 def test_three_nodes_under_mpirun(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
     """mpirun -np 3: tiers of 40% per node (120% in all) keep PFS bytes <= 1.1x the dataset."""
     with (
