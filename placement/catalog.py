@@ -2,7 +2,8 @@
 
 A sampler yields *indices*; the plan is only right if index i here is the very file the training
 code's dataset returns for i.  So the catalog reproduces torchvision 0.28's ImageFolder listing
-exactly (DESIGN 4.1), from the snapshot's arrays, without touching a filesystem:
+(``torchvision/datasets/folder.py``) exactly, from the snapshot's arrays, without touching a
+filesystem:
 
 * classes: sorted ``str`` names of the root's entries that are directories or links to them;
 * per class: ``sorted(os.walk(class_dir, followlinks=True))`` (so the walk order is the sorted

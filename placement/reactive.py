@@ -1,9 +1,11 @@
 """What to keep when the access stream cannot be predicted (no seed, wrong seed, unmodelled sampler).
 
 Plain LRU is the wrong answer for epoch-wise shuffles: the files read at the end of one epoch are
-evicted just before the next epoch wants them (seed 003, DESIGN 6).  Without clairvoyance every
-file's next read is equally likely to come anywhere in the next epoch, so *any* fixed set of files
-gives the same hit rate (capacity / dataset) and churning only costs fetches.  The policy:
+evicted just before the next epoch wants them (Lee and Bahn, "A Study on Improvement of Buffer Cache
+Performance for File I/O in Deep Learning", JIIBC 2024; ``tools/simulate --lru-trace`` shows it).
+Without clairvoyance every file's next read is equally likely to come anywhere in the next epoch,
+so *any* fixed set of files gives the same hit rate (capacity / dataset) and churning only costs
+fetches.  The policy:
 
 * admit a file on its first read while a tier has room (fastest tier first);
 * once full, keep the set static: a newcomer replaces the resident with the fewest reads only when

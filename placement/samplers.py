@@ -1,7 +1,8 @@
 """What each rank's sampler yields per epoch, exactly as PyTorch 2.13 computes it.
 
 Each model answers ``rank_indices(epoch, rank)``: the list ``iter(sampler)`` produces on that rank
-in that epoch (before the DataLoader batches it).  The facts modelled (DESIGN 4.3, 4.4):
+in that epoch (before the DataLoader batches it).  The facts modelled (torch's
+``utils/data/distributed.py``, ``dataloader.py`` and ``sampler.py``; the tests compare with real torch):
 
 * ``DistributedSampler``: each ``__iter__`` seeds a fresh generator with ``seed + epoch``, takes
   ``randperm(n)``, pads it cyclically (or truncates with ``drop_last``) to

@@ -3,7 +3,7 @@
 A rank opens what its sampler yields, minus the last partial batch when the DataLoader has
 ``drop_last=True`` (those files are never opened).  The ranks of one node run in lockstep (the
 allreduce keeps them within a step), so the node's stream interleaves them batch by batch: step s
-is rank r0's batch s, then r1's batch s, and so on (DESIGN 4.5).
+is rank r0's batch s, then r1's batch s, and so on.
 
 Everything is computed per epoch on demand and only the last couple of epochs are kept, so a
 90-epoch ImageNet job never holds 90 permutations.  :meth:`Streams.node_counts` folds many

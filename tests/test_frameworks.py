@@ -91,8 +91,9 @@ def test_batch_shard_is_batch_sampler_shard() -> None:
     """Every tail rule of accelerate's BatchSamplerShard (no split, split, even_batches, drop_last),
     on datasets smaller than a round, a round plus one, one short of a round, and so on."""
     cases = 0
+    flags = [False, True]  # typed apart from the int lists, or product() would widen the flags to int
     for n, b, world, drop_last, even, split in itertools.product(
-        [1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 64, 100, 503], [1, 2, 3, 4, 8], [1, 2, 3, 4], *([[False, True]] * 3)
+        [1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 64, 100, 503], [1, 2, 3, 4, 8], [1, 2, 3, 4], flags, flags, flags
     ):
         sampler = BatchSampler(SequentialSampler(range(n)), b * world if split else b, drop_last)
         rows, real = batch_shard(n, b, world, drop_last=drop_last, even_batches=even, split_batches=split)
@@ -371,7 +372,9 @@ def test_stateful_dataloader_resumed_mid_epoch_is_followed() -> None:
     resumed: dict[int, list[int]] = {}
     following: dict[int, list[int]] = {}
     for r in range(world):
-        sampler = DistributedSampler(Indices(n), num_replicas=world, rank=r, shuffle=True, seed=seed)
+        sampler: DistributedSampler[int] = DistributedSampler(
+            Indices(n), num_replicas=world, rank=r, shuffle=True, seed=seed
+        )
         first = stateful.StatefulDataLoader(Indices(n), batch_size=b, sampler=sampler)
         sampler.set_epoch(1)
         it = iter(first)

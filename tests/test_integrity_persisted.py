@@ -173,5 +173,6 @@ def test_caches_written_in_another_format_are_refused_with_the_reason(tmp_path: 
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     np.savez(path, **arrays)
     again = DirectoryTier(1, tmp_path / "tier", 8 << 20, 1, "fp")
+    assert again.opened is not None  # the constructor opened the tier
     assert not again.opened["warm"] and "another format" in again.opened["reason"], again.opened
     again.abandon()

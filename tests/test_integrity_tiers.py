@@ -52,6 +52,7 @@ def test_copies_made_after_the_last_index_write_survive_a_crash(tmp_path: Path) 
     tier.abandon()  # what kill -9 leaves: no index write
     again = DirectoryTier(1, root, 256 << 20, 4, FP)
     kept = set(sizes) - {17}
+    assert again.opened is not None  # the constructor opened the tier
     assert again.opened["warm"] and again.opened["kept_files"] == len(kept), again.opened
     assert again.opened["journal_records"] >= len(sizes) + 1
 
@@ -83,6 +84,7 @@ def test_a_torn_journal_record_ends_the_replay_without_harm(tmp_path: Path) -> N
         fh.seek(tail - 5)
         fh.write(b"\xff\xff\xff\xff\xff")
     again = DirectoryTier(1, root, 64 << 20, 2, FP)
+    assert again.opened is not None  # the constructor opened the tier
     assert again.opened["warm"] and again.opened["kept_files"] == 9, again.opened
     assert not (root / "09" / "9").exists()  # its file had no trusted record: removed as an orphan
     again.abandon()
@@ -126,6 +128,7 @@ def test_on_a_full_tier_filesystem_the_index_is_still_written_and_every_copy_kep
         assert len(stored) > 20 and tier.counters.put_errors >= 1
         tier.abandon()  # crash
         again = DirectoryTier(1, root, 64 << 20, 2, FP)
+        assert again.opened is not None  # the constructor opened the tier
         assert again.opened["warm"] and again.opened["kept_files"] == len(stored), again.opened
 
         async def check() -> None:

@@ -21,7 +21,7 @@ from e2e import Job, make_source, run_readers, wait_plan, write_seed
 from mounting import status, wait_for
 from pfsemu_fixture import running_pfsemu
 
-from fusefs.cluster.peer_client import PeerClient
+from fusefs.cluster.peer_client import PeerClient, PeerLinkStatus
 from fusefs.cluster.protocol import FileId
 from tools.nodes import member_state, mpi_group, peer_reads, rendezvous_group, wait_seed
 
@@ -212,7 +212,7 @@ def test_data_port_refuses_strangers_and_bad_requests(tmp_path: Path, source: tu
         st = os.stat(mnt / first)  # the file's identity in the mount's snapshot: entry = inode - 1
         ident = FileId(st.st_ino - 1, st.st_size, st.st_mtime_ns)
 
-        async def ask() -> tuple[bytes | None, bytes | None, bytes | None, dict[str, object]]:
+        async def ask() -> tuple[bytes | None, bytes | None, bytes | None, PeerLinkStatus]:
             client = PeerClient(9, host, port, token, timeout=2.0, max_requests=2, down_after=5)
             wrong = await client.fetch(0, 0, bytes(16), ident)
             outside = await client.fetch(0, 10**9, bytes.fromhex(plan), ident)

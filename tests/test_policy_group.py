@@ -9,6 +9,7 @@ and the next epoch's reads are the pure functions the daemon uses (:mod:`placeme
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,7 @@ from fusefs.readpath.policy import (
     ViewPublished,
     entries_due,
 )
+from placement.cursor import CursorStatus
 from placement.nextepoch import next_epoch_reads
 from placement.owners import member_seed, owner, owners
 from placement.plan import Plan
@@ -176,7 +178,8 @@ def test_next_epoch_reads_are_what_the_node_reads_then_and_not_now(
 
 
 def tracking(s: Setup, position: int, epoch: int = 0, order: Sequence[int] = ()) -> list[Instruction]:
-    status = {"rank_positions": {"0": [epoch, position]}}
+    # A partial cursor section on purpose: the next-epoch lane reads only rank_positions from it.
+    status = cast(CursorStatus, {"rank_positions": {"0": [epoch, position]}})
     view = CursorView("tracking", 0, epoch, entries_due(order), s.policy.stage_list(list(order)), status)
     return s.do(ViewPublished(view, [], s.policy.generation))
 

@@ -42,7 +42,7 @@ def shuffled_epochs(n: int, epochs: int, seed: int) -> list[int]:
 
 
 def test_static_set_beats_lru_under_epoch_shuffle() -> None:
-    """Seed 003's point: with half the dataset cached, LRU is no better than random, a fixed set is C/n."""
+    """Epoch-wise shuffles: with half the dataset cached, LRU is no better than random, a fixed set is C/n."""
     n, epochs = 2000, 6
     order = shuffled_epochs(n, epochs, 1)
     later = len(order) - n  # reads after the first epoch

@@ -147,7 +147,8 @@ def test_random_sampler_matches_real_dataloader_epochs(num_workers: int, persist
 
 
 def test_random_sampler_draw_accounting() -> None:
-    """DESIGN 4.4: epoch e's permutation starts after e * 2n + 2 draws (2 + e * 2(n-1) if persistent)."""
+    """A seeded shuffling DataLoader: epoch e's permutation starts after e * 2n + 2 draws (2 + e * 2(n-1)
+    with persistent workers)."""
     n = 1000
     plain = RandomSamplerModel(n, 1)
     persistent = RandomSamplerModel(n, 1, persistent_workers=True, num_workers=2)

@@ -1,4 +1,4 @@
-"""The simulator: NoPFS 6's claims on its four scenarios, seed 003's point on LRU, the engine's arithmetic."""
+"""The simulator: NoPFS section 6's claims on its four scenarios, LRU under shuffling, the engine's arithmetic."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_spread_reads_the_pfs_less_than_plain_frequency_when_the_cluster_cannot_
 
 
 def test_lru_is_no_better_than_random_and_frequency_beats_it_on_a_shuffled_trace() -> None:
-    """Seed 003: with a cache of half the dataset, LRU evicts what the next epoch needs."""
+    """With a cache of half the dataset, LRU evicts what the next epoch needs (see placement/reactive.py)."""
     epochs = 5
     rates = {h.policy: h for h in hit_rates(make_trace(4096, epochs, 1, 0.5, seed=3))}
     assert rates["lru"].rate <= rates["random"].rate

@@ -59,7 +59,9 @@ def mirrored(doc: Mapping[str, Any]) -> dict[Key, tuple[float, str]]:
         spec, labels = specs[s.metric], dict(s.labels)
         if spec.type == "info":
             assert isinstance(s.value, dict)
-            out[(f"{spec.name}_info", frozenset({**labels, **s.value}.items()))] = (1.0, s.path)
+            info = {k: v for k, v in s.value.items() if isinstance(v, str)}
+            assert len(info) == len(s.value), s.value  # an info's value is its labels: strings only
+            out[(f"{spec.name}_info", frozenset({**labels, **info}.items()))] = (1.0, s.path)
         elif spec.type == "stateset":
             assert isinstance(s.value, dict)
             for state, on in s.value.items():
@@ -150,8 +152,8 @@ def test_a_mounts_status_has_exactly_the_documented_fields_and_the_metrics_mirro
             results = readers.result()
             print(f"job done at {time.monotonic() - t0:.1f}s")
             assert all(not r["bad"] for r in results), "a reader got bytes other than the source's"
-            for before, after in itertools.pairwise(seen):
-                back = {k: (v, after[k]) for k, v in counters(before).items() if k in after and after[k] < v}
+            for earlier, later in itertools.pairwise(seen):
+                back = {k: (v, later[k]) for k, v in counters(earlier).items() if k in later and later[k] < v}
                 assert not back, f"counters went back between two scrapes: {back}"
             opens = [one(s, "seerfs_reads_opens_total") for s in seen]
             assert len({o for o in opens if 0 < o < opens[-1]}) >= 2, f"no scrape caught the job reading: {opens}"

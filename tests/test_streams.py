@@ -1,8 +1,8 @@
 """Rank and node access streams, inverse lookups and read counts.
 
 Rank streams are checked against what real torch DataLoaders yield on each rank; node streams,
-inverse lookups and counts against plain-loop definitions (DESIGN 4.5) and, with hypothesis, over
-many random job shapes.
+inverse lookups and counts against plain-loop definitions (a node's ranks take turns batch by batch)
+and, with hypothesis, over many random job shapes.
 """
 
 from __future__ import annotations

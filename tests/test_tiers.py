@@ -380,6 +380,7 @@ def test_warm_restart_keeps_valid_entries_and_removes_the_rest(tmp_path: Path) -
     (root / "05" / "picture.jpg").write_bytes(b"not ours")
 
     tier = DirectoryTier(1, root, 32 << 20, 2, FP)
+    assert tier.opened is not None  # the constructor opened the tier
     assert tier.opened["warm"] and tier.opened["kept_files"] == 3 and tier.foreign_bytes == 2 * 4096
     assert sorted(tier.entries()) == [1, 4, 5]
     assert tier.source_of(5) == src(payload(5, sizes[5]), 1005) and tier.budget.used == accounted(tier)
@@ -395,6 +396,7 @@ def test_warm_restart_keeps_valid_entries_and_removes_the_rest(tmp_path: Path) -
     run(check)
 
     cold = DirectoryTier(1, root, 32 << 20, 2, "fingerprint-b")
+    assert cold.opened is not None  # the constructor opened the tier
     assert not cold.opened["warm"] and cold.entries() == [] and cold.opened["removed_files"] == 3
     assert cold.budget.used == cold.base_bytes
     assert not [p for p in root.glob("??/*") if p.name != "picture.jpg"]
@@ -424,6 +426,7 @@ def test_unreadable_index_means_cold_start(tmp_path: Path, damage: str) -> None:
         raw[at] ^= 0xFF
     index.write_bytes(bytes(raw))
     tier = DirectoryTier(1, root, 8 << 20, 2, FP)
+    assert tier.opened is not None  # the constructor opened the tier
     assert not tier.opened["warm"] and "index" in tier.opened["reason"] and tier.entries() == []
     assert not (root / "01" / "1").exists()
     tier.abandon()
@@ -444,6 +447,7 @@ def test_index_is_persisted_while_running_so_a_crash_resumes_warm(tmp_path: Path
     run(fill)
     tier.abandon()  # the crash: no close(), no final index write
     again = DirectoryTier(1, root, 8 << 20, 2, FP)
+    assert again.opened is not None  # the constructor opened the tier
     assert again.opened["warm"] and sorted(again.entries()) == list(range(5))
     again.abandon()
 
@@ -460,6 +464,7 @@ def test_reopening_with_a_smaller_budget_drops_files_until_it_fits(tmp_path: Pat
     run(fill)
     limit = 2 << 20
     tier = DirectoryTier(1, root, limit, 2, FP)
+    assert tier.opened is not None  # the constructor opened the tier
     assert 0 < len(tier.entries()) < 20 and tier.opened["over_budget"] > 0
     assert tier.budget.used <= limit and du(root) <= limit
     tier.abandon()
@@ -510,7 +515,7 @@ def test_cancelled_put_gives_its_budget_back_and_leaves_no_file(tmp_path: Path) 
                     assert t.budget.used > before  # reserved while queued
                     scope.cancel()
             t.limiter.release_on_behalf_of(holder)
-            slots = t.status().get("name_slots", 0)
+            slots = t.status()["name_slots"] if isinstance(t, DirectoryTier) else 0  # only directories charge names
             assert t.budget.used == before + slots * NAME_BYTES and not t.contains(5)
             assert await t.put(5, data, src(data, 1)) and await t.get(5) == data
         assert not os.path.exists(file_path(tier.path, 5) + ".tmp")

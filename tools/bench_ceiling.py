@@ -1,8 +1,7 @@
 """FUSE ceiling: how fast files already cached can be read through seerfs, next to the same reads without it.
 
-A dataset of small files (default 10,000 of ~125 KB, lognormal, the DESIGN section 5 setting) is
-made on a tmpfs, so the baseline really is memory.  The same reader then reads every file through
-each configuration:
+A dataset of small files (default 10,000 of ~125 KB, lognormal) is made on a tmpfs, so the baseline
+really is memory.  The same reader then reads every file through each configuration:
 
   direct     the tmpfs itself (the ceiling; every ratio is to its warm rate)
   seerfs     seerfs mounted over the tmpfs (no seed written; see below)
@@ -16,7 +15,7 @@ each configuration:
 The reader is --threads threads in this process, each taking the next file of a random permutation
 of all files.  --reader loader (the default) reads each file the way torchvision's default loader
 does before decoding (``with open(path, "rb") as f: f.read()``): the per-file cost a DataLoader
-worker really pays, and what DESIGN section 5's figures were taken with.  --reader readv is the
+worker really pays, and what the figures in tools/RESULTS.md were taken with.  --reader readv is the
 leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it makes
 the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
 same permutations (a new one per pass, drawn from --seed).  Per configuration the first pass is the
@@ -691,7 +690,7 @@ def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespac
     checks = targets(results)
     if checks:
         sized = ")" if is_default(a) else "; set for the default sizes, which this run does not use)"
-        print(f"\ntargets (issue 7{sized}")
+        print(f"\ntargets of seerfs's median warm pass against direct tmpfs's (files/s{sized}")
         for name, ok, detail in checks:
             print(f"  [{'ok' if ok else 'MISSED'}] {name}: {detail}")
 

@@ -384,7 +384,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     if checks:
         defaults = {k: v for k, v in vars(build_parser().parse_args([])).items() if k in SIZING}
         print(
-            "\ntargets (issue 7; they are set for the default parameters"
+            "\ntargets of seerfs+seed against the other rows (they are set for the default parameters"
             + (")" if all(getattr(a, k) == v for k, v in defaults.items()) else ", which this run does not use)")
         )
         for name, ok, detail in checks:

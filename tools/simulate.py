@@ -9,7 +9,7 @@ the share of time by source (local, remote, PFS, stall).  Models: tools/sim/*.py
     tools/simulate                          # all four scenarios, a table each
     tools/simulate --scenario 3 --png /tmp/sim.png
     tools/simulate --speedup 20             # 20x faster compute and preprocessing (NoPFS 6.2 uses 5x)
-    tools/simulate --lru-trace              # seed 003: LRU vs random vs frequency hit rates
+    tools/simulate --lru-trace              # LRU vs random vs frequency hit rates on a shuffled trace
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--png", metavar="PATH", help="write stacked bars per scenario (like NoPFS Fig. 8) to PATH")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    tr = p.add_argument_group("seed 003 experiment (instead of the scenarios)")
+    tr = p.add_argument_group("LRU under shuffling (instead of the scenarios)")
     tr.add_argument(
         "--lru-trace",
         action="store_true",

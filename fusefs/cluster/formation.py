@@ -1,6 +1,6 @@
 """Forming the daemon group: who the peers are, their data ports, and the shared job token.
 
-Three ways, one daemon per node (DESIGN 3):
+Three ways, one daemon per node (README.md, "How a job uses it"):
 * MPI (``mpirun``/``srun ... seerfs mount --fg``): mpi4py allgathers every daemon's address, data
   port and inputs digest, rank 0 broadcasts a fresh random token, and MPI is finalised before
   serving (no fork after MPI_Init; a dead peer must not abort the others through MPI).

@@ -1,12 +1,12 @@
 """Fetching files from one remote daemon, with a bounded wait and a health verdict.
 
-Why the shape (detect and shrink, seed 002): a peer that crashed or hung must never stop this
-node.  Every fetch is bounded by one deadline, ``timeout`` seconds from its call, covering the
-wait for a request slot, connecting, the handshake and the transfer; anything short of a verified
-answer by then is "fall back to the PFS now".  After ``down_after`` consecutive failures the peer
-is down: fetches raise :class:`PeerDown` at once, without touching the network, until
-``retry_down_after`` seconds have passed; then one fetch is let through as a probe and its
-outcome decides.
+Why the shape (detect and shrink: the group goes on without a failed member instead of stopping): a
+peer that crashed or hung must never stop this node.  Every fetch is bounded by one deadline,
+``timeout`` seconds from its call, covering the wait for a request slot, connecting, the handshake
+and the transfer; anything short of a verified answer by then is "fall back to the PFS now".  After
+``down_after`` consecutive failures the peer is down: fetches raise :class:`PeerDown` at once,
+without touching the network, until ``retry_down_after`` seconds have passed; then one fetch is let
+through as a probe and its outcome decides.
 
 Every time here is trio's clock (``trio.current_time()``), never the wall or monotonic clock
 directly, so health runs on a test's MockClock exactly as in the daemon.

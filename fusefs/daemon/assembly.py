@@ -348,7 +348,7 @@ class Daemon:
         log.info("mounted %s on %s", self.req.source, self.req.mountpoint)
 
     async def _tune_read_ahead(self) -> None:
-        """Raise the mount's read-ahead so the kernel sends 1 MiB reads instead of 128 KiB (DESIGN 5).
+        """Raise the mount's read-ahead so the kernel sends 1 MiB reads instead of 128 KiB.
 
         Only after INIT: the kernel caps read-ahead at the max_readahead of the INIT reply, which
         libfuse sets from the kernel's own 128 KiB proposal, so a value written earlier is undone.

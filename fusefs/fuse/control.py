@@ -1,10 +1,11 @@
 """The hidden ``.control/`` directory: ``seed`` (read-write), ``status`` (JSON) and ``config`` (YAML).
 
 ``.control`` is reachable by lookup but never listed by the root's readdir: ImageFolder would make a
-listed ``.control`` class 0 and shift every label (DESIGN 4.1).  ``status`` and ``config`` are opened
-with ``direct_io`` so ``cat`` always sees fresh, whole text; their content is rendered once per open
-so a reader paging through it sees one consistent document.  Only the mounting user and root may
-write ``seed`` (the kernel enforces the 0644 mode under default_permissions; open re-checks).
+listed ``.control`` class 0 and shift every label (its order: :mod:`placement.catalog`).  ``status``
+and ``config`` are opened with ``direct_io`` so ``cat`` always sees fresh, whole text; their content
+is rendered once per open so a reader paging through it sees one consistent document.  Only the
+mounting user and root may write ``seed`` (the kernel enforces the 0644 mode under
+default_permissions; open re-checks).
 
 Whatever is written, at whatever offset, in however many writes: the seed is the whole text of the
 handle (at most ``MAX_SEED_TEXT`` bytes, so a write past that is refused before anything is

@@ -89,7 +89,7 @@ class DiscoveryStatus(TypedDict):
     ]
     sampler: Annotated[str | None, info("distributed or random: the lead dataset's configured kind, the one searched")]
     node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
-    dataset: Annotated[int | None, gauge("the lead dataset searched")]
+    dataset: Annotated[str | None, text("the lead dataset searched (its root in the mount)")]
     files: Annotated[int | None, gauge("its file count")]
     opens_recorded: Annotated[int, gauge("opens of any dataset recorded for the search, at most 16384")]
     opens_needed: Annotated[

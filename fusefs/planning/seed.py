@@ -1,10 +1,10 @@
 """The sampler seed the job writes to ``.control/seed``: parsing and the daemon's current value.
 
 The seed that matters is the *sampler's* (``DistributedSampler(seed=...)``, default 0; or the seed of
-the generator given to the DataLoader), not the script's ``torch.manual_seed`` (DESIGN section 1).
-Until a seed is written the daemon assumes the sampler default 0 and marks it ``assumed``; a seed
-the daemon found from the node's opens (:mod:`fusefs.planning.discovery`) is ``discovered`` and is
-used exactly as a written one (a later write replaces it).
+the generator given to the DataLoader), not the script's ``torch.manual_seed`` (README.md, "How a job
+uses it").  Until a seed is written the daemon assumes the sampler default 0 and marks it
+``assumed``; a seed the daemon found from the node's opens (:mod:`fusefs.planning.discovery`) is
+``discovered`` and is used exactly as a written one (a later write replaces it).
 
 Every accepted change bumps ``generation``; with peers, the highest generation wins (ties broken
 by the writing node's index) so concurrent writes on different nodes settle on one value.

@@ -1,9 +1,10 @@
 """Subprocess that builds a plan: ``python -m fusefs.planning.worker REQUEST.json``.
 
-Planning is seconds of numpy that would hold the GIL and stall the FUSE loop (DESIGN 3), so the
-daemon runs it here.  The request names the persisted snapshot, the config mapping, the seed, the
-list/order files and the output directory.  Progress goes to stdout as JSON lines; the last line
-is ``{"phase": "done", ...}`` or ``{"phase": "failed", "error": "..."}`` (one line a user can read).
+Planning is seconds of numpy that would hold the GIL and stall the FUSE loop, so the daemon runs it
+here (ARCHITECTURE.md, "Processes").  The request names the persisted snapshot, the config mapping,
+the seed, the list/order files and the output directory.  Progress goes to stdout as JSON lines;
+the last line is ``{"phase": "done", ...}`` or ``{"phase": "failed", "error": "..."}`` (one line a
+user can read).
 """
 
 from __future__ import annotations

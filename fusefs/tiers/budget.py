@@ -1,7 +1,9 @@
 """A hard byte budget shared by everything that holds bytes of one kind of storage.
 
 The memory tier and the page-cache staging window charge the same Budget, so RAM held by the
-daemon plus pages it pushed into the kernel never exceed the configured bytes (DESIGN 5, 6).
+daemon plus pages it pushed into the kernel never exceed the configured bytes.  Why one budget: a
+file can sit in RAM three times (the mount's page cache, a memory tier, the PFS client's cache),
+and a cache that grows past its limit gets a training rank OOM-killed under a job memory limit.
 """
 
 from __future__ import annotations

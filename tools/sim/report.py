@@ -66,7 +66,7 @@ def scenario_table(r: ScenarioResult) -> str:
 def trace_table(rates: Sequence[HitRate], files: int, epochs: int, nodes: int, fraction: float) -> str:
     lru = next((h.rate for h in rates if h.policy == "lru"), 0.0)
     lines = [
-        f"Epoch-wise shuffled trace (seed 003): node 0 of {nodes}, {files:,} files, {epochs} epochs, "
+        f"Epoch-wise shuffled trace: node 0 of {nodes}, {files:,} files, {epochs} epochs, "
         f"cache {100 * fraction:g}% of the dataset",
         f"  {'policy':<12}{'hit rate':>10}{'byte hits':>11}{'x LRU':>8}",
     ]

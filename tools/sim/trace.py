@@ -1,8 +1,9 @@
-"""Seed 003's point: under epoch-wise shuffling, LRU is no better than random replacement.
+"""Under epoch-wise shuffling, LRU is no better than random replacement.
 
 The trace is node 0's exact DistributedSampler stream over several epochs (one node by default:
-a single reader's reshuffled epochs, as in seed 003's buffer-cache study), with a cache of a
-fraction of the dataset's bytes.  LRU keeps what was read last, which at the end of an epoch is
+a single reader's reshuffled epochs, as in Lee and Bahn, "A Study on Improvement of Buffer Cache
+Performance for File I/O in Deep Learning", JIIBC 2024), with a cache of a fraction of the
+dataset's bytes.  LRU keeps what was read last, which at the end of an epoch is
 exactly what the next epoch needs least soon (nothing read late in epoch e is needed early in
 e+1 more than anything else, and LRU evicts what epoch e read early, which e+1 wants just as
 much).  Random replacement keeps a random sample instead, and a static set (the frequency
