@@ -9,6 +9,7 @@ renamed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -455,11 +456,18 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}")
 
 
-REMOVED_KEYS = {
-    "prefetch.reactive": "without a trusted plan the tiers always keep files read here by a static frequency "
-    "set, within their byte budgets (see seerfs-control(7), prefetch.mode); delete the key",
+log = logging.getLogger(__name__)
+
+REMOVED_KEYS: dict[str, tuple[str, tuple[object, ...]]] = {
+    "prefetch.reactive": (
+        "without a trusted plan the tiers always keep files read here by a static frequency set, within "
+        "their byte budgets (see seerfs-control(7), prefetch.mode); delete the key",
+        (True, "true"),
+    ),
 }
-"""Keys older configs may set, and what to do instead: an error that says so beats 'unknown key'."""
+"""Keys older configs may set: what to do instead, and the values that asked for what seerfs now always
+does.  Those are ignored with a warning (a file saved from an older ``seerfs config --defaults`` keeps
+working); any other value is an error that says so, which beats 'unknown key'."""
 
 
 def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
@@ -470,7 +478,11 @@ def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
         if k not in names:
             where = f"{prefix}." if prefix else ""
             if f"{where}{k}" in REMOVED_KEYS:
-                raise ConfigError(f"{where}{k} was removed: {REMOVED_KEYS[f'{where}{k}']}")
+                why, harmless = REMOVED_KEYS[f"{where}{k}"]
+                if any(type(data[k]) is type(h) and data[k] == h for h in harmless):  # exact: 1 is not True
+                    log.warning("config: %s%s was removed and is ignored: %s", where, k, why)
+                    continue
+                raise ConfigError(f"{where}{k} was removed: {why}")
             raise ConfigError(f"{where}{k}: unknown key (expected one of: {', '.join(sorted(names))})")
     kwargs = {}
     for f in dataclasses.fields(cls):
