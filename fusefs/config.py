@@ -106,7 +106,8 @@ class SnapshotSettings:
         "stats per second per node that recheck the sources of cached files while mounted; each cached "
         "file is checked once per round (by its owner node in a group; replicas on other nodes every Nth "
         "round), so a change is seen within (cached files / rate) seconds: 1280 s for 1.28M files on one "
-        "node at the default, 1280/N s on N nodes, plus the PFS client's own attribute cache (e.g. NFS actimeo)",
+        "node at the default, 1280/N s on N nodes (a replica: N-1 such rounds plus one round of all the "
+        "node holds), plus the PFS client's own attribute cache (e.g. NFS actimeo)",
         1000.0,
     )
 
