@@ -49,7 +49,7 @@ def shift_npz_column(path: Path, column: str) -> None:
         np.savez(fh, **arrays)
 
 
-def setup(tmp_path: Path) -> tuple[Path, Path, Manifest]:
+def make_tree(tmp_path: Path) -> tuple[Path, Path, Manifest]:
     src = tmp_path / "src"
     rng = random.Random(7)
     for i in range(FILES):
@@ -138,7 +138,7 @@ CASES = [
 def test_cached_state_damaged_between_mounts_is_refused_with_its_reason_and_never_serves_a_wrong_byte(
     tmp_path: Path, what: str, how: str
 ) -> None:
-    src, cfg, manifest = setup(tmp_path)
+    src, cfg, manifest = make_tree(tmp_path)
     mnt = tmp_path / "mnt"
     first = first_mount(src, mnt, cfg, manifest)
     assert not first["plan"]["reused"] and first["tiers"][0]["files"] >= 0
@@ -184,7 +184,7 @@ def test_tier_copies_damaged_between_mounts_are_refused_when_read_and_never_serv
     """The index is intact and the tier starts warm; the copies themselves were damaged (``shift``:
     a copy's bytes moved by one, as a misdirected write would leave them).  Each is refused when
     looked up (status: corrupt), the reader gets the source's bytes, and the rest stay warm."""
-    src, cfg, manifest = setup(tmp_path)
+    src, cfg, manifest = make_tree(tmp_path)
     mnt = tmp_path / "mnt"
     first_mount(src, mnt, cfg, manifest)
     copies = sorted(p for p in (tmp_path / "tier").rglob("*") if p.is_file() and not p.name.startswith("seerfs-"))
