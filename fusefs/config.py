@@ -116,7 +116,8 @@ class SnapshotSettings:
         "stats per second per node that recheck the sources of cached files while mounted; each cached "
         "file is checked once per round (by its owner node in a group; replicas on other nodes every Nth "
         "round), so a change is seen within (cached files / rate) seconds: 1280 s for 1.28M files on one "
-        "node at the default, 1280/N s on N nodes, plus the PFS client's own attribute cache (e.g. NFS actimeo)",
+        "node at the default, 1280/N s on N nodes (a replica: N-1 such rounds plus one round of all the "
+        "node holds), plus the PFS client's own attribute cache (e.g. NFS actimeo)",
         1000.0,
     )
 
@@ -242,7 +243,11 @@ class PeersConfig:
     static: list[str] = doc("fixed peer list, host:port per node, same order on every node", factory=list)
     expect: int = doc("nodes to wait for with rendezvous discovery (0: use static's length)", 0)
     join_timeout: float = doc("seconds to wait for the group to form", 120.0)
-    timeout: float = doc("seconds before an unanswered peer request falls back to the PFS", 2.0)
+    timeout: float = doc(
+        "seconds before an unanswered peer request falls back to the PFS; also how long the data port "
+        "waits for a connection to prove the job token (at least 1 s)",
+        2.0,
+    )
     down_after: int = doc("consecutive failures before a peer is marked down", 2)
     retry_down_after: float = doc("seconds before a down peer is probed again", 10.0)
     token_file: str | None = doc(
@@ -251,7 +256,11 @@ class PeersConfig:
         None,
     )
     max_requests: int = doc("concurrent requests to one peer", 8)
-    server_connections: int = doc("peer connections this daemon serves at once (more are told busy)", 256)
+    server_connections: int = doc(
+        "peer connections this daemon serves at once (more are told busy); at most a quarter of them "
+        "still proving the job token (a newer one closes the oldest)",
+        256,
+    )
     server_memory: ByteSize = doc(
         "file data all replies to peers may hold at once; a request that finds no room within 0.5 s "
         "is answered busy and its asker reads the PFS",

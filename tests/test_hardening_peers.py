@@ -365,3 +365,39 @@ def test_the_peer_client_reads_no_clock_but_trios() -> None:
 
 def test_note_frames_round_trip_unchanged() -> None:
     assert decode_message(Kind.NOTE, Note(5, b"{}").encode()[FRAME_HEADER.size :]) == Note(5, b"{}")
+
+
+# ---------------------------------------------------------------- strangers holding handshake slots
+
+
+@pytest.mark.parametrize("strangers", [40, 200])
+def test_strangers_holding_silent_connections_never_keep_a_peer_out(strangers: int) -> None:
+    """Connections that never send a byte (no token needed to open them) held open for the whole
+    handshake deadline: a real peer must still be served at once, the strangers may hold at most
+    ``max_handshakes`` slots, and the ones pushed out are counted as crowded.  Before the cap the
+    40 silent connections filled ``max_connections`` and the peer was told BUSY until they timed out."""
+
+    async def main() -> None:
+        files = Files(n=3)
+        async with serving(files, max_connections=40, max_handshakes=8, handshake_timeout=30.0) as (server, port):
+            silent: list[trio.SocketStream] = []
+            for _ in range(strangers):
+                silent.append(await trio.open_tcp_stream(HOST, port))
+            with trio.fail_after(5):  # every stranger accepted and counted (or already pushed out)
+                while server.connections_total < strangers:
+                    await trio.sleep(0.01)
+            peer = client(port, timeout=2.0)
+            with trio.fail_after(3):
+                got = await peer.fetch(0, 1, DIGEST, file_id(1, 10_000))
+            assert got == files.data[1], "a real peer was kept out by strangers that never sent a byte"
+            st = server.status()
+            held = st["connections"] - 1  # the peer's own connection stays open
+            assert held <= 8, f"{held} unauthenticated connections held (cap 8)"
+            assert st["refused"].get("crowded", 0) >= strangers - 8, st["refused"]
+            assert "busy" not in st["refused"], st["refused"]
+            await peer.aclose()
+            for s in silent:
+                await s.aclose()
+            await settled(server)
+
+    trio.run(main)

@@ -5,7 +5,9 @@ Concurrency rules:
   thread, between awaits.
 * Nothing a connection sends can end the server: every connection task catches its own errors,
   logs at most one line, and closes only its own stream.  Bounds: ``max_connections`` open at
-  once (more are told BUSY and closed), deadlines on the handshake, on the rest of a request
+  once (more are told BUSY and closed), of which at most ``max_handshakes`` not yet authenticated
+  (a new connection past that closes the oldest one still in its handshake, see below), deadlines
+  on the handshake, on the rest of a request
   once its header arrived (the provider's answer included), on the idle wait between requests and
   on each block's send (one cancel scope per connection whose deadline moves), frame sizes capped
   by the protocol.
@@ -15,6 +17,12 @@ Concurrency rules:
   asked (by the size the request names): at most ``connection_memory`` for one reply and
   ``memory`` for all of them together; a request that finds no room within ``memory_wait`` is
   answered BUSY and its asker reads the PFS.
+* Strangers: anyone who can reach the port can open connections without the token.  Refusing
+  newcomers once the handshake slots are full would let a stranger who keeps ``max_handshakes``
+  silent connections open lock every real peer out (they would be told BUSY and read the PFS);
+  closing the *oldest* pending handshake instead means a stranger must open more than
+  ``max_handshakes`` connections within one honest handshake (two round trips, about a millisecond
+  on a cluster network) to keep a peer out.  Authenticated connections never count against it.
 * The server never reads a path from the wire: the provider maps (dataset, index, plan digest) to
   a snapshot entry and answers from local tiers only, and only when that entry's identity is the
   one the request names; the server checks the identity and length of what it sends once more.
@@ -24,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal, TypedDict
@@ -116,7 +124,8 @@ class ServerStatus(TypedDict):
     refused: Annotated[
         dict[str, int],
         counter(
-            "connections refused, by reason: busy, handshake_timeout, malformed, bad_version, no_token, bad_token",
+            "connections refused, by reason: busy, handshake_timeout, crowded (the oldest of more than "
+            "peers.server_connections / 4 handshakes in progress), malformed, bad_version, no_token, bad_token",
             label="reason",
             metric="refused_connections",
         ),
@@ -174,6 +183,7 @@ class PeerServer:
         memory_wait: float = 0.5,
         block_size: int = 1 << 20,
         handshake_timeout: float = 10.0,
+        max_handshakes: int | None = None,
         frame_timeout: float = 10.0,
         idle_timeout: float = 120.0,
         send_timeout: float = 30.0,
@@ -191,6 +201,8 @@ class PeerServer:
         self.memory_wait = memory_wait
         self.block_size = block_size
         self.handshake_timeout = handshake_timeout
+        self.max_handshakes = max(1, max_connections // 4) if max_handshakes is None else max(1, max_handshakes)
+        self._handshaking: OrderedDict[int, _Deadline] = OrderedDict()  # oldest first (trio thread only)
         self.frame_timeout = frame_timeout
         self.idle_timeout = idle_timeout
         self.send_timeout = send_timeout
@@ -258,11 +270,18 @@ class PeerServer:
             rx = Receiver(stream, _RECEIVE_CHUNK)
             with clock.scope:
                 clock.set("handshake", self.handshake_timeout)
-                if await self._handshake(stream, rx, who):
+                self._pending(clock)
+                try:
+                    accepted = await self._handshake(stream, rx, who)
+                finally:
+                    self._handshaking.pop(id(clock), None)
+                if accepted:
                     self.authenticated_total += 1
                     await self._requests(stream, rx, who, clock)
             if clock.scope.cancelled_caught:
-                if clock.phase == "handshake":
+                if clock.phase == "crowded":
+                    self._refuse(who, "crowded", f"over {self.max_handshakes} handshakes in progress, the oldest")
+                elif clock.phase == "handshake":
                     self._refuse(who, "handshake_timeout", f"no handshake within {self.handshake_timeout:g}s")
                 else:
                     log.debug("peer connection from %s closed: %s timed out", who, clock.phase)
@@ -273,6 +292,14 @@ class PeerServer:
         finally:
             self.connections -= 1
             await trio.aclose_forcefully(stream)
+
+    def _pending(self, clock: _Deadline) -> None:
+        """Count a connection in its handshake; past ``max_handshakes`` the oldest one is closed."""
+        self._handshaking[id(clock)] = clock
+        while len(self._handshaking) > self.max_handshakes:
+            _key, oldest = self._handshaking.popitem(last=False)
+            oldest.phase = "crowded"
+            oldest.scope.cancel()
 
     def _refuse(self, who: str, why: str, detail: str) -> None:
         self.refused[why] += 1

@@ -222,6 +222,9 @@ class PeerGroup:
             max_connections=p.server_connections,
             memory=int(p.server_memory),
             connection_memory=int(p.server_connection_memory),
+            # A member's client gives up a whole request (connect and handshake included) after
+            # peers.timeout: a connection still unauthenticated by then is nobody's we wait for.
+            handshake_timeout=max(1.0, p.timeout),
         )
         self.clients: dict[MemberKey, PeerClient] = {}
         self.views: dict[MemberKey, PeerView] = {}

@@ -19,7 +19,9 @@ In a group, a replica this node holds of a file another node owns is its owner's
 message tells this node what the owner saw (that needs a note in the peer protocol); so every
 ``replicas_every``-th round (the group's size) also covers this node's replicas.  A file held on k
 of N nodes then costs about 1 + (k - 1) / N stats per round in all, and a replica's staleness bound
-is N rounds instead of one.
+is N rounds instead of one (:mod:`placement.recheck` decides which files a round covers and
+computes both bounds; status shows them).  A round with nothing of this node's own to check still
+counts, or a node holding only replicas would never reach its next replica round.
 
 What it cannot see: a change the PFS client does not show yet (an NFS client's attribute cache,
 ``actimeo``, delays it by up to that many seconds), and one that happens after the last check and
@@ -48,6 +50,7 @@ from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.staging import Staging
 from fusefs.tiers import Tier
+from placement import recheck
 from placement.statusfields import counter, gauge, text
 
 log = logging.getLogger(__name__)
@@ -94,8 +97,17 @@ class RevalidationStatus(TypedDict):
     round_seconds: Annotated[
         float,
         gauge(
-            "round_files / rate_per_s (at least one second): the staleness bound while mounted, to which "
-            "the PFS client's own attribute cache adds"
+            "cached files this node owns / rate_per_s (at least one second): the staleness bound of a copy "
+            "of a file this node owns (of every copy outside a group) while mounted, to which the PFS "
+            "client's own attribute cache adds"
+        ),
+    ]
+    replica_bound_seconds: Annotated[
+        float,
+        gauge(
+            "the staleness bound of a copy this node holds of a file another node owns: "
+            "replicas_every_rounds - 1 rounds of its own files and one round of every cached file "
+            "(equal to round_seconds outside a group)"
         ),
     ]
     last_round_seconds: Annotated[float | None, gauge("how long the last round took (null before the first)")]
@@ -133,6 +145,8 @@ class Revalidator:
         self.stats: dict[StatKind, int] = {"ahead": 0, "open": 0, "background": 0}
         self.rounds = 0
         self.round_files = 0  # files the current round checks
+        self.owned_files = 0  # cached files this node rechecks every round (at the last round's start)
+        self.held_files = 0  # every cached file, replicas included (idem)
         self.last_round_seconds: float | None = None
         self.round_started = 0.0
         self._checking: dict[int, trio.Event] = {}
@@ -245,12 +259,14 @@ class Revalidator:
 
     async def _round_loop(self) -> None:
         while True:
-            ents = self.cached_entries()
-            with_replicas = self.rounds % max(1, self.replicas_every()) == 0
-            ents = ents[self.mine(ents)] if ents.size and not with_replicas else ents
-            if not ents.size:
-                await trio.sleep(1.0)
+            cached = self.cached_entries()
+            if not cached.size:  # nothing cached, nothing to recheck (and no round to count)
+                await trio.sleep(MIN_ROUND_SECONDS)
                 continue
+            mine = self.mine(cached)
+            self.owned_files, self.held_files = int(np.count_nonzero(mine)), int(cached.size)
+            # Possibly empty (only replicas here, and not their round): the round still counts.
+            ents = recheck.round_entries(cached, mine, self.rounds, self.replicas_every())
             self.round_files = int(ents.size)
             self.round_started = time.monotonic()
             per_tick = max(1, int(self.rate * TICK))
@@ -275,12 +291,16 @@ class Revalidator:
     # ------------------------------------------------------------------ status
 
     def status(self) -> RevalidationStatus:
-        cached = self.round_files
+        every = self.replicas_every()
         return {
             "rate_per_s": self.rate,
-            "round_files": cached,
-            "replicas_every_rounds": self.replicas_every(),
-            "round_seconds": round(max(cached / self.rate, MIN_ROUND_SECONDS), 3),  # the staleness bound
+            "round_files": self.round_files,
+            "replicas_every_rounds": every,
+            "round_seconds": round(recheck.round_seconds(self.owned_files, self.rate, MIN_ROUND_SECONDS), 3),
+            "replica_bound_seconds": round(
+                recheck.replica_bound_seconds(self.owned_files, self.held_files, self.rate, every, MIN_ROUND_SECONDS),
+                3,
+            ),
             "last_round_seconds": None if self.last_round_seconds is None else round(self.last_round_seconds, 3),
             "rounds": self.rounds,
             "stats": dict(self.stats),

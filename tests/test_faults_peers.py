@@ -1,0 +1,130 @@
+"""A peer daemon SIGSTOPped or killed -9 in the middle of an epoch of a three-node job.
+
+Three daemons over the emulated PFS, one real DistributedSampler rank per node (tests/faults/epochs.py),
+every sample compared with a manifest read from the source directly.  Node 2's daemon is stopped or
+killed while ranks 0 and 1 read; they must finish with the source's bytes, no read waiting longer than
+peers.timeout plus one PFS read, and node 2 marked down.  Then the stopped daemon is continued (the
+killed one mounted again): it must be up again on the others within peers.retry_down_after, its own
+rank must read right bytes, and the others must fetch from it again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e import make_source, wait_plan, write_seed
+from faults import procs
+from faults.manifest import Manifest
+from faults.nodes import Nodes
+from faults.ranks import Rank, ranks
+from mounting import status, wait_for
+from pfsemu_fixture import requires_fuse, running_pfsemu
+
+from tools.nodes import member_state, wait_seed
+
+pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.faults, requires_fuse]
+
+TIMEOUT = 1.0  # peers.timeout
+RETRY = 3.0  # peers.retry_down_after
+SEED = 5
+
+
+def served_to_peers(mnt: Path) -> int:
+    return int(status(mnt)["group"]["server"]["requests"].get("ok", 0))
+
+
+def epoch(readers: list[Rank], n: int, which: list[int] | None = None) -> list[dict[str, Any]]:
+    chosen = [readers[k] for k in (which if which is not None else range(len(readers)))]
+    for r in chosen:
+        r.start(n, SEED)
+    return [r.result() for r in chosen]
+
+
+def right(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        assert r["bad_count"] == 0 and r["error_count"] == 0, r
+        assert r["samples"] > 0, r
+
+
+@pytest.mark.parametrize("how", ["stop", pytest.param("kill", marks=pytest.mark.slow)])
+def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back(tmp_path: Path, how: str) -> None:
+    backing = tmp_path / "pfs"
+    make_source(backing, 240, 0, mean_size=8000)
+    manifest = Manifest.of(backing)
+    with running_pfsemu(backing) as emu:
+        nodes = Nodes(
+            emu.mountpoint,
+            tmp_path,
+            3,
+            {"timeout": TIMEOUT, "retry_down_after": RETRY, "down_after": 1},
+            {
+                "tiers": [{"kind": "memory", "bytes": int(manifest.total_bytes * 0.4)}],
+                "prefetch": {"lookahead_bytes": "256KiB"},
+                "job": {"world_size": 3, "ranks_per_node": 1, "epochs": 6, "batch_size": 8},
+            },
+        )
+        with nodes.running() as mnts, ranks(nodes, manifest, tmp_path) as readers:
+            write_seed(mnts[0], SEED)
+            wait_seed(mnts, SEED)
+            for m in mnts:
+                wait_plan(m, SEED)
+            right(epoch(readers, 0))  # tiers filled, node 2 serving its peers
+            victim = int(status(mnts[2])["pid"])
+            served_before = served_to_peers(mnts[2])
+            assert served_before > 0, "node 2 must serve its peers before the fault for the test to mean anything"
+
+            # The data port's handshake deadline follows peers.timeout: a silent stranger is closed then.
+            port = int(status(mnts[0])["group"]["server"]["port"])
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
+                t0 = time.monotonic()
+                assert stranger.recv(1) == b""
+                silent_closed_after = time.monotonic() - t0
+
+            opened = int(status(mnts[0])["reads"]["opens"])
+            for r in readers[:2]:
+                r.start(1, SEED)
+            wait_for(lambda: int(status(mnts[0])["reads"]["opens"]) >= opened + 10, 60, "node 0 reading epoch 1")
+            harmed = time.monotonic()
+            if how == "stop":
+                os.kill(victim, signal.SIGSTOP)
+            else:
+                procs.kill9(mnts[2], victim)
+            try:
+                survivors = [r.result() for r in readers[:2]]
+                epoch_s = time.monotonic() - harmed
+                for k in (0, 1):
+                    wait_for(lambda k=k: member_state(mnts[k], "127.0.0.3:") == "down", 60, f"node {k}: 2 down")
+            finally:
+                if how == "stop":
+                    os.kill(victim, signal.SIGCONT)
+            back = time.monotonic()
+            if how == "kill":
+                nodes.mount(2)
+                nodes.wait(2)
+                wait_seed(mnts, SEED)
+                wait_plan(mnts[2], SEED)
+            served_after = served_to_peers(mnts[2])
+            for k in (0, 1):  # up again on both, within retry_down_after (plus slack for 2 loaded cores)
+                wait_for(lambda k=k: member_state(mnts[k], "127.0.0.3:") == "up", RETRY + 15, f"node {k}: 2 up")
+            up_after = time.monotonic() - back
+            later = [epoch(readers, n) for n in (2, 3)]
+            served_again = served_to_peers(mnts[2]) - served_after
+    right(survivors)
+    for results in later:
+        right(results)
+    slowest = max(r["read_max_s"] for r in survivors)
+    print(
+        f"{how}: survivors finished epoch 1 in {epoch_s:.1f}s, slowest read {slowest * 1000:.0f} ms; node 2 up "
+        f"again on both after {up_after:.1f}s; it served {served_again} files to its peers in the next two "
+        f"epochs; a silent connection was closed after {silent_closed_after:.2f}s"
+    )
+    # One PFS read of an 8 KB file at the emulator's defaults is a few ms: 0.5 s of slack on 2 loaded cores.
+    assert slowest <= TIMEOUT + 0.5, slowest
+    assert served_again > 0, "the peers never fetched from node 2 again"
+    assert TIMEOUT - 0.1 <= silent_closed_after <= TIMEOUT + 1.5, silent_closed_after

@@ -1,0 +1,80 @@
+"""Background rechecks of cached copies in a group: which files a round covers, the bounds status
+promises, and a node that holds only replicas still rechecking them.
+
+The last test runs the real read path in one process (inprocess.assemble: real tiers, the real
+revalidator over a real source directory): before rounds with nothing of the node's own were
+counted, such a node never reached its next replica round and served a changed file's old bytes
+for the rest of the mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pyfuse3
+import pytest
+import trio
+from inprocess import assemble, make_source, serve, until
+
+from fusefs.readpath.revalidate import MIN_ROUND_SECONDS
+from placement import recheck
+
+
+def test_rounds_cover_replicas_every_nth_and_may_be_empty() -> None:
+    cached = np.array([3, 5, 8, 13], np.int64)
+    mine = np.array([True, False, True, False])
+    assert recheck.round_entries(cached, mine, 0, 3).tolist() == [3, 5, 8, 13]
+    assert recheck.round_entries(cached, mine, 1, 3).tolist() == [3, 8]
+    assert recheck.round_entries(cached, mine, 3, 3).tolist() == [3, 5, 8, 13]
+    nothing = np.zeros(4, np.bool_)
+    assert recheck.round_entries(cached, nothing, 2, 3).size == 0  # an empty round: counted all the same
+    assert recheck.round_entries(cached, nothing, 2, 1).tolist() == [3, 5, 8, 13]  # alone: every round
+
+
+def test_a_replicas_bound_is_n_minus_one_owner_rounds_and_one_full_round() -> None:
+    # 1.28M cached files on each of 4 nodes, each owning a quarter, at 1000 stats/s:
+    owned, held = 320_000, 1_280_000
+    assert recheck.round_seconds(owned, 1000, 1.0) == 320.0
+    assert recheck.replica_bound_seconds(owned, held, 1000, 4, 1.0) == 3 * 320.0 + 1280.0
+    assert recheck.replica_bound_seconds(held, held, 1000, 1, 1.0) == recheck.round_seconds(held, 1000, 1.0)
+    assert recheck.replica_bound_seconds(0, 10, 1000, 3, 1.0) == 3.0  # only replicas: minimum rounds
+
+
+def test_a_node_holding_only_replicas_sees_their_source_change_within_the_replica_bound(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    files = make_source(root)
+    m = assemble(root, files, tmp_path)
+    rel = "c1/f3.jpg"
+    entry = m.entry(rel)
+    rv = m.rp.revalidator
+    rv.mine = lambda entries: np.zeros(entries.shape, np.bool_)  # another node owns every file
+    every = 3
+    rv.replicas_every = lambda: every
+    bound = recheck.replica_bound_seconds(0, 1, rv.rate, every, MIN_ROUND_SECONDS)
+    seen: dict[str, float] = {}
+
+    async def body() -> None:
+        assert await m.rp.tiers[0].put(entry, files[rel], m.rp.reader.ids.of(entry))
+        assert (await m.read(rel))[0] == files[rel]  # served from the replica, its source checked once
+        await until(lambda: rv.rounds >= 1)  # the first round (a replica round) checked it too
+        assert rv.status()["replica_bound_seconds"] == bound
+        (root / rel).write_bytes(os.urandom(len(files[rel]) + 10))  # the source changes
+        changed_at = time.monotonic()
+        with trio.move_on_after(bound + 2.0):  # the bound, and slack for a loaded machine
+            await until(lambda: rv.is_changed(entry))
+        seen["after"] = time.monotonic() - changed_at
+        seen["rounds"] = rv.rounds
+        assert rv.is_changed(entry), (
+            f"a replica's changed source went unseen for {seen['after']:.1f}s (bound {bound}s): rounds stuck "
+            f"at {rv.rounds}, stats {rv.stats}"
+        )
+        with pytest.raises(pyfuse3.FUSEError) as failed:
+            await m.read(rel)
+        assert failed.value.errno == errno.EIO  # and never the old bytes again
+
+    serve(m, body, timeout=30)
+    print(f"replica of a changed file seen after {seen['after']:.2f}s (bound {bound}s, {seen['rounds']} rounds)")
