@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.faults, requires
 TIMEOUT = 1.0  # peers.timeout
 RETRY = 3.0  # peers.retry_down_after
 SEED = 5
+
+
+def is_state(mnt: Path, state: str) -> bool:
+    """Whether the mount at ``mnt`` sees node 2 (127.0.0.3) in ``state``."""
+    return member_state(mnt, "127.0.0.3:") == state
 
 
 def served_to_peers(mnt: Path) -> int:
@@ -99,7 +105,7 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
                 survivors = [r.result() for r in readers[:2]]
                 epoch_s = time.monotonic() - harmed
                 for k in (0, 1):
-                    wait_for(lambda k=k: member_state(mnts[k], "127.0.0.3:") == "down", 60, f"node {k}: 2 down")
+                    wait_for(partial(is_state, mnts[k], "down"), 60, f"node {k}: 2 down")
             finally:
                 if how == "stop":
                     os.kill(victim, signal.SIGCONT)
@@ -111,7 +117,7 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
                 wait_plan(mnts[2], SEED)
             served_after = served_to_peers(mnts[2])
             for k in (0, 1):  # up again on both, within retry_down_after (plus slack for 2 loaded cores)
-                wait_for(lambda k=k: member_state(mnts[k], "127.0.0.3:") == "up", RETRY + 15, f"node {k}: 2 up")
+                wait_for(partial(is_state, mnts[k], "up"), RETRY + 15, f"node {k}: 2 up")
             up_after = time.monotonic() - back
             later = [epoch(readers, n) for n in (2, 3)]
             served_again = served_to_peers(mnts[2]) - served_after

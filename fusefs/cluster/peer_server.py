@@ -451,7 +451,7 @@ class PeerServer:
             self.bytes_sent += len(block)
 
 
-DeadlinePhase = Literal["handshake", "idle", "request", "error reply", "send"]
+DeadlinePhase = Literal["handshake", "idle", "request", "error reply", "send", "crowded"]
 """What a connection is doing while its deadline runs (named in the log when it times out)."""
 
 
