@@ -65,7 +65,7 @@ def test_control_hidden_but_reachable(tree: Path, mountpoint: Path, cache_dir: P
         assert "datasets:" in (mountpoint / ".control" / "config").read_text()
         assert doc["snapshot"]["external_symlinks_total"] == 0
         page = (Path(__file__).resolve().parent.parent / "man" / "seerfs-control.7").read_text()
-        undocumented = [k for k in doc if isinstance(doc[k], dict | list) and f".B {k}\n" not in page]
+        undocumented = [k for k in doc if isinstance(doc[k], dict | list) and f".SS {k}\n" not in page]
         assert not undocumented, f"status sections missing from seerfs-control(7): {undocumented}"
 
 
