@@ -634,7 +634,13 @@ def framework_alternatives(model: SamplerModel, batch_size: int, drop_last: bool
     if isinstance(model, DistributedSamplerModel) and model.world_size > 1:
         return [
             AccelerateSeedableModel(
-                model.n, model.world_size, model.seed, batch_size, shuffle=model.shuffle, drop_last=drop_last
+                model.n,
+                model.world_size,
+                model.seed,
+                batch_size,
+                shuffle=model.shuffle,
+                drop_last=drop_last,
+                backend=model.backend,  # the daemon's plans use numpy: never import torch there for a variant
             )
         ]
     if isinstance(model, SequentialSamplerModel) and model.world_size > 1:
@@ -644,7 +650,9 @@ def framework_alternatives(model: SamplerModel, batch_size: int, drop_last: bool
             return [DistributedSamplerModel(model.n, model.world_size, model.seed, backend=model.backend)]
         return [DistributedSamplerModel(model.n, model.world_size, 0, shuffle=False)]
     if isinstance(model, GeneratorStreamModel) and model.shifted is not None:
-        seedable = AccelerateSeedableModel(model.n, model.world_size, model.seed, batch_size, drop_last=drop_last)
+        seedable = AccelerateSeedableModel(
+            model.n, model.world_size, model.seed, batch_size, drop_last=drop_last, backend=model.backend
+        )
         return [model.shifted(), seedable] if model.world_size > 1 else [model.shifted()]
     return []
 

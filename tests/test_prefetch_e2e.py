@@ -203,6 +203,10 @@ def test_budgets_hold_with_a_dataset_three_times_the_tiers(
                 results = run_readers(mnt, job, digests, tmp_path / "run", cgroup=group)
             doc = status(mnt)
             disk_used = du(tmp_path / "ssd")
+            # Plans in the daemon use numpy's randperm (proven equal to torch's): torch, ~190 MB of
+            # RSS the budgets do not count, must never be imported there (a sampler variant once did).
+            torch_libs = [m for m in Path(f"/proc/{pid}/maps").read_text().splitlines() if "libtorch" in m]
+            assert not torch_libs, f"the daemon imported torch: {torch_libs[0]}"
     finally:
         if group is not None:
             group.close()
