@@ -360,11 +360,16 @@ class PeerGroup:
     async def fetch(self, entry: int) -> bytes | None:
         """The entry from its owner, or None: go to the PFS now (never waits past the peer timeout).
 
-        The plan's owner while this node predicts, the group rule's otherwise (module docstring)."""
+        The plan's owner while this node predicts, the group rule's otherwise (module docstring);
+        while predicting after the group ran by the rule, the rule's owner next, before the PFS
+        (it may hold the copy read then: :meth:`~fusefs.readpath.policy.ReadPolicy.rule_owner_may_hold`)."""
         if not self.clients:
             return None
         if self.prefetcher.mode == "predicting":
-            return await self._fetch_by_plan(entry)
+            data = await self._fetch_by_plan(entry)
+            if data is None and self.prefetcher.rule_owner_may_hold(entry) is not None:
+                data = await self._fetch_by_rule(entry)
+            return data
         return await self._fetch_by_rule(entry)
 
     async def _fetch_by_rule(self, entry: int) -> bytes | None:
