@@ -152,6 +152,24 @@ def test_a_plan_trusted_after_the_rule_asks_the_rules_owner_before_the_pfs(
     assert s.policy.rule_owner_may_hold(theirs) == 1 and s.policy.rule_owner_may_hold(mine) is None
 
 
+def test_after_a_wrong_plan_the_rule_asks_the_plans_owner_before_the_pfs(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """A plan followed until the opens refuted it had its owners fill (and stage) files from the PFS,
+    and the mismatch keeps those copies: by the rule, the plan's owner is asked before the PFS.  A
+    group that never filled for a plan reads by the rule alone."""
+    never = group_of(two_nodes, 0, reactive=100_000)
+    never.do(Opened(next(iter(never.files))))
+    assert not never.policy.plan_owner_may_hold()
+    s = group_of(two_nodes, 0, reactive=100_000)
+    s.follow()
+    gen = s.policy.generation
+    fills = [i for i in s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], gen)) if isinstance(i, Fill)]
+    assert fills and s.policy.plan_owner_may_hold()
+    s.do(ViewPublished(CursorView("mismatch", None, 0, {}, ()), [], gen))
+    assert s.policy.mode == "reactive" and s.policy.plan_owner_may_hold()
+
+
 def test_a_wrong_plans_fill_reads_the_pfs_only_for_what_this_node_owns_by_the_rule(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:

@@ -636,6 +636,9 @@ class ReadPolicy:
         # The group rule picked PFS readers at some time since the mount (no trusted plan then): its
         # owners may hold copies a plan trusted later does not know of (see rule_owner_may_hold).
         self.ruled = False
+        # A plan had this node stage or fill files at some time since the mount: when it turns out
+        # wrong, its owners hold copies the group rule does not know of (see plan_owner_may_hold).
+        self.planned = False
         self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
         self._lane: _NextRun | None = None
         self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
@@ -688,6 +691,8 @@ class ReadPolicy:
         finally:
             self._busy = False
         out, self._out = self._out, []
+        if not self.planned and any(isinstance(i, (Fill, Stage)) for i in out):
+            self.planned = True
         return out
 
     @property
@@ -1302,6 +1307,16 @@ class ReadPolicy:
         if not self.ruled:
             return None
         return self.reactive_owner(entry)
+
+    def plan_owner_may_hold(self) -> bool:
+        """Without a trusted plan: whether to ask the plan's owner of a file before reading it from the
+        PFS as its rule owner.
+
+        A plan followed before it was found wrong (a wrong seed, presumed until the opens refuted it)
+        had its owners stage and fill files from the PFS; a mismatch keeps those copies, but the
+        group rule names other owners.  Asked by the plan, the node that read it serves its copy.
+        """
+        return self.planned and self.group_owner is not None and self.plan is not None
 
     def _reactive_for(self, entry: int) -> StaticFrequencySet:
         g = self.group_owner

@@ -304,6 +304,10 @@ class Prefetcher:
         """While predicting: the group rule's owner to ask before the PFS (a copy read before the plan was trusted)."""
         return self.policy.rule_owner_may_hold(entry)
 
+    def plan_owner_may_hold(self) -> bool:
+        """While not predicting: the plan's owner may hold a copy it read before the plan was found wrong."""
+        return self.policy.plan_owner_may_hold()
+
     def peer_asked(self, entry: int, nbytes: int, by_plan: bool) -> FetchForPeer | None:
         """A peer asks for a file this node neither holds nor fetches: read it for them (and where to keep it)?"""
         answer = self._handle(PeerAsked(entry, nbytes, by_plan))
