@@ -1177,6 +1177,10 @@ class NodeCursor:
                 ):
                     # A loop that left its epoch early reads the same order again (accelerate).
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
+        if len(dc.variants) > 1 and any(t.high < t.length for t in dc.tracks):
+            padding = self._end_padding(dc, i, build)
+            if padding is not False:
+                return padding
         for t in dc.tracks:
             if not t.finished(window):
                 continue
@@ -1195,6 +1199,48 @@ class NodeCursor:
                         best = (t.slot, pos, (e, t.job_epoch + 1, nxt))
             if best is not None:
                 return best
+        return False
+
+    def _end_padding(self, dc: DatasetCursor, i: int, build: bool) -> Placement | Literal[False] | None:
+        """Local file ``i``, opened again near the end of a pass this node has not finished: the end
+        padding of another variant (accelerate's even_batches completes the last round of batches
+        with the epoch's first samples, where a DistributedSampler pads one sample per rank)?
+
+        The two share one permutation and differ locally only there, so a lock may have taken either;
+        taking such a re-read for the start of the next pass instead would learn a wrong mode
+        (``repeat``) and count an epoch too many.  A genuine next pass starts only once the node's
+        ranks opened their whole pass (their steps are in lockstep), which is what ``_find`` asks
+        before calling this.  When another variant reads ``i`` twice in the pass under way and its
+        second read falls in a local rank's last batch, the cursor follows that variant from its
+        last window on (the tracks' remaining opens are that window's) and places the open there.
+        """
+        tracks = dc.tracks
+        epoch = tracks[0].epoch
+        if any(t.epoch != epoch or t.job_epoch != tracks[0].job_epoch for t in tracks) or not any(
+            t.finished(self.settings.window) for t in tracks
+        ):
+            return False
+        batch = self.shape.batch_size
+        for v, streams in enumerate(dc.variants):
+            if v == dc.variant or dc.shared[v] or dc.varies[v] != dc.varies[dc.variant]:
+                continue
+            idx = self.index(dc, v, epoch, build)
+            if idx is None:
+                return _NEED
+            if idx.repeated is None or not idx.repeated[i]:
+                continue
+            length = streams.length
+            for t in tracks:
+                ends = [p for p in idx.positions(i, t.rank) if p >= length - batch]
+                if not ends:
+                    continue
+                dc.variant = v
+                dc.in_place = dc.restarts_in_place()
+                start = max(0, length - self.settings.window)
+                for u in tracks:
+                    u.index, u.length, u.low, u.high = idx, length, start, start
+                    u.consumed.clear()
+                return (t.slot, ends[0], None)
         return False
 
     def _commit(self, dc: DatasetCursor, placement: Placement, segment: int) -> Track:

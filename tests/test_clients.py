@@ -48,6 +48,8 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 TRAIN, VAL = 503, 125  # 503 train files: 252 per rank on two ranks (one padded); val: 8 batches per rank
 OPEN_MS = 20  # PFS open latency: what makes a missed prediction cost time
 MIN_RATE = 0.99  # share of an epoch's opens the plan must have predicted
+BATCH = 8  # every client's batch size (seerfs_options' default)
+BREAK_BATCHES = 2  # after a resume the plan cannot foresee, this many batches per local rank may go unpredicted
 PFS_FACTOR = 1.05
 WALL_FACTOR = 1.03
 WALL_REPEATS = 2  # runs per side for the wall-time check: the best of each is compared (the host is shared)
@@ -243,24 +245,41 @@ class Verdict:
         self.metrics.setdefault("samples", {})[run.label] = n
         self.check(n > 0 and not bad, f"{run.label}: {len(bad)} of {n} samples differ from the source, e.g. {bad[:3]}")
 
-    def predicted(self, run: Run, *, skip: tuple[str, ...] = ()) -> None:
+    def predicted(self, run: Run, *, skip: tuple[str, ...] = (), resumed: tuple[str, ...] = ()) -> None:
         """Every segment (epoch, sanity check) not in ``skip`` had >= MIN_RATE of its opens predicted.
 
         The first segment judged is held to the cursor's hit rate (detection needs a few opens and
         credits them once it succeeds); later ones also to the share predicted at open time, which
         a retroactive credit cannot inflate.  A segment whose hits exceed its opens is reported as
         such: the status then claims more than was predicted.
+
+        A segment in ``resumed`` starts in the middle of an epoch the plan cannot foresee (a job
+        resumed from a mid-epoch checkpoint): the cursor has to find its position from the opens
+        first.  It is held to the bound stated for such a break: at most two batches per local rank
+        unpredicted (:data:`BREAK_BATCHES`), by both measures.  A fixed share would not do: the rest
+        of a resumed epoch can be short (100 samples per rank after torchdata's resume at 152 of 252),
+        and two batches per rank are then more than 5% of it.
         """
         segs = run.segments()
         self.metrics.setdefault("segments", {})[run.label] = segs
         self.check(bool(segs), f"{run.label}: no status snapshots (was the mount a seerfs mount?)")
         judged = [s for s in segs if s["segment"] not in skip and s["opens"]]
+        budget = BREAK_BATCHES * BATCH * len(run.ranks)  # every rank of these runs is on the one node
         for i, s in enumerate(judged):
             where = f"{run.label}: {s['segment']}"
             counts = (
                 f"{s['hits']} hits of {s['cursor_opens']} cursor opens, {s['open_rate']:.1%} of {s['opens']} opens "
                 f"predicted at open time; cursor {s['cursor_state']}, mode {s['mode']}"
             )
+            if s["segment"] in resumed:
+                missed = s["cursor_opens"] - s["hits"]
+                missed_at_open = s["opens"] - round(s["open_rate"] * s["opens"])
+                self.check(
+                    0 <= missed <= budget and missed_at_open <= budget and s["hits"] <= s["cursor_opens"],
+                    f"{where}: {missed} opens unpredicted by the cursor, {missed_at_open} at open time, after the "
+                    f"resume (allowed {budget}: {BREAK_BATCHES} batches per local rank; {counts})",
+                )
+                continue
             ok = MIN_RATE <= s["rate"] <= 1.0
             self.check(
                 ok,
@@ -338,7 +357,7 @@ def test_mid_epoch_resume_by_sampler_skip(
     for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
     seeded = seeded_runs[0]
-    verdict.predicted(seeded)
+    verdict.predicted(seeded, resumed=(f"epoch{epoch}",))
     verdict.pfs_once(seeded, source)
     verdict.no_slower(seeded_runs, unseeded_runs)
     verdict.done(*seeded_runs, *unseeded_runs)
@@ -408,8 +427,11 @@ def test_early_break(tmp_path: Path, source: Source, verdict: Verdict) -> None:
 def test_wrong_seed(tmp_path: Path, source: Source, verdict: Verdict) -> None:
     """The ImageNet example run with --seed 42 and 42 written: its DistributedSampler is seeded 0, not 42.
 
-    A wrong seed cannot be predicted from; what must hold is that the daemon says so within the
-    first epoch, still reads the PFS about once, and costs no time against writing no seed at all.
+    A wrong seed cannot be predicted from; what must hold is that the daemon names it within two
+    batches per local rank, still reads the PFS about once, and costs no time against writing no
+    seed at all.  Afterwards the mount either stays in mismatch or its seed search finds the seed
+    the sampler really uses (0) and follows that: a seed found from the opens replaces the written
+    one (README, "Seed discovery"), so the mismatch need not last to the end of the run.
     """
     opts = seerfs_options(2, 3, val=False)
     seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, ["--seed", "42"], opts, seed=42)
@@ -417,10 +439,23 @@ def test_wrong_seed(tmp_path: Path, source: Source, verdict: Verdict) -> None:
         verdict.bytes_identical(run, source)
     seeded = seeded_runs[0]
     verdict.metrics["segments"] = {"seeded0": seeded.segments()}
-    first = seeded.final["cursor"]["first_mismatch_open"]
+    final = seeded.final["cursor"]
+    first = final["first_mismatch_open"]
+    budget = BREAK_BATCHES * BATCH * 2
     verdict.check(
-        seeded.final["cursor"]["mismatch"] and first is not None and first <= seeded.snapshots[1]["reads_opens"],
-        f"the wrong seed was not flagged within epoch 0: cursor {seeded.final['cursor']}",
+        first is not None and first <= budget,
+        f"the wrong seed was not named within {budget} opens (2 batches per local rank): cursor {final}",
+    )
+    after0 = seeded.snapshots[1]
+    verdict.check(
+        after0["cursor"]["mismatch"] and after0["cursor"]["mismatch_kind"] == "wrong_seed",
+        f"after epoch 0 the status does not name a wrong seed: cursor {after0['cursor']}",
+    )
+    found = seeded.final["seed_origin"] == "discovered" and seeded.final["seed"] == 0
+    verdict.check(
+        final["mismatch"] or (found and final["state"] == "tracking"),
+        f"at the end neither a mismatch nor the sampler's real seed found: seed {seeded.final['seed']} "
+        f"({seeded.final['seed_origin']}), cursor {final}",
     )
     verdict.pfs_once(seeded, source)
     verdict.no_slower(seeded_runs, unseeded_runs)
@@ -472,7 +507,7 @@ def test_stateful_dataloader_resume(tmp_path: Path, source: Source, verdict: Ver
     seeded = seeded_runs[0]
     first = [s for s in seeded.ranks[0]["samples"]]
     verdict.check(len(first) == (252 - 152) + 252, f"rank 0 read {len(first)} samples after the resume, not 352")
-    verdict.predicted(seeded)
+    verdict.predicted(seeded, resumed=("epoch1",))
     verdict.pfs_once(seeded, source)
     verdict.no_slower(seeded_runs, unseeded_runs)
     verdict.done(*seeded_runs, *unseeded_runs)
@@ -524,7 +559,8 @@ def test_lightning_val_every_n_steps(tmp_path: Path, source: Source, verdict: Ve
 def test_accelerate_seedable_sampler(tmp_path: Path, source: Source, verdict: Verdict) -> None:
     """use_seedable_sampler=True: epoch e draws randperm from a generator seeded set_seed + e; batches go
     round-robin to the processes (BatchSamplerShard), not sample by sample as DistributedSampler does."""
-    opts = seerfs_options(2, 3, val=False)
+    # seerfs.yaml(5): use_seedable_sampler=True is the sampler kind "accelerate" (set_seed's value written)
+    opts = seerfs_options(2, 3, val=False) | {"datasets.0.sampler.kind": "accelerate"}
     run = run_client(
         tmp_path,
         source,
@@ -544,8 +580,10 @@ def test_accelerate_seedable_sampler(tmp_path: Path, source: Source, verdict: Ve
 @pytest.mark.slow
 def test_accelerate_default_prepare(tmp_path: Path, source: Source, verdict: Verdict) -> None:
     """Default prepare(): one generator, seeded from rank 0's global RNG at prepare(), runs on across epochs;
-    the job writes that generator's initial seed, the only number that decides the order."""
-    opts = seerfs_options(2, 3, val=False)
+    the job writes that generator's initial seed, the only number that decides the order, and names the
+    sampler kind "accelerate_default" (seerfs.yaml(5)): the order is one generator stream across epochs,
+    which no DistributedSampler-shaped plan predicts past epoch 0."""
+    opts = seerfs_options(2, 3, val=False) | {"datasets.0.sampler.kind": "accelerate_default"}
     seeded_runs, unseeded_runs = side_by_side(
         tmp_path,
         source,

@@ -465,3 +465,27 @@ def test_batch_sharded_layout_streams_every_rank_like_the_model() -> None:
     assert np.array_equal(
         np.sort(st.node_stream(2, 0)), np.sort(np.concatenate([st.rank_stream(2, 0), st.rank_stream(2, 1)]))
     )
+
+
+@pytest.mark.parametrize("interleaving", [0, 9, 30, 41, 58])
+def test_accelerate_end_padding_is_not_a_new_pass(interleaving: int) -> None:
+    """accelerate (use_seedable_sampler) run under a config that declares a DistributedSampler with set_seed's
+    value: the two variants differ on a node only where accelerate's even_batches re-reads the epoch's first
+    samples in the last round of batches.  Read while the node's last batches are still being opened, those
+    re-reads must not start a new pass (a wrong ``repeat`` mode and an epoch counted too many, as seen under
+    some worker interleavings): the cursor follows accelerate's order from there, and every epoch is counted
+    once and predicted."""
+    n, b, world, seed = 503, 8, 2, 7
+    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in range(world)}
+    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(interleaving))
+    for e, rows in enumerate(accelerate_epochs(loaders, [None] * 3)):
+        loop.stretch(f"epoch {e}", e, 0, rows)
+    model = build_sampler("distributed", n, seed=seed, world_size=world, batch_size=b)
+    cur = NodeCursor(job(model, JobShape(world, 2, b, False)), settings(b))
+    cur.presume(0, 0)
+    hits = replay(cur, loop.opens)
+    check_breaks(loop, hits)
+    check_epochs(cur)
+    lead = cur.status()["datasets"][0]
+    assert [row["epoch"] for row in cur.status()["history"]] == [0, 1, 2]
+    assert lead["mode"] == "advance" and lead["sampler"] == "accelerate" and cur.epoch == 2

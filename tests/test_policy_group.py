@@ -132,6 +132,46 @@ def test_a_peer_is_served_a_pfs_read_only_by_the_files_one_owner(
     assert s.do(PeerAsked(planned, s.size(planned), by_plan=True)) == [FetchForPeer(planned, 0)]
 
 
+def test_a_plan_trusted_after_the_rule_asks_the_rules_owner_before_the_pfs(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """A group that always had its plan reads by the plan alone; one that ran by the rule first (a
+    wrong seed, then the right one found) asks a file's rule owner before reading it from the PFS as
+    its new plan owner: the rule owner may hold the copy read then, and a second PFS read is waste."""
+    planned = group_of(two_nodes, 0, reactive=100_000)
+    planned.follow()
+    planned.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], planned.policy.generation))
+    assert all(planned.policy.rule_owner_may_hold(e) is None for e in planned.files)
+
+    s = group_of(two_nodes, 0, reactive=100_000)
+    theirs = next(e for e in s.files if not s.policy.owns(e))
+    mine = next(e for e in s.files if s.policy.owns(e))
+    assert s.policy.rule_owner_may_hold(theirs) is None  # nothing read yet
+    s.do(Opened(theirs))  # no plan: the rule picks the reader
+    s.follow()
+    s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], s.policy.generation))
+    assert s.policy.mode == "predicting"
+    assert s.policy.rule_owner_may_hold(theirs) == 1 and s.policy.rule_owner_may_hold(mine) is None
+
+
+def test_after_a_wrong_plan_the_rule_asks_the_plans_owner_before_the_pfs(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """A plan followed until the opens refuted it had its owners fill (and stage) files from the PFS,
+    and the mismatch keeps those copies: by the rule, the plan's owner is asked before the PFS.  A
+    group that never filled for a plan reads by the rule alone."""
+    never = group_of(two_nodes, 0, reactive=100_000)
+    never.do(Opened(next(iter(never.files))))
+    assert not never.policy.plan_owner_may_hold()
+    s = group_of(two_nodes, 0, reactive=100_000)
+    s.follow()
+    gen = s.policy.generation
+    fills = [i for i in s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], gen)) if isinstance(i, Fill)]
+    assert fills and s.policy.plan_owner_may_hold()
+    s.do(ViewPublished(CursorView("mismatch", None, 0, {}, ()), [], gen))
+    assert s.policy.mode == "reactive" and s.policy.plan_owner_may_hold()
+
+
 def test_a_wrong_plans_fill_reads_the_pfs_only_for_what_this_node_owns_by_the_rule(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:

@@ -363,12 +363,22 @@ class PeerGroup:
     async def fetch(self, entry: int) -> bytes | None:
         """The entry from its owner, or None: go to the PFS now (never waits past the peer timeout).
 
-        The plan's owner while this node predicts, the group rule's otherwise (module docstring)."""
+        The plan's owner while this node predicts, the group rule's otherwise (module docstring);
+        while predicting after the group ran by the rule, the rule's owner next, before the PFS
+        (it may hold the copy read then: :meth:`~fusefs.readpath.policy.ReadPolicy.rule_owner_may_hold`),
+        and by the rule after a plan found wrong, the plan's owner next
+        (:meth:`~fusefs.readpath.policy.ReadPolicy.plan_owner_may_hold`)."""
         if not self.clients:
             return None
         if self.prefetcher.mode == "predicting":
-            return await self._fetch_by_plan(entry)
-        return await self._fetch_by_rule(entry)
+            data = await self._fetch_by_plan(entry)
+            if data is None and self.prefetcher.rule_owner_may_hold(entry) is not None:
+                data = await self._fetch_by_rule(entry)
+            return data
+        data = await self._fetch_by_rule(entry)
+        if data is None and self.prefetcher.plan_owner_may_hold():
+            data = await self._fetch_by_plan(entry)  # a wrong plan's owner may hold what it staged or filled
+        return data
 
     async def _fetch_by_rule(self, entry: int) -> bytes | None:
         index = self.prefetcher.reactive_owner(entry)

@@ -633,6 +633,12 @@ class ReadPolicy:
         self.group_seeds: tuple[int, ...] = ()
         self.group_me = 0
         self.group_owner: npt.NDArray[np.int16] | None = None  # per entry, its owning member (None: alone)
+        # The group rule picked PFS readers at some time since the mount (no trusted plan then): its
+        # owners may hold copies a plan trusted later does not know of (see rule_owner_may_hold).
+        self.ruled = False
+        # A plan had this node stage or fill files at some time since the mount: when it turns out
+        # wrong, its owners hold copies the group rule does not know of (see plan_owner_may_hold).
+        self.planned = False
         self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
         self._lane: _NextRun | None = None
         self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
@@ -685,6 +691,8 @@ class ReadPolicy:
         finally:
             self._busy = False
         out, self._out = self._out, []
+        if not self.planned and any(isinstance(i, (Fill, Stage)) for i in out):
+            self.planned = True
         return out
 
     @property
@@ -838,6 +846,8 @@ class ReadPolicy:
 
     def _opened(self, ev: Opened) -> None:
         entry = ev.entry
+        if self.group_owner is not None and self.mode != "predicting":
+            self.ruled = True
         gid = int(self.entry_gid[entry]) if entry < self.entry_gid.shape[0] else -1
         if gid < 0:
             self.unplanned_opens += 1
@@ -1284,6 +1294,30 @@ class ReadPolicy:
         assert self.group_owner is not None
         return int(self.group_owner[entry])
 
+    def rule_owner_may_hold(self, entry: int) -> int | None:
+        """While a plan is trusted: the group rule's owner of ``entry`` to ask before this node reads it
+        from the PFS, or None.
+
+        A plan trusted only after the group ran without one (a wrong seed, then the right one written
+        or found by the seed search) names other owners than the rule did, and the rule's owners hold
+        what was read meanwhile.  Reading such a file from the PFS again as its new plan owner would
+        cost a second PFS read; asked, the rule's owner serves its copy, or reads it once as the rule
+        allows.  Never asked in a group that always had its plan: nothing was read by the rule.
+        """
+        if not self.ruled:
+            return None
+        return self.reactive_owner(entry)
+
+    def plan_owner_may_hold(self) -> bool:
+        """Without a trusted plan: whether to ask the plan's owner of a file before reading it from the
+        PFS as its rule owner.
+
+        A plan followed before it was found wrong (a wrong seed, presumed until the opens refuted it)
+        had its owners stage and fill files from the PFS; a mismatch keeps those copies, but the
+        group rule names other owners.  Asked by the plan, the node that read it serves its copy.
+        """
+        return self.planned and self.group_owner is not None and self.plan is not None
+
     def _reactive_for(self, entry: int) -> StaticFrequencySet:
         g = self.group_owner
         return self.reactive_owned if g is not None and self.owns(entry) else self.reactive
@@ -1347,6 +1381,8 @@ class ReadPolicy:
                 return
         if self.group_owner is None or not self.owns(entry):
             return
+        if self.mode != "predicting":
+            self.ruled = True
         keep = None if self.mode == "predicting" else self._reactive_keep(entry, ev.nbytes)
         self._out.append(FetchForPeer(entry, keep))
 

@@ -35,9 +35,11 @@ def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
                 "hit_rate",
                 "mismatch",
                 "mismatch_reason",
+                "mismatch_kind",
                 "first_mismatch_open",
             )
         },
         "seed": (doc.get("seed") or {}).get("value"),
+        "seed_origin": (doc.get("seed") or {}).get("origin"),
         "plan": {k: (doc.get("plan") or {}).get(k) for k in ("state", "seed")},
     }
