@@ -304,7 +304,11 @@ def test_nothing_written_finds_the_seed_and_plans_it(tmp_path: Path, source: tup
 @pytest.mark.mount
 @pytest.mark.torch
 def test_a_wrong_written_seed_is_corrected(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
-    job = Job(seed=1234, epochs=2)
+    """The search starts only once the cursor calls the written seed a mismatch, and then a search
+    process starts, the plan is built and the cursor relocks: the job computes a little per sample
+    (5 ms, a GPU's pace) and runs three epochs, so that fits in an epoch even on a busy machine
+    (with no compute an epoch of this dataset takes about two seconds)."""
+    job = Job(seed=1234, epochs=3, compute_s=0.005)
     doc, results, pfs = run_job(tmp_path, source, job, written=99)
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     assert_found(doc, job, 1234)
