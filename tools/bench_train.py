@@ -490,7 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--png", metavar="DIR", help="write train_epochs.png and train_sources.png into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--show-status", action="store_true", help="print `seerfs status` of the seerfs+seed mount")
+    p.add_argument(
+        "--show-status", action="store_true", help="print `seerfs status` of the seerfs and seerfs+seed mounts"
+    )
     p.add_argument("--workdir", help="scratch directory (default: a temp dir, removed)")
     return p
 
@@ -529,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         print_table(results, total, a, emu_params)
     if a.show_status:
         for r in results:
-            if r.status_text and r.config == "seerfs+seed":
+            if r.status_text and r.config in ("seerfs", "seerfs+seed"):
                 print(f"\n`seerfs status` of the {r.config} mount after the job:\n{r.status_text}")
     if a.png:
         for path in write_pngs(results, total, Path(a.png)):
