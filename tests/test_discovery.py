@@ -290,8 +290,11 @@ def assert_found(doc: dict[str, Any], job: Job, value: int, identifies: str = "s
     assert disc["seconds"] is not None and disc["candidates_tried"] <= disc["candidates_planned"]
     assert (seed["value"], seed["origin"]) == (value, "discovered"), seed
     assert (plan["state"], plan["seed"]) == ("ready", value), plan
-    last = cursor["history"][-1]
-    assert last["hits"] == last["opens"] > 0, cursor["history"]  # the last epoch wholly predicted
+    # The last epoch wholly predicted: the cursor's epoch under the discovered plan.  (Not the history's
+    # last row: a plan replaced earlier numbers its own epochs, and the assumed seed 0's plan may have
+    # locked on its epoch 5 when the job's seed is 5.)
+    last = next(row for row in cursor["history"] if row["epoch"] == cursor["epoch"])
+    assert last["hits"] == last["opens"] > 0, cursor["history"]
 
 
 @pytest.mark.mount
@@ -348,7 +351,7 @@ def test_a_seed_outside_the_range_is_not_found_and_never_locked(
 def test_nothing_written_finds_common_seeds_dates_and_the_low_32_bits(
     tmp_path: Path, source: tuple[Path, dict[str, str], int], seed: int, value: int
 ) -> None:
-    job = Job(seed=seed, epochs=2, compute_s=PACE)
+    job = Job(seed=seed, epochs=3, compute_s=PACE)  # a date is late in the likely tier: an epoch to spare
     doc, results, pfs = run_job(tmp_path, source, job)
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     assert_found(doc, job, value)
@@ -366,7 +369,7 @@ def test_a_job_resumed_in_epoch_3_is_found_as_seed_plus_3_and_followed_into_epoc
     doc, results, pfs = run_job(tmp_path, source, job)
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     assert_found(doc, job, 45)  # the plan for 45 reads job epoch 3 as its epoch 0, epoch 4 as its epoch 1
-    assert doc["cursor"]["history"][-1]["epoch"] == 1, doc["cursor"]["history"]
+    assert doc["cursor"]["epoch"] == 1, doc["cursor"]["history"]
     assert pfs <= 1.05 * source[2], pfs / source[2]
 
 
