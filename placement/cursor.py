@@ -961,7 +961,7 @@ class NodeCursor:
         call it from a worker thread."""
         for dc in self.datasets:
             if dc.look_pending:
-                self._look(dc)
+                self._look_carried(dc)
             for t in dc.tracks:
                 self.index(dc, dc.variant, t.epoch)
                 if t.finished(self.settings.window) or t.high * 2 >= t.length:
@@ -1011,6 +1011,15 @@ class NodeCursor:
         epoch = 0 if not dc.varies[dc.variant] else self.epoch_hint(dc)
         self._presume(dc, epoch, dc.passes)
 
+    def _look_carried(self, dc: DatasetCursor) -> None:
+        """Relock on the opens a replaced plan carried over.  A dataset other than the lead that does
+        not lock on them is presumed again at its next open, as at its first: a small validation
+        set's opens may never prove an order, and left detecting it would go unpredicted for the
+        rest of the job."""
+        self._look(dc)
+        if dc.d != self.lead and dc.state == "detecting":
+            dc.state = "idle"
+
     # ---- observing ------------------------------------------------------------------------
 
     def observe(self, gid: int) -> bool:
@@ -1045,8 +1054,8 @@ class NodeCursor:
             if not slow_ok:
                 return None
             if dc.look_pending:
-                self._look(dc)  # opens carried from a replaced plan: relock before placing this one
-            else:
+                self._look_carried(dc)  # opens carried from a replaced plan: relock before placing this one
+            if dc.state == "idle":
                 self._first_open(dc)
         segment = self.segment if d == self.last_d else self.segment + 1
         local = gid - dc.offset

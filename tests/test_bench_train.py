@@ -17,9 +17,10 @@ FILES, VAL, EPOCHS = 48, 8, 2
 
 
 def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Lower bound, direct and seerfs+seed over 48+8 files for 2 epochs.  The emulator's counters say direct read
-    the dataset once per epoch and seerfs+seed about once in all; seerfs's opens per source add up to exactly the
-    opens the job made (prefetches are not counted as opens), and nothing stays mounted."""
+    """Lower bound, direct, seerfs (no seed written) and seerfs+seed over 48+8 files for 2 epochs.  The emulator's
+    counters say direct read the dataset once per epoch and seerfs with or without the seed about once in all;
+    seerfs's opens per source add up to exactly the opens the job made (prefetches are not counted as opens), the
+    targets compare seerfs without a seed with seerfs+seed, and nothing stays mounted."""
     argv = [
         "--files",
         str(FILES),
@@ -34,7 +35,7 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
         "--compute-ms",
         "1",
         "--configs",
-        "lower bound,direct,seerfs+seed",
+        "lower bound,direct,seerfs,seerfs+seed",
         "--json",
         "--workdir",
         str(tmp_path),
@@ -43,17 +44,22 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     doc = json.loads(capsys.readouterr().out)
     total = doc["dataset_bytes"]
     by = {r["config"]: r for r in doc["results"]}
-    assert list(by) == ["lower bound", "direct", "seerfs+seed"]
+    assert list(by) == ["lower bound", "direct", "seerfs", "seerfs+seed"]
     for r in by.values():
         assert len(r["epoch_s"]) == EPOCHS and all(t > 0 for t in r["epoch_s"])
     assert by["lower bound"]["pfs_bytes"] == 0
     assert by["direct"]["pfs_bytes"] == EPOCHS * total
-    assert total <= by["seerfs+seed"]["pfs_bytes"] <= 1.05 * total
-    sources = by["seerfs+seed"]["sources"]
-    assert sum(sources.values()) == EPOCHS * (FILES + VAL), sources
-    assert set(sources) <= {*OPEN_SOURCES, "fetched"}, sources
+    for config in ("seerfs", "seerfs+seed"):
+        assert total <= by[config]["pfs_bytes"] <= 1.05 * total, config
+        sources = by[config]["sources"]
+        assert sum(sources.values()) == EPOCHS * (FILES + VAL), (config, sources)
+        assert set(sources) <= {*OPEN_SOURCES, "fetched"}, (config, sources)
     judged = {name: ok for name, ok, _detail in doc["targets"]}
-    assert len(judged) == 5 and judged["PFS bytes <= 1.05x the dataset"] is True
+    assert len(judged) == 8 and judged["PFS bytes <= 1.05x the dataset"] is True
+    assert {
+        "seerfs without a seed: epoch 0 <= 1.05x seerfs+seed's",
+        "seerfs without a seed: PFS bytes 1.00x seerfs+seed's",
+    } <= set(judged)
     assert fuse_mounts(tmp_path) == []
 
 

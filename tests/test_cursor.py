@@ -493,6 +493,32 @@ def test_rewritten_seed_relocks_at_once_and_counters_survive() -> None:
     assert all(replay(same, loop.opens[at:]))
 
 
+@pytest.mark.parametrize("during", ["validation", "after validation", "next epoch"])
+def test_a_small_validation_set_stays_predicted_under_a_replacing_plan(during: str) -> None:
+    """A wrong seed's plan, then the right one arrives during or after epoch 0's validation pass (a
+    seed written or found late): the validation set, too small to ever prove an order, is presumed
+    again under the new plan and every later pass of it is predicted."""
+    n, n_val, b = 600, 60, 16
+    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(1))
+    for e in range(3):
+        training(loop, n, seed=1234, epochs=range(e, e + 1))
+        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    at = {
+        "validation": loop.breaks[1][0] + 30,
+        "after validation": loop.breaks[2][0],
+        "next epoch": loop.breaks[2][0] + 100,
+    }
+    wrong = NodeCursor(plan(n, 99, 2, 2, b, epochs=3, n_val=n_val), settings(b))
+    wrong.presume(0, 0)
+    replay(wrong, loop.opens[: at[during]])
+    cur = NodeCursor(plan(n, 1234, 2, 2, b, epochs=3, n_val=n_val), settings(b), previous=wrong)
+    cur.prepare()
+    hits = replay(cur, loop.opens[at[during] :])
+    later = loop.breaks[3][0] - at[during]  # validation after epoch 1, and everything after it
+    assert all(hits[later:]), f"{hits[later:].count(False)} unpredicted opens from validation after epoch 1 on"
+    assert cur.status()["datasets"][1]["state"] == "presumed"
+
+
 def test_a_jump_back_relocks() -> None:
     """The job restarts from an older checkpoint (epoch 1, sample 100) in the middle of epoch 2."""
     n, b = 1300, 8

@@ -6,6 +6,13 @@ plan (the worst case); each row runs in its own child process, so its peak RSS i
 the common seeds with 0..65535; the whole likely tier of the default plan (adding seed + epoch of
 the common seeds and every date YYYYMMDD with its epochs); the default plan (0..2**24 and the
 likely tier).  The search always tests both sampler kinds; the job kind only changes the opens.
+
+``--open-latency`` instead times opens through a real mount of a tree of ``--files`` files (hard
+links, made once under ``--tree``) while the daemon's search process runs, and without one: one
+thread opens and reads random files, as fast as it can until the node has opened the two batches
+per local rank the search waits for, then one every 2 ms.  Random files fit no seed, so the search
+runs its whole plan (the longest it can take).  The same mount with ``seed_discovery.enabled:
+false`` gives the opens without a search, for as long as the search ran (at most ``--seconds``).
 """
 
 from __future__ import annotations
@@ -13,15 +20,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 PLANS = ("common", "likely", "full")
 JOBS = ("distributed", "random")
 DEFAULT_SEED = 0x9E3779B97F4A7C15  # low 32 bits 2135587861: in none of the plans
+LIKELY_TARGET_S = 1.0  # common seeds + 0..65535, wall seconds, at the default sizes
+FULL_TARGET_S = 60.0  # the default plan (0..2**24 and the likely tier), wall seconds, at the default sizes
+P99_TARGET_MS = 20.0  # open latency through the mount while the search runs
+CLASSES = 1000  # --open-latency: the tree's class directories
 
 
 def _cpu_s() -> float:
@@ -94,6 +111,135 @@ def run_child(argv: list[str], plan: str, opens: list[int]) -> dict[str, Any]:
     return result
 
 
+def _tree(args: argparse.Namespace) -> tuple[Path, int]:
+    """The tree of about --files files (CLASSES directories of hard links) and its files per class."""
+    from tools.bench_prefetch import make_big_tree
+
+    per_class = max(1, args.files // CLASSES)
+    root = Path(args.tree or f"/var/tmp/seerfs-bench-tree-{CLASSES * per_class}")
+    t0 = time.monotonic()
+    make_big_tree(root, CLASSES, per_class)
+    print(f"bench_seedsearch: {CLASSES * per_class:,}-file tree ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return root, per_class
+
+
+def _percentiles(lat: list[float]) -> dict[str, float]:
+    lat = sorted(lat)
+    if not lat:
+        return {"opens": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
+    return {
+        "opens": len(lat),
+        "p50_ms": 1000 * statistics.median(lat),
+        "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))],
+        "max_ms": 1000 * lat[-1],
+    }
+
+
+def latency_run(
+    args: argparse.Namespace, root: Path, per_class: int, work: Path, search: bool, window: float
+) -> dict[str, Any]:
+    """One mount: open random files, and time those opened while the search runs (``search``) or,
+    without one, during ``window`` seconds after as many opens as a search waits for."""
+    from tools.jobs import Job, seerfs_config, wait_plan
+    from tools.mounts import force_unmount, seerfs, status, wait_for
+
+    label = "search" if search else "nosearch"
+    job = Job(world_size=args.world, epochs=2, batch_size=args.batch, num_workers=2, seed=0, val=False)
+    cfg = seerfs_config(
+        work / f"{label}.yaml",
+        job,
+        cache_dir=work / "cache",  # shared: the second mount reuses the snapshot
+        ranks_per_node=args.ranks_per_node,
+        tiers=[{"kind": "memory", "bytes": "256MiB", "threads": 4}],
+        seed_discovery={"enabled": search, "limit": args.limit},
+    )
+    mnt = work / f"mnt-{label}"
+    mnt.mkdir()
+    seerfs("mount", str(root), str(mnt), "-c", str(cfg), "--timeout", "900", check=True, timeout=900)
+    need = 2 * args.batch * args.ranks_per_node
+    times: list[tuple[float, float]] = []  # (start, seconds) of each open
+    paced = threading.Event()
+    stop = threading.Event()
+
+    def opener() -> None:
+        rng = random.Random(1)
+        while not stop.is_set():
+            rel = f"train/n{rng.randrange(CLASSES):08d}/i{rng.randrange(per_class):07d}.JPEG"
+            t = time.monotonic()
+            with open(mnt / rel, "rb") as fh:
+                times.append((t, time.monotonic() - t))
+                fh.read()
+            if paced.is_set():
+                time.sleep(0.002)
+
+    thread = threading.Thread(target=opener, daemon=True)
+    try:
+        wait_plan(mnt, 0, timeout=900)  # the assumed seed's plan: not what is measured
+        thread.start()
+        disc: dict[str, Any] = {}
+        if search:
+            disc = wait_for(
+                lambda: (d := status(mnt)["discovery"])["state"] not in ("idle", "waiting", "preparing") and d,
+                timeout=900,
+                what="the search to start",
+            )
+            paced.set()
+            start = time.monotonic()
+            while disc["state"] == "searching" and time.monotonic() - start < window:
+                time.sleep(0.1)
+                disc = status(mnt)["discovery"]
+        else:
+            wait_for(lambda: len(times) >= need, timeout=900, what=f"{need} opens")
+            paced.set()
+            start = time.monotonic()
+            time.sleep(window)
+        end = time.monotonic()
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(timeout=30)
+        if seerfs("umount", str(mnt), timeout=120).returncode != 0:
+            force_unmount(mnt)
+    lat = [dt for t, dt in times if start <= t <= end]
+    out: dict[str, Any] = {**_percentiles(lat), "seconds": end - start}
+    if search:
+        out["search"] = {k: disc.get(k) for k in ("state", "candidates_tried", "candidates_planned", "cpu_seconds")}
+    return out
+
+
+def open_latency(args: argparse.Namespace) -> int:
+    load_start = os.getloadavg()[0]
+    root, per_class = _tree(args)
+    work = Path(tempfile.mkdtemp(prefix="seerfs-bench-seedsearch-"))
+    try:
+        during = latency_run(args, root, per_class, work, True, args.seconds)
+        without = latency_run(args, root, per_class, work, False, max(1.0, during["seconds"]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    load_end = os.getloadavg()[0]
+    if args.json:
+        json.dump({"without": without, "during": during, "load": {"start": load_start, "end": load_end}}, sys.stdout)
+        print()
+        return 0
+    s = during["search"]
+    print(
+        f"bench_seedsearch --open-latency: {CLASSES * per_class:,} files, world {args.world}, "
+        f"{args.ranks_per_node} ranks per node, range 0..{args.limit - 1}; one thread opens a random file "
+        "every 2 ms through the mount"
+    )
+    print(f"{'':28} {'opens':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'seconds':>8}")
+    for name, r in (("without a search", without), ("during the search", during)):
+        print(f"{name:28} {r['opens']:>7} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} {r['seconds']:8.1f}")
+    print(
+        f"(the search: {s['state']}, {s['candidates_tried'] or 0:,} of {s['candidates_planned'] or 0:,} candidates, "
+        f"{s['cpu_seconds'] or 0:.1f} CPU s when timing stopped)"
+    )
+    ok = during["p99_ms"] < P99_TARGET_MS
+    print(f"target: [{'ok' if ok else 'MISSED'}] open p99 during the search < {P99_TARGET_MS:g} ms")
+    print(f"(1-minute load average {load_start:.2f} at the start, {load_end:.2f} at the end)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_seedsearch", description=__doc__)
     p.add_argument("--files", type=int, default=1_281_167, help="dataset size (default 1281167)")
@@ -107,6 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plans", default=",".join(PLANS), help="rows to run: common,likely,full (default all)")
     p.add_argument("--chunk", type=int, default=1 << 16, help="candidates per vectorised step (default 65536)")
     p.add_argument("--json", action="store_true", help="print the raw numbers as JSON, not a table")
+    p.add_argument(
+        "--open-latency",
+        action="store_true",
+        help="time opens through a mount while the daemon searches, and without a search (see above)",
+    )
+    p.add_argument(
+        "--tree",
+        help="--open-latency: where the tree of --files files is kept (default /var/tmp/seerfs-bench-tree-FILES)",
+    )
+    p.add_argument(
+        "--seconds", type=float, default=120.0, help="--open-latency: longest time to time opens for (default 120)"
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", choices=PLANS, default="common", help=argparse.SUPPRESS)
     return p
@@ -117,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         json.dump(child(args, json.load(sys.stdin)), sys.stdout)
         return 0
+    if args.open_latency:
+        return open_latency(args)
     plans = [p for p in args.plans.split(",") if p]
     if bad := [p for p in plans if p not in PLANS]:
         raise SystemExit(f"bench_seedsearch: --plans: unknown {', '.join(bad)} (expected {', '.join(PLANS)})")
@@ -159,6 +319,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"(1-minute load average {load_start:.2f} at the start, {load_end:.2f} at the end: other work on the machine")
     print(" stretches wall times; compare CPU seconds, and rerun when the load is high)")
+    checks = [
+        (plan, target, [res[f"{job}/{plan}"]["wall"] for job in JOBS])
+        for plan, target in (("common", LIKELY_TARGET_S), ("full", FULL_TARGET_S))
+        if plan in plans
+    ]
+    if checks:
+        sizing = ("files", "world", "ranks_per_node", "batch", "limit")
+        defaults = build_parser().parse_args([])
+        same = all(getattr(args, k) == getattr(defaults, k) for k in sizing)
+        print("targets (set for the default sizes" + (")" if same else ", which this run does not use)"))
+        for plan, target, walls in checks:
+            ok = max(walls) < target
+            print(
+                f"  [{'ok' if ok else 'MISSED'}] {labels[plan]} searched in < {target:g} s wall: "
+                + ", ".join(f"{w:.2f} s ({job})" for w, job in zip(walls, JOBS, strict=True))
+            )
     return 0
 
 
