@@ -45,8 +45,6 @@ import numpy.typing as npt
 from placement.randperm import (
     Backend,
     IndexArray,
-    Mt19937Stream,
-    TorchGeneratorStream,
     check_seed,
     open_stream,
     randperm,
@@ -58,6 +56,7 @@ from placement.samplers import (
     SAMPLER_KINDS,
     DistributedSamplerModel,
     EpochLayout,
+    EpochStreams,
     SamplerModel,
     SequentialSamplerModel,
     check_epoch,
@@ -376,9 +375,7 @@ class GeneratorStreamModel:
         self.perm_draws = randperm_draws(self.n)
         start = open_stream(self.seed, self.backend)
         start.skip(skip)
-        self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {0: start}
-        self._max_checkpoints = max_checkpoints
-        self._stride = 1
+        self._streams = EpochStreams(start, self.epoch_draws, max_checkpoints)
         self._perms: LRU[int, IndexArray] = LRU(cache_epochs)
 
     def num_samples(self) -> int:
@@ -392,33 +389,18 @@ class GeneratorStreamModel:
         later = 1 if epoch else 0
         return self.before[later] + self.perm_draws + self.after[later]
 
-    def _stream_at(self, epoch: int) -> Mt19937Stream | TorchGeneratorStream:
-        start = max(e for e in self._checkpoints if e <= epoch)
-        stream = self._checkpoints[start].copy()
-        for e in range(start, epoch):
-            stream.skip(self.epoch_draws(e))
-            if (e + 1) % self._stride == 0:
-                self._remember(e + 1, stream.copy())
-        return stream
-
-    def _remember(self, epoch: int, stream: Mt19937Stream | TorchGeneratorStream) -> None:
-        self._checkpoints[epoch] = stream
-        while len(self._checkpoints) > self._max_checkpoints:
-            self._stride *= 2
-            self._checkpoints = {e: s for e, s in self._checkpoints.items() if e % self._stride == 0 or e == epoch}
-
     def epoch_permutation(self, epoch: int) -> IndexArray:
         """The order the sampler yields in ``epoch`` (every earlier epoch iterated to its end)."""
         epoch = check_epoch(epoch)
 
         def compute() -> IndexArray:
             later = 1 if epoch else 0
-            stream = self._stream_at(epoch)
+            stream = self._streams.at(epoch)
             stream.skip(self.before[later])
             perm = frozen(stream.randperm(self.n))
-            if epoch + 1 not in self._checkpoints:
+            if epoch + 1 not in self._streams:
                 stream.skip(self.after[later])
-                self._remember(epoch + 1, stream)
+                self._streams.remember(epoch + 1, stream)
             return perm
 
         return self._perms.get(epoch, compute)

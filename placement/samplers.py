@@ -216,6 +216,51 @@ class DistributedSamplerModel:
         return self.epoch_order(epoch)[rank :: self.world_size]
 
 
+class EpochStreams:
+    """One generator's stream at the start of chosen epochs, for samplers whose epochs draw in turn
+    from a single generator.
+
+    Any epoch is reached from the nearest earlier checkpoint by skipping ``epoch_draws(e)`` draws per
+    epoch, never by recomputing permutations.  At most ``max_checkpoints`` (a few KiB each) are kept:
+    past that, only epochs at multiples of a stride that doubles each time, and the newest, so that
+    reading epochs in order never skips far.
+    """
+
+    def __init__(
+        self, start: Mt19937Stream | TorchGeneratorStream, epoch_draws: Callable[[int], int], max_checkpoints: int
+    ) -> None:
+        if max_checkpoints < 2:
+            raise ValueError(f"max_checkpoints: expected >= 2, got {max_checkpoints}")
+        self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {0: start}
+        self._epoch_draws = epoch_draws
+        self._max = max_checkpoints
+        self._stride = 1  # epochs between kept checkpoints (the newest one aside)
+
+    def __contains__(self, epoch: int) -> bool:
+        return epoch in self._checkpoints
+
+    def __len__(self) -> int:
+        """Checkpoints kept now."""
+        return len(self._checkpoints)
+
+    def at(self, epoch: int) -> Mt19937Stream | TorchGeneratorStream:
+        """A fresh copy of the stream at the start of ``epoch`` (every earlier epoch drawn in full)."""
+        start = max(e for e in self._checkpoints if e <= epoch)
+        stream = self._checkpoints[start].copy()
+        for e in range(start, epoch):
+            stream.skip(self._epoch_draws(e))
+            if (e + 1) % self._stride == 0:
+                self.remember(e + 1, stream.copy())
+        return stream
+
+    def remember(self, epoch: int, stream: Mt19937Stream | TorchGeneratorStream) -> None:
+        """Keep a checkpoint; past the limit, thin them out to a doubled stride (epoch 0 stays)."""
+        self._checkpoints[epoch] = stream
+        while len(self._checkpoints) > self._max:
+            self._stride *= 2
+            self._checkpoints = {e: s for e, s in self._checkpoints.items() if e % self._stride == 0 or e == epoch}
+
+
 class RandomSamplerModel:
     """``DataLoader(ds, shuffle=True, generator=torch.Generator().manual_seed(seed))`` per rank.
 
@@ -242,8 +287,6 @@ class RandomSamplerModel:
         self.n = check_n(n)
         self.world_size = check_world(world_size)
         self.seed = check_seed(seed)
-        if max_checkpoints < 2:
-            raise ValueError(f"max_checkpoints: expected >= 2, got {max_checkpoints}")
         if num_workers < 0:
             raise ValueError(f"num_workers: expected >= 0, got {num_workers}")
         if persistent_workers and num_workers == 0:
@@ -252,9 +295,7 @@ class RandomSamplerModel:
         self.persistent_workers = bool(persistent_workers)
         self.num_workers = int(num_workers)
         self.backend = resolve_backend(backend)
-        self._checkpoints: dict[int, Mt19937Stream | TorchGeneratorStream] = {0: open_stream(self.seed, self.backend)}
-        self._max_checkpoints = max_checkpoints
-        self._stride = 1  # epochs between kept checkpoints (the newest one aside)
+        self._streams = EpochStreams(open_stream(self.seed, self.backend), self.epoch_draws, max_checkpoints)
         self._cache: LRU[int, IndexArray] = LRU(cache_epochs)
 
     def num_samples(self) -> int:
@@ -275,33 +316,17 @@ class RandomSamplerModel:
         epoch = check_epoch(epoch)
         return sum(self.epoch_draws(e) for e in range(epoch)) + self.base_seed_draws(epoch)
 
-    def _stream_at(self, epoch: int) -> Mt19937Stream | TorchGeneratorStream:
-        start = max(e for e in self._checkpoints if e <= epoch)
-        stream = self._checkpoints[start].copy()
-        for e in range(start, epoch):
-            stream.skip(self.epoch_draws(e))
-            if (e + 1) % self._stride == 0:
-                self._remember(e + 1, stream.copy())
-        return stream
-
-    def _remember(self, epoch: int, stream: Mt19937Stream | TorchGeneratorStream) -> None:
-        """Keep a checkpoint; past the limit, thin them out to a doubled stride (epoch 0 stays)."""
-        self._checkpoints[epoch] = stream
-        while len(self._checkpoints) > self._max_checkpoints:
-            self._stride *= 2
-            self._checkpoints = {e: s for e, s in self._checkpoints.items() if e % self._stride == 0 or e == epoch}
-
     def epoch_order(self, epoch: int) -> IndexArray:
         """The permutation every rank reads in ``epoch``."""
         epoch = check_epoch(epoch)
 
         def compute() -> IndexArray:
-            stream = self._stream_at(epoch)
+            stream = self._streams.at(epoch)
             stream.skip(self.base_seed_draws(epoch))
             perm = frozen(stream.randperm(self.n))
-            if epoch + 1 not in self._checkpoints:  # the next epoch starts after the discarded one
+            if epoch + 1 not in self._streams:  # the next epoch starts after the discarded one
                 stream.skip(randperm_draws(self.n))
-                self._remember(epoch + 1, stream)
+                self._streams.remember(epoch + 1, stream)
             return perm
 
         return self._cache.get(epoch, compute)

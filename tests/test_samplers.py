@@ -180,11 +180,11 @@ def test_random_sampler_checkpoints_stay_bounded_and_exact() -> None:
     reference = RandomSamplerModel(50, 4, backend="numpy")
     for e in range(40):
         np.testing.assert_array_equal(bounded.rank_indices(e, 0), reference.rank_indices(e, 0))
-        assert len(bounded._checkpoints) <= 4
-    assert len(reference._checkpoints) == 41  # unthinned below the default limit of 64
+        assert len(bounded._streams) <= 4
+    assert len(reference._streams) == 41  # unthinned below the default limit of 64
     for e in (3, 39, 0, 17, 38, 60):  # back and forth, and past what was seen
         np.testing.assert_array_equal(bounded.rank_indices(e, 0), reference.rank_indices(e, 0))
-        assert len(bounded._checkpoints) <= 4
+        assert len(bounded._streams) <= 4
     with pytest.raises(ValueError, match="max_checkpoints"):
         RandomSamplerModel(5, 0, max_checkpoints=1)
 
