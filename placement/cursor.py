@@ -1219,15 +1219,23 @@ class NodeCursor:
         taking such a re-read for the start of the next pass instead would learn a wrong mode
         (``repeat``) and count an epoch too many.  A genuine next pass starts only once the node's
         ranks opened their whole pass (their steps are in lockstep), which is what ``_find`` asks
-        before calling this.  When another variant reads ``i`` twice in the pass under way and its
-        second read falls in a local rank's last batch, the cursor follows that variant from its
-        last window on (the tracks' remaining opens are that window's) and places the open there.
+        before calling this.  When the followed variant read ``i`` already in this pass and another
+        variant reads ``i`` twice in it, the second time in a local rank's last batch, the cursor
+        follows that variant from its last window on (the tracks' remaining opens are that window's)
+        and places the open there.
         """
         tracks = dc.tracks
         epoch = tracks[0].epoch
         if any(t.epoch != epoch or t.job_epoch != tracks[0].job_epoch for t in tracks) or not any(
             t.finished(self.settings.window) for t in tracks
         ):
+            return False
+        # Padding re-reads what the pass under way read already: a file the followed variant does not
+        # read in this pass at all (the tail of a drop_last validation set every rank reads) is not it.
+        here = tracks[0].index
+        if here is None or int(here.rank_of[i]) < 0:
+            return False
+        if not any(p < t.low or p in t.consumed for t in tracks for p in here.positions(i, t.rank)):
             return False
         batch = self.shape.batch_size
         for v, streams in enumerate(dc.variants):
