@@ -1456,7 +1456,14 @@ class NodeCursor:
             # The presumption confirmed: its tracks already hold every open since, keep them.
             self._locked(dc, f, local)
             return
-        if dc.state == "presumed":
+        if dc.state == "presumed" and not (
+            f.anchor == "start"
+            and dc.tracks
+            and all(dc.key(f.variant, t.epoch) == f.epoch for t in dc.tracks)
+            and (f.node is None or f.node == self.node)
+        ):
+            # Refuted.  (Another variant of the same pass from its start -- the same permutation,
+            # shared out by batches rather than samples -- confirms the node's window: its hits stand.)
             self._withdraw(dc)
         if f.node is not None and not _shared(dc.variants[f.variant]):
             if self.node != f.node:
