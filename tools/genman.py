@@ -210,6 +210,35 @@ def _keys(cls: Any, obj: Any, prefix: str, out: list[str]) -> None:
             _keys(item_cls, item_cls(), f"{key}[].", out)
 
 
+WHICH_SEED = (
+    (
+        "distributed",
+        "DistributedSampler's seed argument (default 0).  PyTorch's ImageNet example passes none: write 0, "
+        "not its --seed.  Lightning injects DistributedSampler(seed=S) with S from seed_everything(S) "
+        "(the PL_GLOBAL_SEED environment variable); 0 when seed_everything was never called.",
+    ),
+    ("random", "S of DataLoader(shuffle=True, generator=torch.Generator().manual_seed(S))."),
+    (
+        "accelerate",
+        "with use_seedable_sampler=True: DataLoaderConfiguration's data_seed if given, else set_seed's value "
+        "(torch.random.initial_seed() at prepare()).",
+    ),
+    (
+        "accelerate_default",
+        "rank 0's loader.synchronized_generator.initial_seed() after prepare() (a 64-bit number drawn from the "
+        "global RNG: set_seed's value does not decide it; print it and write it), or G's seed with "
+        "loader_generator when the DataLoader was given generator=G.",
+    ),
+    (
+        "torchdata_random",
+        "loader.sampler.generator.initial_seed(), or S when the StatefulDataLoader was given "
+        "generator=torch.Generator().manual_seed(S) (with loader_generator).",
+    ),
+    ("sequential, list", "no seed: the order does not depend on one."),
+)
+"""The WHICH SEED TO WRITE section of seerfs.yaml(5), by datasets[].sampler.kind."""
+
+
 def seerfs_yaml_5() -> str:
     out = [
         f'.TH SEERFS.YAML 5 "{DATE}" "seerfs {__version__}" "File Formats"',
@@ -242,6 +271,14 @@ def seerfs_yaml_5() -> str:
     rate = config.Config().snapshot.revalidate_per_s
     files = 1_281_167
     out += [
+        ".SH WHICH SEED TO WRITE",
+        "The number to write to",
+        ".IR MOUNTPOINT /.control/seed",
+        "for each",
+        ".BR datasets[].sampler.kind ;",
+        "with nothing written, or a wrong number, the daemon searches for it from the first opens "
+        "(seerfs\\-control(7), SEED DISCOVERY):",
+        *[line for kind, what in WHICH_SEED for line in (".TP", f".B {esc(kind)}", esc(what))],
         ".SH SOURCE CHANGES",
         esc(SOURCE_CHANGES),
         ".PP",
