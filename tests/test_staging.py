@@ -58,11 +58,12 @@ def test_a_file_opened_and_released_during_its_push_keeps_its_pages(
     assert m.rp.counters.sources["memory"].files == 1 and m.rp.policy.unused == 0
 
 
-def test_a_file_dropped_during_its_push_loses_the_pushed_pages(
+def test_a_file_whose_plan_went_during_its_push_keeps_the_pushed_pages(
     tmp_path: Path, source: tuple[Path, dict[str, bytes]]
 ) -> None:
-    """Control for the rule above: nobody opened it and the window went (no plan any more) while its
-    push was in flight, so the pushed pages are invalidated and nothing stays charged for it."""
+    """Nobody opened it and the plan went while its push was in flight: the pushed pages stay, charged
+    as kept pages, never invalidated (a lost or wrong plan must not throw away what was fetched: the
+    file may still be read, and fetching it again would read the PFS twice)."""
     m = assemble(source[0], source[1], tmp_path)
     m.kernel.hold.clear()
     held: list[int] = []
@@ -71,14 +72,16 @@ def test_a_file_dropped_during_its_push_loses_the_pushed_pages(
         m.rp.prefetcher.on_plan(m.plan())
         await trio.to_thread.run_sync(m.kernel.entered.wait, 10)
         held.append(held_push(m))
-        m.rp.prefetcher.on_plan(None)  # the plan failed: the window is meaningless
+        m.rp.prefetcher.on_plan(None)  # the plan failed: the window is no longer predicted
         m.kernel.hold.set()
-        await until(lambda: inode_of(held[0]) in m.kernel.invalidated)
+        await until(lambda: inode_of(held[0]) in m.kernel.pushed)
         await drained(m)
 
     serve(m, body)
-    assert inode_of(held[0]) not in m.kernel.pages
-    assert held[0] not in m.rp.policy.kept and m.rp.policy.staged_bytes == 0
+    entry = held[0]
+    assert inode_of(entry) not in m.kernel.invalidated
+    assert m.kernel.pages[inode_of(entry)] == m.bytes_of(entry)
+    assert m.rp.policy.kept[entry] == len(m.bytes_of(entry)) and m.rp.policy.staged_bytes == 0
 
 
 def test_a_file_opened_before_its_bytes_came_is_not_pushed(
