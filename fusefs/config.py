@@ -132,7 +132,8 @@ class SamplerConfig:
         "in order_file; accelerate: accelerate's prepare() with use_seedable_sampler=True (whole batches dealt "
         "to the processes in turn; without shuffle: its evaluation loaders); accelerate_default: prepare() "
         "without it (one generator seeded at prepare(), running on across epochs); torchdata_random: torchdata "
-        "StatefulDataLoader(shuffle=True) without a sampler.  Which seed to write for each: seerfs.yaml(5), WHICH SEED TO WRITE",
+        "StatefulDataLoader(shuffle=True) without a sampler.  Which seed to write for each: seerfs.yaml(5), "
+        "WHICH SEED TO WRITE",
         "distributed",
     )
     shuffle: bool = doc("DistributedSampler(shuffle=...); accelerate: the DataLoader's shuffle", True)
