@@ -278,7 +278,7 @@ def seerfs_yaml_5() -> str:
         ".BR datasets[].sampler.kind ;",
         "with nothing written, or a wrong number, the daemon searches for it from the first opens "
         "(seerfs\\-control(7), SEED DISCOVERY):",
-        *[line for kind, what in WHICH_SEED for line in (".TP", f".B {esc(kind)}", esc(what))],
+        *[line for kind, what in WHICH_SEED for line in (".TP", f".I {esc(kind)}", esc(what))],
         ".SH SOURCE CHANGES",
         esc(SOURCE_CHANGES),
         ".PP",
