@@ -19,6 +19,7 @@ from fusefs.cluster.protocol import (
     CHALLENGE_LEN,
     CLIENT_KINDS,
     FRAME_HEADER,
+    HELD_ONLY,
     HELLO_LEN,
     MAX_BLOCK_SIZE,
     MAX_CONTROL_PAYLOAD,
@@ -66,10 +67,21 @@ i64 = st.integers(-(2**63), 2**63 - 1)
 files = st.builds(FileId, u64, u64, i64)
 
 
-@given(u32, u32, u64, st.binary(max_size=MAX_DIGEST_LEN), files)
-def test_get_round_trips(request_id: int, dataset: int, index: int, digest: bytes, file: FileId) -> None:
-    msg = Get(request_id, dataset, index, digest, file)
+@given(u32, u32, u64, st.binary(max_size=MAX_DIGEST_LEN), files, st.sampled_from([0, HELD_ONLY]))
+def test_get_round_trips(request_id: int, dataset: int, index: int, digest: bytes, file: FileId, flags: int) -> None:
+    msg = Get(request_id, dataset, index, digest, file, flags)
     assert decode_message(*split(msg.encode())) == msg
+    assert msg.held_only == (flags == HELD_ONLY)
+
+
+@given(st.integers(0, 255).filter(lambda f: f & ~HELD_ONLY))
+def test_a_get_with_an_unknown_flag_is_neither_sent_nor_accepted(flags: int) -> None:
+    with pytest.raises(ValueError, match="unknown GET flags"):
+        Get(1, 0, 0, b"", flags=flags).encode()
+    frame = bytearray(Get(1, 0, 0, b"").encode())
+    frame[-1] = flags  # the flags byte ends a GET without a digest
+    with pytest.raises(ProtocolError, match="unknown flags"):
+        decode_message(*split(bytes(frame)))
 
 
 @given(u32, st.sampled_from(list(Status)), u64, st.integers(1, MAX_BLOCK_SIZE), st.text(max_size=100), u64, i64)

@@ -38,6 +38,7 @@ from fusefs.cluster.protocol import (
     CHALLENGE_LEN,
     DEFAULT_MAX_FILE_SIZE,
     FRAME_HEADER,
+    HELD_ONLY,
     SERVER_KINDS,
     VERDICT_LEN,
     VERSION,
@@ -242,15 +243,21 @@ class PeerClient:
 
     # ------------------------------------------------------------------ public API
 
-    async def fetch(self, dataset: int, index: int, digest: bytes, file: FileId) -> bytes | None:
+    async def fetch(
+        self, dataset: int, index: int, digest: bytes, file: FileId, *, held_only: bool = False
+    ) -> bytes | None:
         """The file's bytes (every block verified, the answer for ``file`` and no other), or None:
-        fall back to the PFS now."""
-        received = await self.fetch_verified(dataset, index, digest, file)
+        fall back to the PFS now.  ``held_only``: only a copy the peer holds now, never one it
+        would read from the PFS for this request (protocol.HELD_ONLY)."""
+        received = await self.fetch_verified(dataset, index, digest, file, held_only=held_only)
         return None if received is None else received.data
 
-    async def fetch_verified(self, dataset: int, index: int, digest: bytes, file: FileId) -> Received | None:
+    async def fetch_verified(
+        self, dataset: int, index: int, digest: bytes, file: FileId, *, held_only: bool = False
+    ) -> Received | None:
         """Like :meth:`fetch`, with the block digests when they can be handed to a tier put."""
-        outcome = await self._exchange(lambda rid: Get(rid, dataset, index, digest, file))
+        flags = HELD_ONLY if held_only else 0
+        outcome = await self._exchange(lambda rid: Get(rid, dataset, index, digest, file, flags))
         if isinstance(outcome, Received | None):
             return outcome
         return None

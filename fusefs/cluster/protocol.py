@@ -15,7 +15,8 @@ Connection (all integers big-endian)::
 
 then any number of requests, one at a time, each a frame ``kind u8 | payload length u32 | payload``::
 
-    GET    0x10  request id u32 | dataset u32 | index u64 | FILE | digest length u8 | plan digest (<= 64)
+    GET    0x10  request id u32 | dataset u32 | index u64 | FILE | digest length u8 | flags u8
+                 | plan digest (<= 64)
     PING   0x11  request id u32
     NOTE   0x12  request id u32 | JSON state note (<= 1020 bytes)
     REPLY  0x20  request id u32 | status u8 | size u64 | block size u32 | FILE | reason length u16 | reason
@@ -35,6 +36,11 @@ checks again.  A peer whose plan or snapshot disagrees can so refuse, but never 
 of another file.  A REPLY with status OK is followed by ``block_count(size, block size)`` BLOCK
 frames (at least one: an empty file is one empty block); every block but the last is exactly
 ``block size`` long.
+
+GET flags: ``HELD_ONLY`` (0x01) asks for a copy the server holds now (a local tier, bytes in RAM,
+pages in its page cache, or a PFS read it has under way) and never makes it read the PFS: the
+requester is about to read the file from the PFS itself and asks first whether a member that may
+have read it earlier still has it.  Any other bit set is a protocol error.
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ from enum import IntEnum
 from typing import ClassVar, Self
 
 MAGIC = b"SRFS"
-VERSION = 2
-"""2: GET and REPLY carry the file's identity (entry, size, mtime_ns)."""
+VERSION = 3
+"""2: GET and REPLY carry the file's identity (entry, size, mtime_ns).  3: GET carries flags."""
 NONCE_LEN = 16
 PROOF_LEN = 32
 
@@ -65,7 +71,7 @@ BLOCK_HEADER_LEN = FRAME_HEADER.size + BLOCK_DIGEST.size
 _HELLO = struct.Struct(f"!4sB{NONCE_LEN}s")
 _CHALLENGE = struct.Struct(f"!4sBB{NONCE_LEN}s{PROOF_LEN}s")
 _FILE = struct.Struct("!QQq")
-_GET = struct.Struct("!IIQQQqB")
+_GET = struct.Struct("!IIQQQqBB")
 _REQ_ID = struct.Struct("!I")
 _REPLY = struct.Struct("!IBQIQqH")
 
@@ -218,6 +224,11 @@ def parse_frame_header(
     return kind, length
 
 
+HELD_ONLY = 0x01
+"""GET flag: answer only from what the server holds now; never read the PFS for this request."""
+_GET_FLAGS = HELD_ONLY
+
+
 @dataclass(frozen=True, slots=True)
 class Get:
     request_id: int
@@ -225,12 +236,21 @@ class Get:
     index: int
     digest: bytes
     file: FileId = NO_FILE
+    flags: int = 0
+
+    @property
+    def held_only(self) -> bool:
+        return bool(self.flags & HELD_ONLY)
 
     def encode(self) -> bytes:
         if len(self.digest) > MAX_DIGEST_LEN:
             raise ValueError(f"plan digest of {len(self.digest)} bytes (limit {MAX_DIGEST_LEN})")
+        if self.flags & ~_GET_FLAGS:
+            raise ValueError(f"unknown GET flags 0x{self.flags:02x}")
         f = self.file
-        head = _GET.pack(self.request_id, self.dataset, self.index, f.entry, f.size, f.mtime_ns, len(self.digest))
+        head = _GET.pack(
+            self.request_id, self.dataset, self.index, f.entry, f.size, f.mtime_ns, len(self.digest), self.flags
+        )
         payload = head + self.digest
         return frame_header(Kind.GET, len(payload)) + payload
 
@@ -238,10 +258,12 @@ class Get:
     def decode(cls, payload: bytes) -> Get:
         if len(payload) < _GET.size:
             raise ProtocolError(f"GET of {len(payload)} bytes")
-        request_id, dataset, index, entry, size, mtime_ns, n = _GET.unpack_from(payload)
+        request_id, dataset, index, entry, size, mtime_ns, n, flags = _GET.unpack_from(payload)
         if len(payload) != _GET.size + n or n > MAX_DIGEST_LEN:
             raise ProtocolError(f"GET of {len(payload)} bytes with a {n}-byte digest")
-        return cls(request_id, dataset, index, payload[_GET.size :], FileId(entry, size, mtime_ns))
+        if flags & ~_GET_FLAGS:
+            raise ProtocolError(f"GET with unknown flags 0x{flags:02x}")
+        return cls(request_id, dataset, index, payload[_GET.size :], FileId(entry, size, mtime_ns), flags)
 
 
 @dataclass(frozen=True, slots=True)
