@@ -28,6 +28,7 @@ class RecordingKernel:
         self.hold = threading.Event()
         self.hold.set()
         self.entered = threading.Event()
+        self.readers: set[int] = set()  # pages are read back here directly, never through an open
 
     def notify_store(self, inode: int, offset: int, data: bytes) -> None:
         self.entered.set()
@@ -42,6 +43,10 @@ class RecordingKernel:
         self.pages.pop(inode, None)
         self.invalidated.append(inode)
 
+    def read_pages(self, inode: int, size: int) -> bytes | None:
+        data = self.pages.get(inode)
+        return data if data is not None and len(data) == size else None
+
 
 class MemoryPeer:
     """The owning peer of some files, in memory: answers with their bytes, else None (not owned).
@@ -54,7 +59,10 @@ class MemoryPeer:
         self.asked: list[int] = []
         self.gates: dict[int, trio.Event] = {}
 
-    async def fetch(self, entry: int) -> bytes | None:
+    async def fetch(self, entry: int, *, owner: bool = True, holders: bool = True) -> bytes | None:
+        """As the owner; there are no earlier regimes here, so ``holders`` asks nobody."""
+        if not owner:
+            return None
         self.asked.append(entry)
         gate = self.gates.get(entry)
         if gate is not None:

@@ -9,7 +9,10 @@ is computed with torch's own DistributedSampler.
 * Whatever the job writes as its seed -- the right one, a wrong one, none -- the PFS serves each
   file about once in all (<= 1.05x the dataset) while the group's tiers hold the dataset: with a
   trusted plan each file's plan owner reads it, otherwise its owner under the group rule
-  (placement/owners.py), and everybody else gets it from that owner.
+  (placement/owners.py), and everybody else gets it from that owner.  A wrong seed's plan is
+  presumed (filled and staged from the PFS) until the opens refute it, and the rule and then the
+  seed found from the opens name other owners: whoever reads a file next asks the earlier
+  regimes' readers first (fusefs/readpath/policy.py, ``holders``).
 * With the right seed each node stages, before the next epoch starts, the files it reads then and
   did not read this epoch (they are on the other node): sampled from outside while the job runs,
   the node's pushes of those files happened before its rank started that epoch, and during the
@@ -149,15 +152,7 @@ def new_next_epoch(job: Job, rank: int, epoch: int) -> set[int]:
     ("case", "written"),
     [
         ("right seed", SEED),
-        pytest.param(
-            "wrong seed",
-            WRONG,
-            marks=pytest.mark.xfail(
-                reason="open gap: with a wrong seed on two nodes the PFS serves 1.11-1.17x the dataset (files "
-                "staged under the wrong plan before the mismatch was named are read again by the other node)",
-                strict=False,
-            ),
-        ),
+        ("wrong seed", WRONG),
         ("no seed", None),
     ],
     ids=lambda x: str(x),

@@ -52,6 +52,7 @@ from fusefs.config import Config
 from fusefs.planning.seed import SeedState, valid_seed
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.policy import Holder, RuleHolder
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.staging import Staging
 from placement.owners import member_seed
@@ -61,6 +62,7 @@ from placement.tree import KIND_FILE
 log = logging.getLogger(__name__)
 
 STATE_INTERVAL = 2.0  # seconds between state notes to each peer
+_PLANS_REMEMBERED = 8  # plans whose training-node -> member map is kept (for the holders of past plans)
 
 MemberKey = tuple[str, str, int]
 
@@ -184,6 +186,14 @@ class PeeredGroupStatus(GroupStatus):
         int, counter("peer state notes ignored because a field failed the checks local input gets")
     ]
     notes_unknown: Annotated[int, counter("notes from no current member")]
+    held_asks: Annotated[
+        int,
+        counter(
+            "requests, just before a PFS read, for a copy a member may hold from an earlier regime (a plan "
+            "followed before, or the group rule): that member read the file from the PFS then"
+        ),
+    ]
+    held_hits: Annotated[int, counter("of those, answered with the file: PFS reads saved")]
     last_bad_note: Annotated[str | None, text("why the last note was ignored, or null")]
     removed_stale: Annotated[
         list[str],
@@ -232,6 +242,9 @@ class PeerGroup:
         self.nodes = max(1, cfg.job.world_size // cfg.job.ranks_per_node)
         self.notes_refused = 0
         self.notes_unknown = 0  # well-formed notes from no current member (not yet scanned, or gone)
+        self.held_asks = 0
+        self.held_hits = 0
+        self._plan_nodes: dict[str, dict[int, MemberKey]] = {}  # plan digest -> training node -> member
         self.last_bad_note = ""
         # Answer before the asker gives up: it then still has time for its PFS fallback.
         self.answer_within = max(0.05, cfg.peers.timeout * 0.8)
@@ -311,8 +324,9 @@ class PeerGroup:
         return await self._answer(entry, mine, by_plan=True)
 
     async def _provide_file(self, get: Get) -> Provision:
-        """A request naming the file alone (an asker following the group rule): its snapshot identity
-        must be this node's for that entry, a regular file, before anything is read."""
+        """A request naming the file alone (an asker following the group rule, or asking for a copy
+        held from an earlier regime): its snapshot identity must be this node's for that entry, a
+        regular file, before anything is read."""
         entry = get.file.entry
         tree = self.fetcher.snapshot.tree
         if not 0 <= entry < len(tree) or int(tree.kind[entry]) != KIND_FILE:
@@ -320,17 +334,25 @@ class PeerGroup:
         mine = self.identity(entry)
         if mine != get.file:
             return Provision("mismatch", reason=f"entry {entry} is {mine} here", file=mine)
-        return await self._answer(entry, mine, by_plan=False)
+        return await self._answer(entry, mine, by_plan=False, held_only=get.held_only)
 
-    async def _answer(self, entry: int, mine: FileId, by_plan: bool) -> Provision:
-        """A local copy, a fetch in flight, or (as the file's one owner, the policy decides) a PFS read now."""
+    async def _answer(self, entry: int, mine: FileId, by_plan: bool, held_only: bool = False) -> Provision:
+        """A local copy (tiers, staged bytes, pages in the page cache), a fetch in flight, or (as the
+        file's one owner, the policy decides) a PFS read now.  ``held_only``: never start a read,
+        and wait only for one that reads the PFS already (a fetch waiting on peers may be waiting
+        on the asker: see protocol.HELD_ONLY)."""
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
             return Provision("ok", local.data, file=mine)
         staged = self.staging.files.get(entry)
         if staged is not None and staged.data is not None:
             return Provision("ok", staged.data, file=mine)
+        pages = await self.staging.read_back(entry)
+        if pages is not None:
+            return Provision("ok", pages, file=mine)
         job = self.fetcher.inflight.get(entry)
+        if held_only and (job is None or not job.reading_pfs):
+            return Provision("not_owned", reason="not held here")
         if job is None:
             read = self.prefetcher.peer_asked(entry, mine.size, by_plan)
             if read is None:
@@ -360,60 +382,99 @@ class PeerGroup:
                 best, chosen = rank, key
         return chosen
 
-    async def fetch(self, entry: int) -> bytes | None:
-        """The entry from its owner, or None: go to the PFS now (never waits past the peer timeout).
+    async def fetch(self, entry: int, *, owner: bool = True, holders: bool = True) -> bytes | None:
+        """The entry from a peer, or None: read the PFS now (never waits past the peer timeout per ask).
 
-        The plan's owner while this node predicts, the group rule's otherwise (module docstring);
-        while predicting after the group ran by the rule, the rule's owner next, before the PFS
-        (it may hold the copy read then: :meth:`~fusefs.readpath.policy.ReadPolicy.rule_owner_may_hold`),
-        and by the rule after a plan found wrong, the plan's owner next
-        (:meth:`~fusefs.readpath.policy.ReadPolicy.plan_owner_may_hold`)."""
+        ``owner``: ask its current owner, which reads it from the PFS if it does not hold it: the
+        plan's owner while this node predicts, the group rule's otherwise (module docstring).
+        ``holders``: then, this node being about to read the PFS itself, ask each member that may
+        hold a copy from an earlier regime for a copy it holds now
+        (:meth:`~fusefs.readpath.policy.ReadPolicy.holders`): a regime change never costs a second
+        PFS read of a file some member still holds."""
         if not self.clients:
             return None
-        if self.prefetcher.mode == "predicting":
-            data = await self._fetch_by_plan(entry)
-            if data is None and self.prefetcher.rule_owner_may_hold(entry) is not None:
-                data = await self._fetch_by_rule(entry)
-            return data
-        data = await self._fetch_by_rule(entry)
-        if data is None and self.prefetcher.plan_owner_may_hold():
-            data = await self._fetch_by_plan(entry)  # a wrong plan's owner may hold what it staged or filled
-        return data
+        asked: MemberKey | None = None
+        if owner:
+            target = self._owner_request(entry)
+            if target is not None:
+                asked, dataset, index, digest = target
+                data = await self._ask(asked, entry, dataset, index, digest)
+                if data is not None:
+                    return data
+        if holders:
+            return await self._from_holders(entry, asked)
+        return None
 
-    async def _fetch_by_rule(self, entry: int) -> bytes | None:
-        index = self.prefetcher.reactive_owner(entry)
-        members = self.group.members
-        if index is None or not 0 <= index < len(members) or index == self.group.me:
-            return None
-        client = self.clients.get(members[index].key)
-        if client is None:
-            return None
-        try:
-            return await client.fetch(0, 0, b"", self.identity(entry))
-        except PeerDown:
-            return None
-
-    async def _fetch_by_plan(self, entry: int) -> bytes | None:
+    def _owner_request(self, entry: int) -> tuple[MemberKey, int, int, bytes] | None:
+        """The member to ask for ``entry`` as its owner now, with the request's dataset, index and
+        plan digest (0, 0, empty: a request naming the file alone, by the group rule); None when
+        this node is the owner or the owner is not known."""
+        if self.prefetcher.mode != "predicting":
+            index = self.prefetcher.reactive_owner(entry)
+            members = self.group.members
+            if index is None or not 0 <= index < len(members) or index == self.group.me:
+                return None
+            return members[index].key, 0, 0, b""
         plan, view = self.prefetcher.plan, self.prefetcher.view
-        if plan is None or not self.clients or view.node is None:
+        if plan is None or view.node is None:
             return None
         gid = int(self.prefetcher.entry_gid[entry]) if entry < self.prefetcher.entry_gid.shape[0] else -1
         if gid < 0:
             return None
-        owner = int(plan.owner()[gid])
-        if owner < 0 or owner == view.node:
+        node = int(plan.owner()[gid])
+        if node < 0 or node == view.node:
             return None
-        key = self.member_of(owner)
-        if key is None:
-            return None
-        client = self.clients.get(key)
-        if client is None or self.views[key].plan != plan.digest:
+        key = self.member_of(node)
+        if key is None or self.views[key].plan != plan.digest:
             return None
         dataset, index = plan.dataset_of(gid)
+        return key, dataset, index, bytes.fromhex(plan.digest)
+
+    async def _ask(
+        self, key: MemberKey, entry: int, dataset: int, index: int, digest: bytes, *, held_only: bool = False
+    ) -> bytes | None:
+        client = self.clients.get(key)
+        if client is None:
+            return None
         try:
-            return await client.fetch(dataset, index, bytes.fromhex(plan.digest), self.identity(entry))
+            return await client.fetch(dataset, index, digest, self.identity(entry), held_only=held_only)
         except PeerDown:
             return None
+
+    async def _from_holders(self, entry: int, asked: MemberKey | None) -> bytes | None:
+        """A copy of ``entry`` from a member that may hold it from an earlier regime, or None."""
+        tried = {self.me.key}
+        if asked is not None:
+            tried.add(asked)
+        for hint in self.prefetcher.holders(entry):
+            key = self._holder_key(hint)
+            if key is None or key in tried:
+                continue
+            tried.add(key)
+            client = self.clients.get(key)
+            if client is None or client.state == "down":
+                continue
+            self.held_asks += 1
+            data = await self._ask(key, entry, 0, 0, b"", held_only=True)
+            if data is not None:
+                self.held_hits += 1
+                return data
+        return None
+
+    def _holder_key(self, hint: Holder) -> MemberKey | None:
+        if isinstance(hint, RuleHolder):
+            members = self.group.members
+            return members[hint.member].key if 0 <= hint.member < len(members) else None
+        return self._plan_nodes.get(hint.digest, {}).get(hint.node)
+
+    def _plan_node(self, digest: str, node: int, key: MemberKey) -> None:
+        """Remember that ``key`` was training node ``node`` under plan ``digest`` (for :meth:`_holder_key`:
+        a member keeps what it read under a plan after it stopped announcing that plan)."""
+        nodes = self._plan_nodes.pop(digest, None) or {}
+        nodes[node] = key
+        self._plan_nodes[digest] = nodes  # most recent last
+        while len(self._plan_nodes) > _PLANS_REMEMBERED:
+            del self._plan_nodes[next(iter(self._plan_nodes))]
 
     # ------------------------------------------------------------------ state and seeds
 
@@ -421,6 +482,9 @@ class PeerGroup:
         plan = self.prefetcher.plan
         seed = self.seed
         me = self.me
+        view = self.prefetcher.view
+        if plan is not None and view.node is not None and view.state in ("tracking", "presumed"):
+            self._plan_node(plan.digest, view.node, me.key)
         return json.dumps(
             {
                 "l": me.label,
@@ -467,6 +531,8 @@ class PeerGroup:
         client.heard_from()
         view.node = note.node
         view.plan = note.plan
+        if note.plan is not None and note.node is not None:
+            self._plan_node(note.plan, note.node, key)
         view.plan_seed = note.plan_seed
         view.heard = trio.current_time()
         if note.seed is not None:
@@ -586,6 +652,8 @@ class PeerGroup:
             "plan_mismatches": mismatched,
             "notes_refused": self.notes_refused,
             "notes_unknown": self.notes_unknown,
+            "held_asks": self.held_asks,
+            "held_hits": self.held_hits,
             "last_bad_note": self.last_bad_note or None,
             "removed_stale": list(self.rendezvous.removed) if self.rendezvous is not None else [],
         }

@@ -58,7 +58,7 @@ from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import CursorView, PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
-from fusefs.readpath.staging import Kernel, Staging
+from fusefs.readpath.staging import Kernel, Pyfuse3Kernel, Staging
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import DatasetState
 from placement.plan import plan_inputs
@@ -139,8 +139,9 @@ def build_readpath(
         reactive_capacities=tuple(t["bytes"] for t in planning_config(cfg)["tiers"]),
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
-    staging = Staging(policy, kernel)
+    staging = Staging(policy, kernel if kernel is not None else Pyfuse3Kernel(snapshot.tree.path))
     fetcher = Fetcher(reader, tiers, counters, peer_fetch)
+    fetcher.page_read = staging.read_back
     revalidator = Revalidator(snapshot, tiers, staging, counters, cfg.snapshot.revalidate_per_s)
     fetcher.revalidator = revalidator
     prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget)
@@ -340,6 +341,9 @@ class Daemon:
                 raise FuseUnavailable(f"allow_other refused: {text}") from None
             raise MountpointError(f"mount {self.req.mountpoint} failed: {text}") from None
         self.mounted = True
+        kernel = self.readpath.staging.kernel
+        if isinstance(kernel, Pyfuse3Kernel):
+            kernel.mountpoint = os.fsencode(self.req.mountpoint)  # pages can be read back from now on
         self.record = MountRecord(
             os.getpid(), self.req.mountpoint, self.req.source, str(self.req.log_file), time.time()
         )

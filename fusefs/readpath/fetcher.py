@@ -21,10 +21,11 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
-from fusefs.readpath.counters import ReadCounters, Source
+from fusefs.readpath.counters import FETCH_SOURCES, ReadCounters, Source
 from fusefs.readpath.pfs import PfsReader, StaleFile
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.tiers import Tier
@@ -32,8 +33,17 @@ from fusefs.tiers import Tier
 log = logging.getLogger(__name__)
 
 
-PeerFetch = Callable[[int], Awaitable[bytes | None]]
-"""Ask the owning peer for an entry; None when it has none (not-yet, not-owned, down, timeout)."""
+class PeerFetch(Protocol):
+    """Ask peers for an entry: ``owner``, its current owner (who reads it from the PFS for us if it
+    does not hold it); ``holders``, the members that may hold it from an earlier regime, for a copy
+    they hold now (asked just before this node would read the PFS).  None when nobody answered with
+    it (not-yet, not-owned, down, timeout)."""
+
+    def __call__(self, entry: int, *, owner: bool, holders: bool) -> Awaitable[bytes | None]: ...
+
+
+PageRead = Callable[[int], Awaitable[bytes | None]]
+"""Read an entry's pages back from this mount's page cache; None when they are not all there."""
 
 
 class NotFromPeer(Exception):
@@ -47,6 +57,7 @@ class Inflight:
     data: bytes | None = None
     error: BaseException | None = None
     source: Source = "pfs"
+    reading_pfs: bool = False  # past every peer: reading the PFS now (a held-only request may wait for it)
 
     async def wait(self) -> bytes:
         await self.done.wait()
@@ -72,6 +83,7 @@ class Fetcher:
         self.counters = counters
         self.inflight: dict[int, Inflight] = {}
         self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
+        self.page_read: PageRead | None = None  # this mount's page cache (kept or pushed pages)
         self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
         self._nursery: trio.Nursery | None = None
 
@@ -125,22 +137,29 @@ class Fetcher:
         t0 = time.monotonic()
         try:
             data: bytes | None = None
-            if use_peer and self.peer_fetch is not None:
-                data = await self.peer_fetch(entry)
+            if self.page_read is not None:
+                data = await self.page_read(entry)  # pages a reader left or staging pushed here
+                if data is not None:
+                    job.source = "page_cache"
+            if data is None and self.peer_fetch is not None and (use_peer or pfs):
+                # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
+                # from an earlier regime: the PFS is read for a file only when no member has it.
+                data = await self.peer_fetch(entry, owner=use_peer, holders=pfs)
                 if data is not None:
                     job.source = "peer"
             if data is None and not pfs:
                 raise NotFromPeer(entry)
             if data is None:
                 log.debug("pfs fetch of entry %d (%s)", entry, why)
+                job.reading_pfs = True
                 src = await self.pfs.open(entry, whole=True)
                 assert src.data is not None
                 data = src.data
                 job.source = "pfs"
                 if self.revalidator is not None:
                     self.revalidator.fresh(entry)
-            counter = self.counters.sources[job.source]
-            counter.add(len(data), time.monotonic() - t0)
+            if job.source in FETCH_SOURCES:
+                self.counters.sources[job.source].add(len(data), time.monotonic() - t0)
             if keep_in is not None and not keep_in.contains(entry):
                 if self.revalidator is not None and self.revalidator.is_changed(entry):
                     raise StaleFile(self.revalidator.reason(entry))  # seen changed while we fetched

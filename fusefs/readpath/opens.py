@@ -38,6 +38,7 @@ class OpenFile:
     source: SourceFile | None = None  # ranged PFS reads of a big file
     pushed: bool = False  # its pages were pushed into the page cache before the open
     direct: bool = False  # the memory budget was full: bypass the page cache (direct_io)
+    read_back: bool = False  # this daemon reading its own pages back (Staging.read_back), no reader's
 
 
 class CachedFiles:
@@ -69,6 +70,9 @@ class CachedFiles:
         return pyfuse3.FUSEError(code)
 
     async def open(self, entry: int, pid: int) -> OpenFile:
+        if self.prefetcher.staging.reads_back(pid):
+            # Not a reader: no counters, no cursor; the kernel serves the cached pages (keep_cache).
+            return OpenFile(entry, int(self.tree.size[entry]), pushed=True, read_back=True)
         self.counters.opens += 1
         t0 = time.monotonic()
         staged = self.prefetcher.opened(entry)
@@ -118,6 +122,8 @@ class CachedFiles:
         return OpenFile(entry, size, data=memoryview(data)), "fetched"
 
     async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
+        if handle.read_back:
+            raise pyfuse3.FUSEError(errno.EAGAIN)  # a page is not cached: the read back fails, never fetches
         self.counters.reads += 1
         out: bytes | memoryview
         if handle.data is None and handle.source is None:
@@ -144,6 +150,8 @@ class CachedFiles:
         return out
 
     def release(self, handle: OpenFile) -> None:
+        if handle.read_back:
+            return
         if handle.source is not None:
             handle.source.close()
         handle.data = None

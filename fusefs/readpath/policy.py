@@ -68,6 +68,7 @@ could not serve it yet; failed: the fetch failed."""
 
 _STAGED: frozenset[PageState] = frozenset(("fetching", "pushing", "pushed", "held"))
 FILL_RETRY_SECONDS = 1.0  # between passes over replicas whose owners could not serve them yet
+PAST_PLANS = 3  # followed plans whose owners :meth:`ReadPolicy.holders` remembers
 
 
 class Charges(Protocol):
@@ -552,6 +553,26 @@ class PushNext:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class PlanHolder:
+    """The member that was training node ``node`` under the plan with ``digest``: that plan made it
+    the file's one PFS reader, so it may hold the file still."""
+
+    digest: str
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class RuleHolder:
+    """Group member ``member`` (its index as of the last :class:`GroupChanged`): the group rule made
+    it the file's one PFS reader while no plan was trusted, so it may hold the file still."""
+
+    member: int
+
+
+Holder = PlanHolder | RuleHolder
+
+
 Instruction = (
     FollowPlan
     | Presume
@@ -633,12 +654,13 @@ class ReadPolicy:
         self.group_seeds: tuple[int, ...] = ()
         self.group_me = 0
         self.group_owner: npt.NDArray[np.int16] | None = None  # per entry, its owning member (None: alone)
-        # The group rule picked PFS readers at some time since the mount (no trusted plan then): its
-        # owners may hold copies a plan trusted later does not know of (see rule_owner_may_hold).
+        # Who may hold what was read under an earlier regime (see holders): the group rule picked
+        # PFS readers at some time since the mount; the current plan was followed (presumed or
+        # tracked: its owners read files from the PFS); earlier plans that were followed, newest
+        # last, each as its owner per entry.
         self.ruled = False
-        # A plan had this node stage or fill files at some time since the mount: when it turns out
-        # wrong, its owners hold copies the group rule does not know of (see plan_owner_may_hold).
-        self.planned = False
+        self.followed = False
+        self.past_owners: list[tuple[str, npt.NDArray[np.int16]]] = []
         self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
         self._lane: _NextRun | None = None
         self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
@@ -691,8 +713,8 @@ class ReadPolicy:
         finally:
             self._busy = False
         out, self._out = self._out, []
-        if not self.planned and any(isinstance(i, (Fill, Stage)) for i in out):
-            self.planned = True
+        if not self.followed and any(isinstance(i, (Fill, Stage)) for i in out):
+            self.followed = True
         return out
 
     @property
@@ -750,7 +772,9 @@ class ReadPolicy:
         the window settles as after a mismatch.
         """
         self.generation += 1
+        self._remember_owners()
         plan = self.plan = ev.plan
+        self.followed = False
         self.trusted = ev.seed_trusted and plan is not None
         self.view = CursorView()
         self._unplaced = {}
@@ -809,6 +833,8 @@ class ReadPolicy:
             self._opened_since_view = set(self._unplaced)
         if view.node is not None and (view.node != previous.node or self.tier_of_gid is None) and self.plan:
             self.tier_of_gid = self.plan.tier_of(view.node)
+        if view.state in ("tracking", "presumed"):
+            self.followed = True
         if view.state == "mismatch" and previous.state != "mismatch":
             self._mismatch(Mismatch(view))
         elif previous.state == "mismatch" and view.state != "mismatch":
@@ -824,11 +850,12 @@ class ReadPolicy:
         A mismatch must never cost more PFS reads than having no plan at all, so what the plan
         brought here stays usable: the window's files become kept pages (served if a reader opens
         them, reclaimed when the budget needs room), stages in flight complete and are kept the
-        same way, and the tiers' copies count against the reactive policy (otherwise they would sit
-        outside its accounting and the tiers would hold more than the capacities both modes share).
-        The tier fill of the plan goes on, into room the reactive policy leaves only (it is this
-        node's assignment, which peers ask for, whatever the readers do now).  Whatever may find
-        the right seed from the opens is told (:class:`SeedInDoubt`).
+        same way, and the tiers' copies count against the reactive policy as far as its capacity
+        goes, none dropped (:meth:`_adopt_into_reactive`); in a group the other members find what
+        this node holds through :meth:`holders`.  The tier fill of the plan goes on, into room the
+        reactive policy leaves only (it is this node's assignment, which peers ask for, whatever the
+        readers do now).  Whatever may find the right seed from the opens is told
+        (:class:`SeedInDoubt`).
         """
         self._adopt_into_reactive()
         self._settle_window()
@@ -1133,19 +1160,23 @@ class ReadPolicy:
     # ------------------------------------------------------------------ long-term tiers
 
     def _adopt_into_reactive(self) -> None:
-        """Files kept under a plan that turned out wrong now count against the reactive policy.
+        """Files kept under a plan that turned out wrong now count against the reactive policy, as far
+        as its capacities go.
 
-        Otherwise they would sit in the tiers outside its accounting, and the tiers would hold more
-        than the capacities both modes are meant to share.
+        Copies beyond them stay where they are, outside its accounting, and are never dropped to make
+        room: one the wrong plan's fill read may be the group's only copy (its rule owner has not read
+        it), and dropping it would cost a second PFS read when that owner needs it (:meth:`holders`
+        finds it here instead).  The tier's own byte budget still bounds what it holds: a file the
+        reactive policy would keep and that finds no room there is simply not kept.
         """
         for t, tier in enumerate(self.tiers):
             for entry in tier.entries():
                 rset = self._reactive_for(entry)
-                if entry not in rset.where:
-                    size = tier.size_of(entry)
-                    if size is not None:
-                        rset.admitted(entry, t, size)
-        self._trim_reactive()
+                if entry in rset.where:
+                    continue
+                size = tier.size_of(entry)
+                if size is not None and rset.tiers[t].used + size <= rset.tiers[t].capacity:
+                    rset.admitted(entry, t, size)
 
     def _start_fill(self) -> None:
         """Once per plan, as soon as this node is known: its assigned files in order of first use."""
@@ -1294,29 +1325,44 @@ class ReadPolicy:
         assert self.group_owner is not None
         return int(self.group_owner[entry])
 
-    def rule_owner_may_hold(self, entry: int) -> int | None:
-        """While a plan is trusted: the group rule's owner of ``entry`` to ask before this node reads it
-        from the PFS, or None.
+    def holders(self, entry: int) -> list[Holder]:
+        """Members that may hold ``entry`` from an earlier regime, to ask (for a copy they hold, never
+        a PFS read) before this node or the file's current owner reads it from the PFS.
 
-        A plan trusted only after the group ran without one (a wrong seed, then the right one written
-        or found by the seed search) names other owners than the rule did, and the rule's owners hold
-        what was read meanwhile.  Reading such a file from the PFS again as its new plan owner would
-        cost a second PFS read; asked, the rule's owner serves its copy, or reads it once as the rule
-        allows.  Never asked in a group that always had its plan: nothing was read by the rule.
+        Each regime (a plan, the group rule) names one PFS reader per file, and a change of regime
+        changes them: a wrong seed's plan presumed before any open had its owners fill and stage
+        files, the group rule that takes over names other owners, and the plan of the seed found
+        later names others again.  Each reader keeps what it read (a mismatch drops nothing), so
+        whoever reads a file next asks the readers of the earlier regimes first, newest first: the
+        current plan's owner when that plan was refuted, the rule's owner when the group ran by the
+        rule, the owners of plans followed before.  Empty for a group that only ever had one regime
+        (a right seed from the start, or none at all): nothing to ask.  The caller resolves each to
+        a member and skips itself and whom it asked already.
         """
-        if not self.ruled:
-            return None
-        return self.reactive_owner(entry)
+        out: list[Holder] = []
+        plan = self.plan
+        if plan is not None and self.followed and self.mode != "predicting" and entry < self.entry_gid.shape[0]:
+            gid = int(self.entry_gid[entry])
+            node = int(plan.owner()[gid]) if gid >= 0 else -1
+            if node >= 0:
+                out.append(PlanHolder(plan.digest, node))
+        if self.ruled and self.group_owner is not None and 0 <= entry < self.group_owner.shape[0]:
+            out.append(RuleHolder(int(self.group_owner[entry])))
+        for digest, owner_of in reversed(self.past_owners):
+            if 0 <= entry < owner_of.shape[0] and owner_of[entry] >= 0:
+                out.append(PlanHolder(digest, int(owner_of[entry])))
+        return out
 
-    def plan_owner_may_hold(self) -> bool:
-        """Without a trusted plan: whether to ask the plan's owner of a file before reading it from the
-        PFS as its rule owner.
-
-        A plan followed before it was found wrong (a wrong seed, presumed until the opens refuted it)
-        had its owners stage and fill files from the PFS; a mismatch keeps those copies, but the
-        group rule names other owners.  Asked by the plan, the node that read it serves its copy.
-        """
-        return self.planned and self.group_owner is not None and self.plan is not None
+    def _remember_owners(self) -> None:
+        """The outgoing plan, if it was followed: its owner per entry (for :meth:`holders`)."""
+        plan = self.plan
+        if plan is None or not self.followed or self.group_owner is None:
+            return
+        owner_of = np.full(self.sizes.shape[0], -1, np.int16)
+        placed = self.entry_gid >= 0
+        owner_of[placed] = plan.owner()[self.entry_gid[placed].astype(np.int64)]
+        self.past_owners = [p for p in self.past_owners if p[0] != plan.digest][-(PAST_PLANS - 1) :]
+        self.past_owners.append((plan.digest, owner_of))
 
     def _reactive_for(self, entry: int) -> StaticFrequencySet:
         g = self.group_owner
@@ -1519,6 +1565,14 @@ class ReadPolicy:
         assert sum(p.nbytes for p in self.next_pages.values()) == self.next_bytes, self.next_bytes
         assert len(self.next_pages) <= self.settings.next_threads
         assert all(p.state in ("fetching", "pushing") for p in self.next_pages.values())
+
+    def in_page_cache(self, entry: int) -> bool:
+        """Whether all of ``entry``'s pages are in the page cache as far as the policy knows: kept
+        after a read, or pushed (the kernel may still have dropped some since)."""
+        if entry in self.kept:
+            return True
+        p = self.pages.get(entry)
+        return p is not None and p.state == "pushed"
 
     def held_entries(self) -> list[int]:
         """Entries whose bytes this node holds outside the tiers: kept pages, staged or read files."""

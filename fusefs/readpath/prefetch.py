@@ -56,6 +56,7 @@ from fusefs.readpath.policy import (
     FillRetry,
     FollowPlan,
     GroupChanged,
+    Holder,
     KeepIn,
     Missed,
     Mode,
@@ -300,13 +301,9 @@ class Prefetcher:
         """The member to ask for ``entry`` under the group rule, or None: this node reads it itself."""
         return self.policy.reactive_owner(entry)
 
-    def rule_owner_may_hold(self, entry: int) -> int | None:
-        """While predicting: the group rule's owner to ask before the PFS (a copy read before the plan was trusted)."""
-        return self.policy.rule_owner_may_hold(entry)
-
-    def plan_owner_may_hold(self) -> bool:
-        """While not predicting: the plan's owner may hold a copy it read before the plan was found wrong."""
-        return self.policy.plan_owner_may_hold()
+    def holders(self, entry: int) -> list[Holder]:
+        """Members that may hold ``entry`` from an earlier regime (ask them before any PFS read)."""
+        return self.policy.holders(entry)
 
     def peer_asked(self, entry: int, nbytes: int, by_plan: bool) -> FetchForPeer | None:
         """A peer asks for a file this node neither holds nor fetches: read it for them (and where to keep it)?"""

@@ -27,12 +27,20 @@ Concurrency rules:
   their pages here and epoch 1 read them again through FUSE.
 * A reclaimed charge is released at once and its invalidation queued; the pages disappear a few
   milliseconds later, so the page cache can briefly exceed the budget by one batch.
+* Pages are read back (for a peer, or to fill a tier) through the mount itself, in a worker thread:
+  the kernel sends that thread's OPEN to this daemon like any other, tagged with the thread's id,
+  which :meth:`Staging.reads_back` recognises so the open is not a reader's (no cursor, no counters,
+  ``keep_cache``), and a READ on such a handle (a page the kernel no longer holds) fails at once
+  rather than fetching.  The trio thread never waits for such a read, so it cannot deadlock the
+  mount; pages dropped meanwhile make the read fail, and the caller reads elsewhere.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Protocol
@@ -40,7 +48,7 @@ from typing import Annotated, Protocol
 import pyfuse3
 import trio
 
-from fusefs.meta.ids import inode_of
+from fusefs.meta.ids import entry_of, inode_of
 from fusefs.readpath.policy import DropPages, Instruction, Pages, ReadPolicy, SourceChanged, WindowStatus
 from placement.statusfields import counter
 
@@ -55,17 +63,31 @@ class StagingStatus(WindowStatus):
         int, counter("pushes the kernel refused (ENOENT: it does not know the inode yet); served from RAM")
     ]
     invalidations: Annotated[int, counter("files whose pages were dropped from the page cache")]
+    read_backs: Annotated[
+        int, counter("files read back from the page cache through the mount, for a peer or to fill a tier")
+    ]
+    read_back_misses: Annotated[
+        int, counter("reads back that found a page missing (the kernel dropped it): served from elsewhere")
+    ]
 
 
 class Kernel(Protocol):
-    """The two page-cache calls staging makes (blocking: called from worker threads only)."""
+    """The page-cache calls staging makes (blocking: called from worker threads only)."""
+
+    readers: set[int]  # native ids of the threads reading pages back now
 
     def notify_store(self, inode: int, offset: int, data: bytes) -> None: ...
     def invalidate_inode(self, inode: int) -> None: ...
+    def read_pages(self, inode: int, size: int) -> bytes | None: ...
 
 
 class Pyfuse3Kernel:
-    """The mounted kernel, through pyfuse3."""
+    """The mounted kernel, through pyfuse3; pages are read back through the mountpoint."""
+
+    def __init__(self, path_of: Callable[[int], bytes] | None = None) -> None:
+        self.path_of = path_of  # entry -> path relative to the mountpoint
+        self.mountpoint: bytes | None = None  # set once mounted: no reads back before
+        self.readers: set[int] = set()
 
     def notify_store(self, inode: int, offset: int, data: bytes) -> None:
         pyfuse3.notify_store(pyfuse3.InodeT(inode), offset, data)
@@ -73,11 +95,39 @@ class Pyfuse3Kernel:
     def invalidate_inode(self, inode: int) -> None:
         pyfuse3.invalidate_inode(pyfuse3.InodeT(inode), attr_only=False)
 
+    def read_pages(self, inode: int, size: int) -> bytes | None:
+        """The file's ``size`` bytes from the page cache, or None (not mounted, or a page is missing)."""
+        if self.mountpoint is None or self.path_of is None:
+            return None
+        path = os.path.join(self.mountpoint, self.path_of(entry_of(inode)))
+        tid = threading.get_native_id()
+        self.readers.add(tid)  # before the open: the daemon looks it up when the OPEN arrives
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                buf = bytearray(size)
+                view, got = memoryview(buf), 0
+                while got < size:
+                    n = os.preadv(fd, [view[got:]], got)
+                    if n <= 0:
+                        return None  # shorter than the snapshot says: not ours to serve
+                    got += n
+                return bytes(buf)
+            finally:
+                os.close(fd)
+        except OSError:
+            return None  # a page was no longer cached (its READ was refused), or the mount is going
+        finally:
+            self.readers.discard(tid)
+
 
 class Staging:
     def __init__(self, policy: ReadPolicy, kernel: Kernel | None = None) -> None:
         self.policy = policy
         self.kernel: Kernel = kernel if kernel is not None else Pyfuse3Kernel()
+        self.read_backs = 0
+        self.read_back_misses = 0
+        self._read_limiter = trio.CapacityLimiter(4)
         self.mode = policy.settings.staging_mode  # "page_cache" or "memory"
         self.limit = policy.staging_limit  # bytes the staging window may hold (a share of the budget)
         self.push_failures = 0
@@ -111,6 +161,24 @@ class Staging:
             return False
         self.pushes += 1
         return True
+
+    def reads_back(self, pid: int) -> bool:
+        """Whether an open comes from :meth:`read_back` (the requesting thread is one of ours)."""
+        return pid in self.kernel.readers
+
+    async def read_back(self, entry: int) -> bytes | None:
+        """``entry``'s bytes from its pages in the page cache (kept after a read, or pushed), or None
+        when the policy knows of none or the kernel dropped some: a peer or a tier fill is then
+        served from elsewhere.  Pages are the same bytes readers are served, checked when fetched."""
+        if not self.policy.in_page_cache(entry):
+            return None
+        size = int(self.policy.sizes[entry])
+        data = await trio.to_thread.run_sync(self.kernel.read_pages, inode_of(entry), size, limiter=self._read_limiter)
+        if data is None:
+            self.read_back_misses += 1
+        else:
+            self.read_backs += 1
+        return data
 
     def drop_pages(self, entry: int) -> None:
         """Queue the invalidation of ``entry``'s pages (carried out in batches by :meth:`run`)."""
@@ -166,4 +234,6 @@ class Staging:
             "pushes": self.pushes,
             "push_failures": self.push_failures,
             "invalidations": self.invalidations,
+            "read_backs": self.read_backs,
+            "read_back_misses": self.read_back_misses,
         }
