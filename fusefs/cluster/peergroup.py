@@ -408,27 +408,28 @@ class PeerGroup:
     def _owner_request(self, entry: int) -> tuple[MemberKey, int, int, bytes] | None:
         """The member to ask for ``entry`` as its owner now, with the request's dataset, index and
         plan digest (0, 0, empty: a request naming the file alone, by the group rule); None when
-        this node is the owner or the owner is not known."""
-        if self.prefetcher.mode != "predicting":
-            index = self.prefetcher.reactive_owner(entry)
-            members = self.group.members
-            if index is None or not 0 <= index < len(members) or index == self.group.me:
-                return None
-            return members[index].key, 0, 0, b""
+        this node is the owner.
+
+        While this node predicts, the plan's owner, when that member announces this plan; a plan
+        owner this node is, reads it itself.  A plan owner not (yet) on this plan is in another
+        regime: it planned later (a seed found or written a moment ago), or its readers refuted the
+        plan.  It then follows the group rule, and so does this request: both nodes name the same
+        reader, the rule's owner, and the file is read once."""
         plan, view = self.prefetcher.plan, self.prefetcher.view
-        if plan is None or view.node is None:
+        if self.prefetcher.mode == "predicting" and plan is not None and view.node is not None:
+            gid = int(self.prefetcher.entry_gid[entry]) if entry < self.prefetcher.entry_gid.shape[0] else -1
+            node = int(plan.owner()[gid]) if gid >= 0 else -1
+            if node == view.node:
+                return None
+            key = self.member_of(node) if node >= 0 else None
+            if key is not None and self.views[key].plan == plan.digest:
+                dataset, index = plan.dataset_of(gid)
+                return key, dataset, index, bytes.fromhex(plan.digest)
+        member = self.prefetcher.reactive_owner(entry)
+        members = self.group.members
+        if member is None or not 0 <= member < len(members) or member == self.group.me:
             return None
-        gid = int(self.prefetcher.entry_gid[entry]) if entry < self.prefetcher.entry_gid.shape[0] else -1
-        if gid < 0:
-            return None
-        node = int(plan.owner()[gid])
-        if node < 0 or node == view.node:
-            return None
-        key = self.member_of(node)
-        if key is None or self.views[key].plan != plan.digest:
-            return None
-        dataset, index = plan.dataset_of(gid)
-        return key, dataset, index, bytes.fromhex(plan.digest)
+        return members[member].key, 0, 0, b""
 
     async def _ask(
         self, key: MemberKey, entry: int, dataset: int, index: int, digest: bytes, *, held_only: bool = False
@@ -497,6 +498,12 @@ class PeerGroup:
                 "seed": [seed.value, seed.generation, seed.writer] if seed.origin != "assumed" else None,
             }
         ).encode()
+
+    def _note_key(self) -> tuple[str | None, int | None]:
+        """What of this node's note its peers must learn at once when it changes: its plan and node."""
+        plan, view = self.prefetcher.plan, self.prefetcher.view
+        node = view.node if view.state in ("tracking", "presumed") else None
+        return (plan.digest if plan is not None else None, node)
 
     def on_note(self, body: bytes) -> bytes:
         self._absorb(body, None)
@@ -586,11 +593,20 @@ class PeerGroup:
                 self._rescan = False
                 if self.rendezvous is not None:
                     await self._follow_rendezvous(self.rendezvous)
+                told = self._note_key()
                 await self._tell_all()
                 with trio.move_on_after(STATE_INTERVAL):
-                    await trio.sleep(0.5)  # at most two rounds a second, however many notes ask
-                    while not self._rescan:  # a note from an unknown member: scan again now
+                    rescan_from = trio.current_time() + 0.5  # at most two rescans a second, however many notes ask
+                    while True:
                         await trio.sleep(0.1)
+                        # A new plan or training node here: tell the peers now, not at the next round.
+                        # Until they know, they cannot ask this node as the plan's owner and read the
+                        # PFS themselves (two nodes read 1.1-1.2x the dataset in the second after a
+                        # plan change).
+                        if self._note_key() != told:
+                            break
+                        if self._rescan and trio.current_time() >= rescan_from:  # a note from an unknown member
+                            break
 
     async def _follow_rendezvous(self, rendezvous: Rendezvous) -> None:
         """Re-read the directory (in a worker thread: a shared filesystem can be slow), follow it."""
