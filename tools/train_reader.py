@@ -49,6 +49,15 @@ def from_memory(path: str) -> bytes:
     return bytes(SIZES[path])
 
 
+def _mount_reads(root: str) -> int | None:
+    """The read requests a seerfs mount at ``root`` answered so far (status reads.reads), or None."""
+    try:
+        with open(os.path.join(root, ".control", "status"), "rb") as fh:
+            return int(json.loads(fh.read())["reads"]["reads"])
+    except OSError:
+        return None  # not a seerfs mount
+
+
 def collate(batch: list[Any]) -> list[Any]:
     return batch
 
@@ -173,6 +182,9 @@ def main() -> int:
     result["setup_s"] = time.monotonic() - started  # seed written (if asked) to the first epoch's start
     for epoch in range(spec["start_epoch"], spec["epochs"]):
         started_at = time.time()  # wall clock: other processes (a test's status poller) can compare
+        # The FUSE READs the mount answered so far, read here, where the last epoch's reads are done
+        # and this one's not begun (a poller from outside can miss that moment by a sampling period).
+        reads_before = _mount_reads(root) if spec.get("status_reads") else None
         t0 = time.monotonic()
         if sampler is not None:
             sampler.set_epoch(epoch)
@@ -187,6 +199,7 @@ def main() -> int:
                 "seconds": time.monotonic() - t0,
                 "wait_s": waited,
                 "read_s": sum(read_times[before:]),
+                "reads_before": reads_before,
             }
         )
         result["wait_s"] += waited
