@@ -58,12 +58,6 @@ def right(results: list[dict[str, Any]]) -> None:
         assert r["samples"] > 0, r
 
 
-@pytest.mark.xfail(
-    reason="open: in this 3-node setup node 2 now serves no peer GET in epochs 0-1 (its peers ask it, its "
-    "server counts only notes), so the precondition fails before the fault; under investigation with the "
-    "group's peer-fetch path",
-    strict=False,
-)
 @pytest.mark.parametrize("how", ["stop", pytest.param("kill", marks=pytest.mark.slow)])
 def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back(tmp_path: Path, how: str) -> None:
     backing = tmp_path / "pfs"
