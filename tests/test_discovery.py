@@ -318,7 +318,7 @@ def test_a_wrong_written_seed_is_corrected(tmp_path: Path, source: tuple[Path, d
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     assert_found(doc, job, 1234)
     assert doc["discovery"]["trigger"] == "the written seed 99 does not match the opens"
-    assert doc["seed"]["generation"] == 2  # written, then discovered
+    assert doc["seed"]["generation"] == 3  # written (2), then discovered under it (3: next_generation)
     assert pfs <= 1.05 * source[2], pfs / source[2]
 
 
