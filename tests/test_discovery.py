@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 from e2e import Job, make_source, run_readers, seerfs_config, seerfs_over, status, write_seed
 from indices import Indices
 from pfsemu_fixture import running_pfsemu
@@ -30,6 +31,8 @@ from torch.utils.data import DistributedSampler
 
 from fusefs import config as cfgmod
 from fusefs.meta.snapshot import load_or_scan, snapshot_file
+from fusefs.planning.discovery import SeedDiscovery
+from fusefs.planning.seed import SeedState
 from placement import discovery as dv
 from placement import seedsearch as ss
 from placement.catalog import build_catalogs
@@ -45,17 +48,19 @@ GPU's pace.  With none, an epoch of this dataset takes about two seconds on a bu
 starting the search process, the search at low priority, the plan and the relock may take there."""
 
 
+CONFIG = {
+    "datasets.0.root": "train",
+    "datasets.1.root": "val",
+    "datasets.1.follows": "train",
+    "datasets.1.sampler.shuffle": "false",
+    "job.world_size": "4",
+    "job.ranks_per_node": "2",
+    "job.batch_size": "8",
+}
+
+
 def config_dict(**overrides: str) -> dict[str, Any]:
-    base = {
-        "datasets.0.root": "train",
-        "datasets.1.root": "val",
-        "datasets.1.follows": "train",
-        "datasets.1.sampler.shuffle": "false",
-        "job.world_size": "4",
-        "job.ranks_per_node": "2",
-        "job.batch_size": "8",
-    }
-    return cfgmod.load(None, {**base, **overrides}).to_dict()
+    return cfgmod.load(None, {**CONFIG, **overrides}).to_dict()
 
 
 # ---- the decisions -------------------------------------------------------------------------------
@@ -245,6 +250,42 @@ def test_worker_refuses_a_bad_request_in_one_line(snapshot: tuple[Path, Any]) ->
     snap_file, _snap = snapshot
     out = run_worker({**request_for(snap_file, config_dict()), "snapshot": "/nonexistent/snap.npz"}, [], code=1)
     assert out[-1]["phase"] == "failed" and "\n" not in out[-1]["error"]
+
+
+def test_a_match_found_after_a_newer_seed_arrived_is_dropped(snapshot: tuple[Path, Any]) -> None:
+    """The daemon's discovery path in-process (SeedDiscovery, its real search worker, torch's own
+    opens): the cursor calls the written 99 a mismatch, which asks for a search; a peer's newer write,
+    17, arrives before the search ends (here: before it even started, the one window in which it
+    arrives without killing the search).  The search finds 3407 and reports it, but 17 stays the
+    seed: a match never replaces a seed that came after the search was asked for."""
+    snap_file, snap = snapshot
+    cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16)})
+    train = build_catalogs(snap.tree, cfg.to_dict())[0]
+    here, peer = SeedState(me=1), SeedState(me=0)
+    here.set(99, "written")
+    peer.set(99, "peer", generation=here.generation, writer=here.writer)
+    disc = SeedDiscovery(snap_file, cfg, here)
+    for entry in train.entry[interleaved(TRAIN, 4, (2, 3), 3400, 7, 8)].tolist():
+        disc.on_open(entry)
+    disc.on_cursor("mismatch", 99)
+    assert disc.state == "waiting"
+    peer.set(17, "written")
+    here.set(17, "peer", generation=peer.generation, writer=peer.writer)
+
+    async def main() -> None:
+        with trio.fail_after(240):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(disc.run)
+                while disc.state in ("waiting", "preparing", "searching"):
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    st = disc.status()
+    assert (st["result"], st["seed"]) == ("seed+epoch = 3407 (DistributedSampler, node 1)", 3407), st
+    assert (here.value, here.origin) == (17, "peer")
+    assert (st["state"], st["superseded"]) == ("stopped", 1), st
+    assert "17" in (st["note"] or "") and "3407" in (st["note"] or ""), st
 
 
 # ---- real mounts -----------------------------------------------------------------------------------

@@ -559,8 +559,13 @@ those.  A match is accepted only when the chance that any wrong candidate of the
 as well is below the cursor's false\-lock chance (1e\-6); it is then planned and used as if it had
 been written
 .RB ( seed.origin " discovered)."
-A seed written while the search runs stops it; a written seed that matches the opens is used and
-no search runs.  Limits:
+A seed written (here or on a peer) while the search runs stops it, and a match is dropped when a
+newer seed came after the search was asked for
+.RB ( discovery.superseded ):
+a discovered seed never replaces a seed written after its search began, and in a group a write
+outranks a seed discovered under the same previous seed, whichever node found it
+.RB ( seed.generation ).
+A written seed that matches the opens is used and no search runs.  Limits:
 .IP \(bu 2
 a DataLoader that shuffles without a generator
 .RB ( shuffle=True ", " generator=None )

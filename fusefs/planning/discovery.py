@@ -18,8 +18,14 @@ found before, or, without one, leaves the reactive policy in charge.
 
 Concurrency rules (all on the trio thread):
 * One search at a time, in :meth:`run`'s cancel scope.  A seed written here or arriving from a peer
-  cancels it (the subprocess is killed), so a stale search never overrides a newer seed; the
-  discovery's own :meth:`SeedState.set` does not (``_adopting``).
+  cancels it (the subprocess is killed); the discovery's own :meth:`SeedState.set` does not
+  (``_adopting``).
+* A stale search never overrides a newer seed: a match is adopted only if the seed in use is still
+  the version (generation, writer) it was asked for under (``_since``, taken in :meth:`_want`),
+  otherwise it is dropped (state ``stopped``, counted in ``superseded``).  The cancel alone is not
+  enough: a seed can arrive between the ask and the search's start, when there is no scope to
+  cancel.  A write elsewhere that this node has not heard of yet is settled by the generations
+  (:func:`fusefs.planning.seed.next_generation`).
 * The recorded opens only grow (up to :data:`OPENS_CAP`); the feeder sends what was added since
   its last send, in order, until the worker starts searching.
 """
@@ -64,7 +70,8 @@ class DiscoveryStatus(TypedDict):
             "off; idle: nothing to search, a written seed is in use; waiting: for enough opens of the lead "
             "dataset, or for the search process to start; preparing: the search process loads the snapshot; "
             "searching; found; not_found (the whole range searched, or too few opens ever came); "
-            "not_searchable; stopped: a seed was written, here or on a peer, while it ran"
+            "not_searchable; stopped: a newer seed was written, here or on a peer, after the search was asked "
+            "for: the search was killed, or its match dropped (note)"
         ),
     ]
     trigger: Annotated[
@@ -121,12 +128,19 @@ class DiscoveryStatus(TypedDict):
     cpu_seconds: Annotated[float | None, gauge("the search process's CPU time", unit="seconds")]
     found_at_opens: Annotated[int | None, gauge("opens the mount had seen when the match was adopted")]
     attempts: Annotated[int, counter("search processes started")]
+    superseded: Annotated[
+        int,
+        counter(
+            "searches a newer seed, written here or on a peer after they were asked for, made stale: killed while "
+            "they ran, or their match dropped when they ended (a match never replaces a newer seed)"
+        ),
+    ]
     reason: Annotated[str | None, text("the search's own sentence: how the match fits, or why nothing did")]
     note: Annotated[
         str | None,
         text(
-            "what happened since: a newer seed stopped it, a match found before was adopted for a later "
-            "mismatch, a discovered seed no longer matches"
+            "what happened since: a newer seed stopped it or made its match stale (dropped), a match found before "
+            "was adopted for a later mismatch, a discovered seed no longer matches"
         ),
     ]
     message: Annotated[str | None, text("why the search process failed, or null")]
@@ -148,6 +162,8 @@ class SeedDiscovery:
         self.setup: dict[str, Any] = {}  # what the worker said it searches (dataset, files, sampler, ...)
         self.progress: dict[str, Any] = {}  # the worker's last waiting/searching line
         self.attempts = 0
+        self.superseded = 0  # searches a newer seed made stale (killed, or their match dropped)
+        self._since = seed.version()  # the seed version the wanted or running search was asked under
         self.started_at: float | None = None  # monotonic: the search (not the preparation) began
         self.seconds: float | None = None  # from the search's start to its end
         self.found_at_opens: int | None = None  # opens the mount had seen when the match was adopted
@@ -190,27 +206,29 @@ class SeedDiscovery:
         if found is not None and found != seed_value(plan_seed):
             self.trigger = f"the {origin} seed {plan_seed} does not match the opens"
             self.note = f"adopted the seed found before, {found}"
-            self._adopt(int(found))
+            self._adopt(int(found), self.seed.version())  # a decision under the seed in use: its version
 
     def _seed_changed(self, seed: SeedState) -> None:
         if self._adopting or seed.origin not in ("written", "peer"):
             return
         if self._scope is not None:
             self._scope.cancel()
+            self.superseded += 1
             self.note = f"stopped: a seed was {seed.origin} ({seed.value})"
             log.info("seed discovery stopped: seed %d was %s", seed.value, seed.origin)
 
     def _want(self, trigger: str) -> None:
         self.trigger = trigger
+        self._since = self.seed.version()
         self.note = None
         self.state = "waiting"
         self._wanted.set()
 
-    def _adopt(self, value: int) -> None:
+    def _adopt(self, value: int, since: tuple[int, int]) -> None:
         self.found_at_opens = len(self.opens)
         self._adopting = True
         try:
-            self.seed.set(value, "discovered")
+            self.seed.set(value, "discovered", since=since)
         finally:
             self._adopting = False
 
@@ -333,10 +351,19 @@ class SeedDiscovery:
         if status == "found":
             self.state = "found"
             value = int(doc["seed"])
+            if self.seed.version() != self._since:
+                # A seed written here or on a peer after the search was asked for: it wins (the result
+                # stays in status, and a later mismatch of that seed adopts it at once, see on_cursor).
+                self.state = "stopped"
+                newer = f"seed {self.seed.value} ({self.seed.origin})"
+                self.note = f"dropped the match {value}: {newer} came after the search was asked for"
+                self.superseded += 1
+                log.info("seed discovery: dropped the match %d, seed %d came after the search", value, self.seed.value)
+                return
             if self.seed.origin != "assumed" and seed_value(self.seed.value) == value:
                 self.note = f"the seed in use, {self.seed.value}, fits the opens: the mismatch has another cause"
                 return
-            self._adopt(value)
+            self._adopt(value, self._since)
         elif status == "not_searchable":
             self.state = "not_searchable"
         else:
@@ -377,6 +404,7 @@ class SeedDiscovery:
             "cpu_seconds": r.get("cpu_seconds"),
             "found_at_opens": self.found_at_opens,
             "attempts": self.attempts,
+            "superseded": self.superseded,
             "reason": r.get("reason") or p.get("reason"),
             "note": self.note,
             "message": self.message,
