@@ -565,6 +565,9 @@ newer seed came after the search was asked for
 a discovered seed never replaces a seed written after its search began, and in a group a write
 outranks a seed discovered under the same previous seed, whichever node found it
 .RB ( seed.generation ).
+Nor is a written seed judged on opens from before it was written (a job may change its sampler's
+seed mid\-run): each seed written here or on a peer starts a new recording of opens, and a match
+that the written seed reproduces in one of its plan's epochs (found as seed + e) leaves it in use.
 A written seed that matches the opens is used and no search runs.  Limits:
 .IP \(bu 2
 a DataLoader that shuffles without a generator
@@ -586,8 +589,8 @@ a seeded shuffling DataLoader is found only from its epoch 0; a DistributedSampl
 any epoch, but not from the middle of one (a job resumed mid\-epoch);
 .IP \(bu 2
 only the sampler kind the configuration names for the lead dataset is searched, and the search runs
-on the mount's first opens only: a second job started later on the same mount with another seed is
-not searched again (write its seed).
+on the mount's first opens, or the first ones after the last seed written: a second job started
+later on the same mount with another seed is searched again only if it writes a seed.
 .PP
 Only seeds are found, not a wrong configuration: a job whose world size, ranks per node or batch
 size differ from
