@@ -14,7 +14,8 @@ This module decides:
   lead (what DataLoader workers open first; fewer leave too little margin over the false-match
   bound to survive the workers' reordering), and later again with half as many more opens each
   time the search answers ``too_few_opens``;
-* how to report it (:func:`describe`): one line for a person and the fields of the status section.
+* how to report it (:func:`describe`): one line for a person and the fields of the status section;
+* whether a match says anything against the seed in use (:func:`epoch_in_plan`).
 
 Pure: no I/O, no clocks.
 """
@@ -126,6 +127,21 @@ def candidates(limit: int, epoch_span: int) -> tuple[ss.Candidates, int]:
     plan = ss.default_candidates(limit=limit, epoch_span=epoch_span)
     likely = len(ss.default_candidates(limit=min(limit, ss.LIKELY_RANGE), epoch_span=epoch_span))
     return plan, min(likely, len(plan))
+
+
+def epoch_in_plan(seed: int, found: int, identifies: str | None, epochs: int) -> int | None:
+    """The epoch, among the plan's ``epochs``, in which a sampler seeded with ``seed`` reads the order a
+    search found as ``found``; None when it reads it in none (the seed is wrong for these opens).
+
+    A DistributedSampler's order in epoch e is seed + e's in epoch 0 (torch seeds it with the low 32
+    bits of seed + e), and a search finds it as that sum (``seed+epoch``): a job seeded 17 and seen in
+    epoch 12 is found as 29, and the plan for 17 predicts it as its epoch 12, as well as the plan for
+    29 would as its epoch 0.  A seeded shuffling DataLoader is found from its epoch 0 only (``seed``).
+    """
+    e = (int(found) - ss.seed_value(seed)) % ss.SEED_SPACE
+    if identifies == "seed+epoch":
+        return e if e < epochs else None
+    return 0 if e == 0 else None
 
 
 def describe(result: ss.SearchResult) -> str:

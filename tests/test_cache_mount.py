@@ -68,7 +68,7 @@ def test_rewriting_the_seed_replans_cleanly(tmp_path: Path) -> None:
         write_seed(mnt, 41)
         write_seed(mnt, 42)  # supersedes 41 whether or not its plan had started
         second = wait_plan(mnt, 42)
-        assert second["seed"]["value"] == 42 and second["seed"]["generation"] == 2
+        assert second["seed"]["value"] == 42 and second["seed"]["generation"] == 4  # writes: 2, then 4
         assert second["plan"]["digest"] != first["digest"]
         assert second["cursor"]["state"] == "detecting" and second["cursor"]["opens"] == 0
         assert (mnt / sorted(digests)[0]).read_bytes() == (src / sorted(digests)[0]).read_bytes()

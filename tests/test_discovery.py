@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 from e2e import Job, make_source, run_readers, seerfs_config, seerfs_over, status, write_seed
 from indices import Indices
 from pfsemu_fixture import running_pfsemu
@@ -30,6 +31,8 @@ from torch.utils.data import DistributedSampler
 
 from fusefs import config as cfgmod
 from fusefs.meta.snapshot import load_or_scan, snapshot_file
+from fusefs.planning.discovery import SeedDiscovery
+from fusefs.planning.seed import SeedState
 from placement import discovery as dv
 from placement import seedsearch as ss
 from placement.catalog import build_catalogs
@@ -45,17 +48,19 @@ GPU's pace.  With none, an epoch of this dataset takes about two seconds on a bu
 starting the search process, the search at low priority, the plan and the relock may take there."""
 
 
+CONFIG = {
+    "datasets.0.root": "train",
+    "datasets.1.root": "val",
+    "datasets.1.follows": "train",
+    "datasets.1.sampler.shuffle": "false",
+    "job.world_size": "4",
+    "job.ranks_per_node": "2",
+    "job.batch_size": "8",
+}
+
+
 def config_dict(**overrides: str) -> dict[str, Any]:
-    base = {
-        "datasets.0.root": "train",
-        "datasets.1.root": "val",
-        "datasets.1.follows": "train",
-        "datasets.1.sampler.shuffle": "false",
-        "job.world_size": "4",
-        "job.ranks_per_node": "2",
-        "job.batch_size": "8",
-    }
-    return cfgmod.load(None, {**base, **overrides}).to_dict()
+    return cfgmod.load(None, {**CONFIG, **overrides}).to_dict()
 
 
 # ---- the decisions -------------------------------------------------------------------------------
@@ -133,6 +138,27 @@ def test_outcome_lines() -> None:
     missing = ss.SeedSearch(500, opens, shape, candidates=ss.Candidates(ranges=[(100, 200)])).run()
     assert dv.describe(missing) == "not found (searched 100 candidates)"
     assert dv.result_fields(missing)["seed"] is None
+
+
+def test_a_match_fits_the_seed_in_use_in_one_of_its_plans_epochs() -> None:
+    """A DistributedSampler seeded 17 reads in epoch 12 what one seeded 29 reads in epoch 0 (torch's
+    own sampler says so here), so a search that finds 29 does not contradict a written 17 when the
+    plan covers epoch 12; outside the plan's epochs, or for a seeded DataLoader (found only from its
+    epoch 0), it does."""
+
+    def order(seed: int, epoch: int) -> list[int]:
+        s: Any = DistributedSampler(Indices(500), num_replicas=2, rank=1, seed=seed)
+        s.set_epoch(epoch)
+        return [int(i) for i in s]
+
+    assert order(17, 12) == order(29, 0) != order(17, 0)
+    assert dv.epoch_in_plan(17, 29, "seed+epoch", 50) == 12
+    assert dv.epoch_in_plan(17, 29, "seed+epoch", 12) is None  # the plan ends at epoch 11
+    assert dv.epoch_in_plan(17, 17, "seed+epoch", 1) == 0
+    assert dv.epoch_in_plan(29, 17, "seed+epoch", 50) is None  # no epoch before 0
+    assert dv.epoch_in_plan(2**32 + 5, 7, "seed+epoch", 3) == 2  # torch keeps the low 32 bits
+    assert dv.epoch_in_plan(17, 29, "seed", 50) is None
+    assert dv.epoch_in_plan(17, 17, "seed", 50) == 0
 
 
 def test_status_view_shows_the_search_in_one_line() -> None:
@@ -247,6 +273,82 @@ def test_worker_refuses_a_bad_request_in_one_line(snapshot: tuple[Path, Any]) ->
     assert out[-1]["phase"] == "failed" and "\n" not in out[-1]["error"]
 
 
+def search_to_the_end(disc: SeedDiscovery) -> None:
+    """Run the discovery task until the search it was asked for has ended."""
+
+    async def main() -> None:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(disc.run)
+                while disc.state in ("waiting", "preparing", "searching"):
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_match_found_after_a_newer_seed_arrived_is_dropped(snapshot: tuple[Path, Any]) -> None:
+    """The daemon's discovery path in-process (SeedDiscovery, its real search worker, torch's own
+    opens): the cursor calls the written 99 a mismatch, which asks for a search; a peer's newer write,
+    17, arrives before the search ends (here: before it even started, the one window in which it
+    arrives without killing the search).  The search finds 3407 and reports it, but 17 stays the
+    seed: a match never replaces a seed that came after the search was asked for.  Only a mismatch
+    of 17 itself then adopts it."""
+    snap_file, snap = snapshot
+    cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16)})
+    train = build_catalogs(snap.tree, cfg.to_dict())[0]
+    here, peer = SeedState(me=1), SeedState(me=0)
+    here.set(99, "written")
+    peer.set(99, "peer", generation=here.generation, writer=here.writer)
+    disc = SeedDiscovery(snap_file, cfg, here)
+    disc.on_cursor("mismatch", 99)
+    assert disc.state == "waiting"
+    peer.set(17, "written")
+    here.set(17, "peer", generation=peer.generation, writer=peer.writer)
+    for entry in train.entry[interleaved(TRAIN, 4, (2, 3), 3400, 7, 8)].tolist():
+        disc.on_open(entry)
+    search_to_the_end(disc)
+    st = disc.status()
+    assert (st["result"], st["seed"]) == ("seed+epoch = 3407 (DistributedSampler, node 1)", 3407), st
+    assert (here.value, here.origin) == (17, "peer")
+    assert (st["state"], st["superseded"]) == ("stopped", 1), st
+    assert "17" in (st["note"] or "") and "3407" in (st["note"] or ""), st
+    disc.on_cursor("mismatch", 17)  # its opens are 17's too: the answer holds for 17
+    assert (here.value, here.origin) == (3407, "discovered")
+
+
+def test_opens_from_before_a_written_seed_never_replace_it(snapshot: tuple[Path, Any]) -> None:
+    """A job reseeds mid-run: seed 5 from epoch 0, then 17 written (on a peer) before epoch 12.  The
+    cursor calls 17 a mismatch at once (its new plan is first tried on the opens of epoch 11, seed
+    5's order), which asks for a search.  The mount's first opens are seed 5's: a search on them finds
+    5, which says nothing about 17.  The search must compare only opens recorded since 17 arrived;
+    those fit 17 in its epoch 12 (found as 29), so 17 stays, and status says the mismatch has
+    another cause.  (Before: 5 replaced 17 as discovered, on every node.)"""
+    snap_file, snap = snapshot
+    cfg = cfgmod.load(None, {**CONFIG, "job.epochs": "50", "seed_discovery.limit": str(1 << 16)})
+    train = build_catalogs(snap.tree, cfg.to_dict())[0]
+    here, peer = SeedState(me=1), SeedState(me=0)
+    peer.set(5, "written")
+    here.set(5, "peer", generation=peer.generation, writer=peer.writer)
+    disc = SeedDiscovery(snap_file, cfg, here)
+    for entry in train.entry[interleaved(TRAIN, 4, (2, 3), 5, 0, 8)].tolist():  # epoch 0 under seed 5
+        disc.on_open(entry)
+    peer.set(17, "written")
+    here.set(17, "peer", generation=peer.generation, writer=peer.writer)
+    disc.on_cursor("mismatch", 17)
+    for entry in train.entry[interleaved(TRAIN, 4, (2, 3), 17, 12, 8)].tolist():  # epoch 12 under seed 17
+        disc.on_open(entry)
+
+    search_to_the_end(disc)
+    st = disc.status()
+    assert (here.value, here.origin) == (17, "peer"), (st["result"], st["note"])
+    assert (st["state"], st["seed"], st["identifies"]) == ("found", 29, "seed+epoch"), st
+    assert "17, fits the opens" in (st["note"] or ""), st
+    # A later mismatch of 17 reuses this search's answer: 17 fits, nothing is adopted.
+    disc.on_cursor("mismatch", 17)
+    assert (here.value, here.origin, disc.state) == (17, "peer", "found")
+
+
 # ---- real mounts -----------------------------------------------------------------------------------
 
 
@@ -318,7 +420,7 @@ def test_a_wrong_written_seed_is_corrected(tmp_path: Path, source: tuple[Path, d
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     assert_found(doc, job, 1234)
     assert doc["discovery"]["trigger"] == "the written seed 99 does not match the opens"
-    assert doc["seed"]["generation"] == 2  # written, then discovered
+    assert doc["seed"]["generation"] == 3  # written (2), then discovered under it (3: next_generation)
     assert pfs <= 1.05 * source[2], pfs / source[2]
 
 

@@ -559,8 +559,16 @@ those.  A match is accepted only when the chance that any wrong candidate of the
 as well is below the cursor's false\-lock chance (1e\-6); it is then planned and used as if it had
 been written
 .RB ( seed.origin " discovered)."
-A seed written while the search runs stops it; a written seed that matches the opens is used and
-no search runs.  Limits:
+A seed written (here or on a peer) while the search runs stops it, and a match is dropped when a
+newer seed came after the search was asked for
+.RB ( discovery.superseded ):
+a discovered seed never replaces a seed written after its search began, and in a group a write
+outranks a seed discovered under the same previous seed, whichever node found it
+.RB ( seed.generation ).
+Nor is a written seed judged on opens from before it was written (a job may change its sampler's
+seed mid\-run): each seed written here or on a peer starts a new recording of opens, and a match
+that the written seed reproduces in one of its plan's epochs (found as seed + e) leaves it in use.
+A written seed that matches the opens is used and no search runs.  Limits:
 .IP \(bu 2
 a DataLoader that shuffles without a generator
 .RB ( shuffle=True ", " generator=None )
@@ -581,8 +589,8 @@ a seeded shuffling DataLoader is found only from its epoch 0; a DistributedSampl
 any epoch, but not from the middle of one (a job resumed mid\-epoch);
 .IP \(bu 2
 only the sampler kind the configuration names for the lead dataset is searched, and the search runs
-on the mount's first opens only: a second job started later on the same mount with another seed is
-not searched again (write its seed).
+on the mount's first opens, or the first ones after the last seed written: a second job started
+later on the same mount with another seed is searched again only if it writes a seed.
 .PP
 Only seeds are found, not a wrong configuration: a job whose world size, ranks per node or batch
 size differ from

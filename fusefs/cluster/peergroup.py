@@ -16,10 +16,13 @@
   the read policy is told (its fills skip a down owner's files until it is up again).
 * State: every couple of seconds each daemon tells every peer its training node (detected from
   opens: torchrun hands out node ranks in any order), its plan digest and its seed, and learns
-  theirs.  A seed written on any node reaches all: the highest (generation, writer) wins.  A
-  peer's note is input like any other: every field is checked as local input would be (a seed in
-  torch's range, a node of this job, a hex digest...), and a note that fails is logged
-  (rate-limited), counted and ignored whole.
+  theirs.  A seed written on any node reaches all: the highest (generation, writer) wins.  A write
+  outranks a seed discovered under the same seed (the generation's parity is the origin:
+  :func:`fusefs.planning.seed.next_generation`), so a write wins over a search result that raced
+  it, whatever the node indices, and the note needs no field for the origin.  A peer's note is
+  input like any other: every field is checked as local input would be (a seed in torch's range,
+  a node of this job, a hex digest...), and a note that fails is logged (rate-limited), counted and
+  ignored whole.
 * Membership: peers are told apart by their member key (label, host, port), never by their index
   in the group, which shifts as members come and go (rendezvous).  Clients and views follow the
   member list by key, so a client always talks to the address of the member it is shown with; a
@@ -544,6 +547,7 @@ class PeerGroup:
         view.heard = trio.current_time()
         if note.seed is not None:
             view.seed = note.seed
+            # By (generation, writer) alone: next_generation already ranks a write above a discovery it raced.
             self.seed.set(note.seed[0], "peer", generation=note.seed[1], writer=note.seed[2])
         mine = self.prefetcher.plan
         # Digests are comparable only between plans for the same seed: right after a new seed, a

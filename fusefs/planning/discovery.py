@@ -1,7 +1,8 @@
 """Finding the sampler's seed from the node's first opens, when nobody wrote it or the one in use is wrong.
 
-The daemon records the first opens of the mount (:meth:`SeedDiscovery.on_open`, every dataset; the
-search keeps the lead dataset's).  A search runs in a subprocess
+The daemon records the first opens of the mount, and again the first ones after each seed written
+here or on a peer (:meth:`SeedDiscovery.on_open`, every dataset; the search keeps the lead
+dataset's).  A search runs in a subprocess
 (:mod:`fusefs.planning.search_worker`, at low priority) when
 
 * no seed was written (origin ``assumed``): from the start, so the seed is known about as soon as
@@ -12,16 +13,32 @@ search keeps the lead dataset's).  A search runs in a subprocess
 A match is adopted as if it had been written (:class:`fusefs.planning.seed.SeedState` origin
 ``discovered``): the plan manager plans it and the cursor locks on.  A DistributedSampler job seen
 in epoch e is found as ``seed + e`` (its order in epoch e + k is seed + e's in epoch k), which is
-the value planned.  Only a match below the cursor's false-lock chance is accepted.  A search on
-the same recorded opens always ends the same, so it runs once: a later mismatch adopts the match
-found before, or, without one, leaves the reactive policy in charge.
+the value planned.  Only a match below the cursor's false-lock chance is accepted.
+
+A search judges a written seed only on opens recorded since it was written: a job may change its
+sampler's seed mid-run (write 17 before epoch 12), and the opens before the write show the old
+seed's order, which says nothing about the new one.  The cursor tries a new plan on the opens just
+before it, so such a write is at first called a mismatch; the search then finds that the written
+seed fits the opens since (in one of its plan's epochs: :func:`placement.discovery.epoch_in_plan`)
+and nothing is adopted.  A search on the same opens always ends the same, so it runs once per
+recording: a later mismatch reuses its answer (adopts the match found before, or, without one,
+leaves the reactive policy in charge) while no seed was written since, and asks for a new search
+on the new recording otherwise.
 
 Concurrency rules (all on the trio thread):
 * One search at a time, in :meth:`run`'s cancel scope.  A seed written here or arriving from a peer
-  cancels it (the subprocess is killed), so a stale search never overrides a newer seed; the
-  discovery's own :meth:`SeedState.set` does not (``_adopting``).
-* The recorded opens only grow (up to :data:`OPENS_CAP`); the feeder sends what was added since
-  its last send, in order, until the worker starts searching.
+  cancels it (the subprocess is killed); the discovery's own :meth:`SeedState.set` does not
+  (``_adopting``).
+* A stale search never overrides a newer seed: a match is adopted only if the seed in use is still
+  the version (generation, writer) it was asked for under (``_since``, taken in :meth:`_want`),
+  otherwise it is dropped (state ``stopped``, counted in ``superseded``).  The cancel alone is not
+  enough: a seed can arrive between the ask and the search's start, when there is no scope to
+  cancel.  A write elsewhere that this node has not heard of yet is settled by the generations
+  (:func:`fusefs.planning.seed.next_generation`).
+* The recorded opens only grow (up to :data:`OPENS_CAP`) until a seed is written here or arrives
+  from a peer: that starts a new list in the same step that cancels the running search.  The feeder
+  keeps the list it started with and sends what was added since its last send, in order, until the
+  worker starts searching.
 """
 
 from __future__ import annotations
@@ -40,7 +57,7 @@ import trio
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState
 from placement.cursor import FALSE_LOCK, DatasetState
-from placement.seedsearch import seed_value
+from placement.discovery import epoch_in_plan
 from placement.statusfields import counter, gauge, info, state, text
 
 log = logging.getLogger(__name__)
@@ -64,7 +81,8 @@ class DiscoveryStatus(TypedDict):
             "off; idle: nothing to search, a written seed is in use; waiting: for enough opens of the lead "
             "dataset, or for the search process to start; preparing: the search process loads the snapshot; "
             "searching; found; not_found (the whole range searched, or too few opens ever came); "
-            "not_searchable; stopped: a seed was written, here or on a peer, while it ran"
+            "not_searchable; stopped: a newer seed was written, here or on a peer, after the search was asked "
+            "for: the search was killed, or its match dropped (note)"
         ),
     ]
     trigger: Annotated[
@@ -91,7 +109,13 @@ class DiscoveryStatus(TypedDict):
     node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
     dataset: Annotated[str | None, text("the lead dataset searched (its root in the mount)")]
     files: Annotated[int | None, gauge("its file count")]
-    opens_recorded: Annotated[int, gauge("opens of any dataset recorded for the search, at most 16384")]
+    opens_recorded: Annotated[
+        int,
+        gauge(
+            "opens of any dataset recorded for the search since the mount or the last seed written here or on a "
+            "peer (earlier opens show an earlier seed's order), at most 16384"
+        ),
+    ]
     opens_needed: Annotated[
         int | None,
         gauge(
@@ -119,14 +143,21 @@ class DiscoveryStatus(TypedDict):
         float | None, gauge("the search's time so far or in all (the process start and snapshot load before)")
     ]
     cpu_seconds: Annotated[float | None, gauge("the search process's CPU time", unit="seconds")]
-    found_at_opens: Annotated[int | None, gauge("opens the mount had seen when the match was adopted")]
+    found_at_opens: Annotated[int | None, gauge("opens recorded (as opens_recorded) when the match was adopted")]
     attempts: Annotated[int, counter("search processes started")]
+    superseded: Annotated[
+        int,
+        counter(
+            "searches a newer seed, written here or on a peer after they were asked for, made stale: killed while "
+            "they ran, or their match dropped when they ended (a match never replaces a newer seed)"
+        ),
+    ]
     reason: Annotated[str | None, text("the search's own sentence: how the match fits, or why nothing did")]
     note: Annotated[
         str | None,
         text(
-            "what happened since: a newer seed stopped it, a match found before was adopted for a later "
-            "mismatch, a discovered seed no longer matches"
+            "what happened since: a newer seed stopped it or made its match stale (dropped), a match found before "
+            "was adopted for a later mismatch, a discovered seed no longer matches"
         ),
     ]
     message: Annotated[str | None, text("why the search process failed, or null")]
@@ -137,20 +168,26 @@ class SeedDiscovery:
     def __init__(self, snapshot_file: Path, cfg: Config, seed: SeedState) -> None:
         self.settings = cfg.seed_discovery
         self.config = cfg.to_dict()
+        self.epochs = cfg.job.epochs  # the planning horizon: a plan predicts its seed's epochs 0..epochs-1
         self.snapshot_file = snapshot_file
         self.seed = seed
         self.threshold = FALSE_LOCK
         self.state: DiscoveryState = "idle" if self.settings.enabled else "off"
         self.trigger: str | None = None  # why the last search was started
         self.note: str | None = None  # what happened after it ended (a newer seed, a later mismatch)
-        self.opens: list[int] = []  # the mount's first opens (snapshot entries), in order
+        self.opens: list[int] = []  # the first opens (snapshot entries) since the mount or the last written seed
         self.result: dict[str, Any] | None = None  # the last finished search's fields
         self.setup: dict[str, Any] = {}  # what the worker said it searches (dataset, files, sampler, ...)
         self.progress: dict[str, Any] = {}  # the worker's last waiting/searching line
         self.attempts = 0
+        self.superseded = 0  # searches a newer seed made stale (killed, or their match dropped)
+        self._since = seed.version()  # the seed version the wanted or running search was asked under
+        self._recordings = 0  # lists of opens started so far (one more at each seed written here or on a peer)
+        self._fed = 0  # the recording the running search is fed from
+        self._result_recording = 0  # the recording the last finished search (``result``) compared
         self.started_at: float | None = None  # monotonic: the search (not the preparation) began
         self.seconds: float | None = None  # from the search's start to its end
-        self.found_at_opens: int | None = None  # opens the mount had seen when the match was adopted
+        self.found_at_opens: int | None = None  # opens recorded when the match was adopted
         self.message: str | None = None  # why the last worker failed
         self._recording = self.settings.enabled
         self._opens_changed = trio.Event()
@@ -183,34 +220,45 @@ class SeedDiscovery:
             return
         if origin not in ("written", "peer"):
             return
-        if self.result is None:
+        if self.result is None or self._result_recording != self._recordings:
+            # No answer yet, or one from opens before this seed was written: search the opens since.
             self._want(f"the {origin} seed {plan_seed} does not match the opens")
             return
         found = self.result.get("seed")
-        if found is not None and found != seed_value(plan_seed):
+        if found is not None and self._fits(int(found)) is None:
             self.trigger = f"the {origin} seed {plan_seed} does not match the opens"
             self.note = f"adopted the seed found before, {found}"
-            self._adopt(int(found))
+            self._adopt(int(found), self.seed.version())  # a decision under the seed in use: its version
+
+    def _fits(self, found: int) -> int | None:
+        """The epoch of its plan in which the seed in use reads what the last search found, or None."""
+        identifies = (self.result or {}).get("identifies")
+        return epoch_in_plan(self.seed.value, found, identifies, self.epochs)
 
     def _seed_changed(self, seed: SeedState) -> None:
         if self._adopting or seed.origin not in ("written", "peer"):
             return
+        # Opens before a write show the order of the seed before it: a new recording judges this one.
+        self.opens, self._recordings = [], self._recordings + 1
+        self._recording = self.settings.enabled
         if self._scope is not None:
             self._scope.cancel()
+            self.superseded += 1
             self.note = f"stopped: a seed was {seed.origin} ({seed.value})"
             log.info("seed discovery stopped: seed %d was %s", seed.value, seed.origin)
 
     def _want(self, trigger: str) -> None:
         self.trigger = trigger
+        self._since = self.seed.version()
         self.note = None
         self.state = "waiting"
         self._wanted.set()
 
-    def _adopt(self, value: int) -> None:
+    def _adopt(self, value: int, since: tuple[int, int]) -> None:
         self.found_at_opens = len(self.opens)
         self._adopting = True
         try:
-            self.seed.set(value, "discovered")
+            self.seed.set(value, "discovered", since=since)
         finally:
             self._adopting = False
 
@@ -238,6 +286,7 @@ class SeedDiscovery:
 
     async def _search(self) -> None:
         self.attempts += 1
+        self._fed = self._recordings
         self.state, self.result, self.setup, self.progress = "preparing", None, {}, {}
         self.started_at = self.seconds = None
         self.message = None
@@ -278,12 +327,12 @@ class SeedDiscovery:
             "threshold": self.threshold,
         }
         await stdin.send_all(json.dumps(request).encode() + b"\n")
-        sent = 0
+        opens, sent = self.opens, 0  # this recording's list, even if a written seed starts another
         while self.state in ("preparing", "waiting"):
-            if sent < len(self.opens):
-                chunk, sent = self.opens[sent:], len(self.opens)
+            if sent < len(opens):
+                chunk, sent = opens[sent:], len(opens)
                 await stdin.send_all(json.dumps({"opens": chunk}).encode() + b"\n")
-            elif not self._recording:
+            elif not self._recording or opens is not self.opens:
                 await stdin.aclose()  # every open it will ever get: let it answer with what it has
                 return
             else:
@@ -329,14 +378,26 @@ class SeedDiscovery:
         if self.started_at is not None:
             self.seconds = round(time.monotonic() - self.started_at, 3)
         self.result = {k: v for k, v in doc.items() if k not in ("phase", "t")}
+        self._result_recording = self._fed
         log.info("seed discovery: %s (%s)", self.result.get("result"), self.trigger)
         if status == "found":
             self.state = "found"
             value = int(doc["seed"])
-            if self.seed.origin != "assumed" and seed_value(self.seed.value) == value:
-                self.note = f"the seed in use, {self.seed.value}, fits the opens: the mismatch has another cause"
+            if self.seed.version() != self._since:
+                # A seed written here or on a peer after the search was asked for: it wins (the result
+                # stays in status, and a later mismatch of that seed adopts it at once, see on_cursor).
+                self.state = "stopped"
+                newer = f"seed {self.seed.value} ({self.seed.origin})"
+                self.note = f"dropped the match {value}: {newer} came after the search was asked for"
+                self.superseded += 1
+                log.info("seed discovery: dropped the match %d, seed %d came after the search", value, self.seed.value)
                 return
-            self._adopt(value)
+            epoch = self._fits(value) if self.seed.origin != "assumed" else None
+            if epoch is not None:
+                where = f" in its epoch {epoch}" if epoch else ""
+                self.note = f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
+                return
+            self._adopt(value, self._since)
         elif status == "not_searchable":
             self.state = "not_searchable"
         else:
@@ -377,6 +438,7 @@ class SeedDiscovery:
             "cpu_seconds": r.get("cpu_seconds"),
             "found_at_opens": self.found_at_opens,
             "attempts": self.attempts,
+            "superseded": self.superseded,
             "reason": r.get("reason") or p.get("reason"),
             "note": self.note,
             "message": self.message,

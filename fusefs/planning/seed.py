@@ -6,8 +6,9 @@ uses it").  Until a seed is written the daemon assumes the sampler default 0 and
 ``assumed``; a seed the daemon found from the node's opens (:mod:`fusefs.planning.discovery`) is
 ``discovered`` and is used exactly as a written one (a later write replaces it).
 
-Every accepted change bumps ``generation``; with peers, the highest generation wins (ties broken
-by the writing node's index) so concurrent writes on different nodes settle on one value.
+Every accepted change raises ``generation``; with peers, the highest (generation, writer) wins, so
+concurrent writes on different nodes settle on one value.  A write also wins over a discovered seed
+that raced it (:func:`next_generation`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,43 @@ class SeedStatus(TypedDict):
             "discovered: found from the opens (section discovery)"
         ),
     ]
-    generation: Annotated[int, gauge("bumped by every accepted change; with peers the highest generation wins")]
-    writer: Annotated[int, gauge("the node that wrote it, -1 if none")]
+    generation: Annotated[
+        int,
+        gauge(
+            "raised by every accepted change to the next round r of two: 2r for a written seed, 2r - 1 for a "
+            "discovered one (a peer's keeps its own), so a write outranks a seed discovered under the same previous "
+            "seed; with peers the highest (generation, writer) wins"
+        ),
+    ]
+    writer: Annotated[int, gauge("the node that wrote (or discovered) it, -1 if none")]
     updated_at: Annotated[float | None, gauge("when it last changed (timestamp), or null", unit="seconds")]
     last_error: Annotated[str | None, text("why the last rejected write was rejected, or null")]
+
+
+def next_generation(current: int, origin: SeedOrigin) -> int:
+    """The generation of a seed set on this node (written or discovered) over one of ``current``.
+
+    The precedence rule: a seed discovered from the opens never wins over a seed written, on any
+    node, after its search was asked for.  A search answers "which seed fits the opens, given the
+    seed in use when it was asked for"; a write made since is newer knowledge.  Two checks keep it:
+
+    * On the finding node, a match is adopted only if the seed is still the version the search was
+      asked under (:meth:`SeedState.set` ``since``); a seed written here or received from a peer
+      meanwhile drops it (``fusefs.planning.discovery``).
+    * Across the group, a write the finding node has not heard of yet when it adopts: the write and
+      the search were made over the same seed (or the write over a newer one).  Generations come in
+      rounds of two, round r holding 2r - 1 (discovered) and 2r (written), and every change moves to
+      the round after the current one's, so from the same seed the write is one above the discovery
+      whatever the node indices, and every node's (generation, writer) merge keeps the write.  The
+      parity is the origin, so a peer's note needs no field of its own for it.
+
+    A write made over an older seed than the search's (its node had not yet heard of the seed the
+    search ran under) was concurrent with that seed too, and may lose to the match as it may lose to
+    that seed.  A match adopted for a later mismatch of the seed in use (a search found before) is a
+    decision under that seed, made with its version, and replaces it as any discovery does.
+    """
+    next_round = (current + 1) // 2 + 1
+    return 2 * next_round - (1 if origin == "discovered" else 0)
 
 
 @dataclass
@@ -102,13 +136,31 @@ class SeedState:
     me: int = -1  # this daemon's index in its group: the writer of seeds written here
     listeners: list[Callable[[SeedState], None]] = field(default_factory=list, repr=False)
 
-    def set(self, value: int, origin: SeedOrigin, generation: int | None = None, writer: int = -1) -> bool:
-        """Adopt a seed; returns False when a newer generation already holds (it is ignored)."""
-        gen = self.generation + 1 if generation is None else generation
-        if generation is None:
-            writer = self.me
-        elif (gen, writer) <= (self.generation, self.writer):
+    def version(self) -> tuple[int, int]:
+        """(generation, writer): what identifies the seed in use across the group."""
+        return self.generation, self.writer
+
+    def set(
+        self,
+        value: int,
+        origin: SeedOrigin,
+        generation: int | None = None,
+        writer: int = -1,
+        *,
+        since: tuple[int, int] | None = None,
+    ) -> bool:
+        """Adopt a seed: set here (no ``generation``: the next one for ``origin``) or a peer's (its
+        generation and writer, ignored unless above the one held).  ``since``: adopt only if the seed
+        in use is still that :meth:`version` (a discovered match and the seed it was searched under).
+        Returns whether it was adopted."""
+        if since is not None and since != self.version():
             return False
+        if generation is None:
+            gen, writer = next_generation(self.generation, origin), self.me
+        elif (generation, writer) <= (self.generation, self.writer):
+            return False
+        else:
+            gen = generation
         self.value, self.origin, self.generation, self.writer = value, origin, gen, writer
         self.updated_at = time.time()
         self.last_error = None
