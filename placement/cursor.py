@@ -1015,8 +1015,26 @@ class NodeCursor:
         """Relock on the opens a replaced plan carried over.  A dataset other than the lead that does
         not lock on them is presumed again at its next open, as at its first: a small validation
         set's opens may never prove an order, and left detecting it would go unpredicted for the
-        rest of the job."""
+        rest of the job.
+
+        Carried opens the new plan fits nowhere are forgotten, not held against it: they are in the
+        replaced plan's order (a job that changed its sampler's seed and wrote the new one reads the
+        new order from then on).  Left among the strays, they kept every later test from fitting
+        until they aged out of the buffer: 70 unpredicted opens of a 100-file epoch after such a
+        seed change, and in a three-node soak whole epochs in mismatch.  The new plan is judged on
+        the opens it sees next instead, as a plan made before any open is: within two batches per
+        local rank it locks, or declares the mismatch itself.
+        """
+        first_mismatch = self.first_mismatch_open
         self._look(dc)
+        if dc.state == "mismatch":
+            dc.strays.clear()
+            dc.looks = dc.explained_at = 0
+            dc.next_look = dc.looked_size = dc.stray_seen = 0
+            dc.scan_after, dc.scan_gap, dc.finalists = dc.opens, 0, []
+            dc.mismatch_reason = dc.mismatch_kind = None
+            dc.state = "detecting"
+            self.first_mismatch_open = first_mismatch
         if dc.d != self.lead and dc.state == "detecting":
             dc.state = "idle"
 

@@ -493,6 +493,28 @@ def test_rewritten_seed_relocks_at_once_and_counters_survive() -> None:
     assert all(replay(same, loop.opens[at:]))
 
 
+@pytest.mark.parametrize(("world", "per_node", "n"), [(3, 1, 300), (2, 2, 1100)])
+def test_a_seed_changed_mid_run_relocks_within_two_batches(world: int, per_node: int, n: int) -> None:
+    """The job changes its sampler's seed at epoch 12 and writes the new one: the new plan's cursor
+    takes the old one's recent opens, which are in the old order and fit nothing of the new plan.
+    They must not be held against it: it locks within two batches per local rank of the new order's
+    first open, and the mismatch they alone would show is never declared."""
+    b = 8
+    loop = Loop(world=world, per_node=per_node, node=0, batch=b, rng=random.Random(5))
+    training(loop, n, seed=5, epochs=range(12))
+    at = len(loop.opens)
+    training(loop, n, seed=17, epochs=range(12, 16))
+    old = NodeCursor(plan(n, 5, world, per_node, b, epochs=50), settings(b))
+    replay(old, loop.opens[:at])
+    assert old.state == "tracking"
+    cur = NodeCursor(plan(n, 17, world, per_node, b, epochs=50), settings(b), previous=old)
+    cur.prepare()  # the carried opens are tested here, as the daemon does before the next open
+    assert cur.state == "detecting" and cur.first_mismatch_open is None
+    hits = replay(cur, loop.opens[at:])
+    check_breaks(loop, [True] * at + hits, start=at)
+    assert cur.state == "tracking" and cur.epoch == 15 and cur.first_mismatch_open is None
+
+
 @pytest.mark.parametrize("during", ["validation", "after validation", "next epoch"])
 def test_a_small_validation_set_stays_predicted_under_a_replacing_plan(during: str) -> None:
     """A wrong seed's plan, then the right one arrives during or after epoch 0's validation pass (a
