@@ -238,7 +238,7 @@ class Verdict:
     def bytes_identical(self, run: Run, source: Source) -> None:
         bad, n = [], 0
         for r in run.ranks:
-            for _phase, _epoch, rel, sha in r["samples"]:
+            for _phase, _epoch, rel, sha, *_times in r["samples"]:
                 n += 1
                 if source.digests.get(rel) != sha:
                     bad.append(rel)
