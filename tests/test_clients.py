@@ -397,9 +397,14 @@ class Verdict:
         After each break a rank's first :data:`BREAK_BATCHES` batches may be slow (what a break may
         cost, as for the status' count after a resume); of the rest of the segment, at least
         :data:`FAST_MIN_RATE` of the consumed samples kept their reader under :data:`OPEN_MS` in
-        open+read.  Judged where the status-based rule judges (seeded runs, the same segments).  A
-        later epoch over tiers that hold the whole dataset reads a file the plan missed from the
-        memory tier, in about a millisecond: there this measure sees only misses that reach the PFS.
+        open+read.  Judged where the status-based rule judges (seeded runs, the same segments).
+
+        What it can see: a file read from the PFS while its reader waits.  The tiers here hold the
+        whole dataset, so a file the plan missed is read from the memory tier in about a millisecond
+        once the tier has it: in every epoch after the first, and in the first too when the seed is
+        written before the job starts (the tier fill ends before the first open; test_wrong_seed's
+        seeded run, 3-9% predicted, reads all fast).  It bites where the job writes its seed just
+        before training (accelerate's clients): the reader then outruns the staging in epoch 0.
         """
         where = f"{run.label}: {segment}"
         if timed is None:
