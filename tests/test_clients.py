@@ -2,13 +2,18 @@
 
 Every test runs unmodified framework code (torchrun + gloo, DataLoader workers, torchvision
 ImageFolder on the mount; Lightning, accelerate and torchdata where the shape is theirs; the
-scripts are in tests/clients/) over seerfs over the PFS emulator, and checks four things, all from
+scripts are in tests/clients/) over seerfs over the PFS emulator, and checks five things, all from
 sources independent of the code under test where possible:
 
 * bytes: every sample every rank consumed matches a digest computed from the source directly;
 * prediction: per epoch, the share of the mount's opens that its plan predicted (status'
   ``prefetch.predicted_opens`` against ``reads.opens``, split at epoch boundaries by snapshots the
   client takes after a barrier; the status document itself only keeps totals since the mount);
+* prediction as the training side sees it, seerfs unasked: per epoch, the share of consumed samples
+  whose open()+read() in the DataLoader worker took less than the emulator's open latency
+  (``OPEN_MS``, less the time the worker waited for a CPU), outside the first two batches per local
+  rank after each break (start, resume, epoch change, validation start and end), judged wherever
+  the status-based rule is;
 * PFS traffic from the emulator's own counters: at most 1.05x the dataset when the tiers hold it;
 * for shapes where a seed is written that the sampler may not follow (a wrong seed, Lightning's
   sanity check, a mid-epoch resume, accelerate's default prepare()): the seeded run takes at most
@@ -50,6 +55,14 @@ OPEN_MS = 20  # PFS open latency: what makes a missed prediction cost time
 MIN_RATE = 0.99  # share of an epoch's opens the plan must have predicted
 BATCH = 8  # every client's batch size (seerfs_options' default)
 BREAK_BATCHES = 2  # after a resume the plan cannot foresee, this many batches per local rank may go unpredicted
+SLOW_S = OPEN_MS / 1000  # a consumed sample whose open()+read() took this long waited for a PFS open: unpredicted
+# Share of a segment's consumed samples, after the break windows, that must open+read in under OPEN_MS: the
+# acceptance criterion's 95%, not MIN_RATE.  Status counters have no noise; timings on a shared two-core host
+# do: with other jobs running (load 3-7), up to 9 of an epoch's 472 samples after the windows (1.9%), every
+# one predicted and staged, still took 20-33 ms less the worker's CPU wait (the daemon waited for a CPU), so
+# MIN_RATE failed 1 of 4 control runs; at load 10 one Lightning epoch reached 5.1%, scattered, and failed
+# this.  An epoch read before its files are staged measures 0-60%, slow samples in every batch.
+FAST_MIN_RATE = 0.95
 PFS_FACTOR = 1.05
 WALL_FACTOR = 1.03
 WALL_REPEATS = 2  # runs per side for the wall-time check: the best of each is compared (the host is shared)
@@ -117,6 +130,84 @@ class Run:
                 }
             )
         return out
+
+
+def segment_of(phase: str, epoch: int) -> str:
+    """The status segment a consumed sample falls in: the clients snapshot after the sanity check and each epoch."""
+    return "sanity" if phase == "sanity" else f"epoch{epoch}"
+
+
+def ms_quantiles(seconds: list[float]) -> dict[str, float | int | None]:
+    """Count, p50, p99 and max in milliseconds (nearest rank), None where there is nothing to rank."""
+    xs = sorted(seconds)
+
+    def at(q: float) -> float | None:
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 3) if xs else None
+
+    return {"n": len(xs), "p50": at(0.50), "p99": at(0.99), "max": round(xs[-1] * 1e3, 3) if xs else None}
+
+
+def fs_seconds(sample: list[Any]) -> float:
+    """A consumed sample's open+read wall time less the CPU wait in it: how long the filesystem kept the reader."""
+    return float(sample[4] - sample[5])
+
+
+def slow_counts(seconds: list[float]) -> dict[str, Any]:
+    """How many times there are, how many reached :data:`SLOW_S`, and the share below it."""
+    slow = sum(x >= SLOW_S for x in seconds)
+    return {"samples": len(seconds), "slow": slow, "share": round(1 - slow / len(seconds), 4) if seconds else None}
+
+
+def open_reads(run: Run) -> dict[str, dict[str, Any]]:
+    """Per segment, the training side's own timing of every consumed sample's open()+read(), seerfs unasked.
+
+    A sample is *slow* when the filesystem kept its reader at least :data:`SLOW_S` (the emulator's
+    open latency) in the open and read: the wall time less the time the DataLoader worker spent
+    runnable but waiting for a CPU (the kernel's schedstat, :func:`clientlib.digest_of_file`).  A
+    file staged ahead of its reader is served from seerfs's caches in about a millisecond; one
+    that was not waits for a PFS open, sleeping, which no CPU wait can hide.  On this shared
+    two-core host a cache hit's wall time alone reaches 20-30 ms a few times per epoch while other
+    jobs run (the worker waits for a CPU); ``wall_share`` is that plain measure, reported next to it.
+
+    A *break* in a rank's stream is its first sample, and any sample whose segment or phase differs
+    from the one before it (start or resume, epoch change, validation start and end, the sanity
+    check); a rank's first :data:`BREAK_BATCHES` batches after a break form its *window*.
+    ``rest_share`` is the share of fast samples outside the windows, ``share`` that of all samples.
+    Samples are in the order each rank consumed them, so the windows follow the loop.
+    """
+    window = BREAK_BATCHES * BATCH
+    out: dict[str, dict[str, Any]] = {}
+    for r in run.ranks:
+        key, since = None, 0
+        for sample in r["samples"]:
+            phase, epoch, seconds = sample[0], sample[1], fs_seconds(sample)
+            seg = segment_of(phase, epoch)
+            if (seg, phase) != key:
+                key, since = (seg, phase), 0
+                out.setdefault(seg, {"breaks": 0, "times": [], "wall": [], "rest": [], "phases": {}})["breaks"] += 1
+            o = out[seg]
+            o["times"].append(seconds)
+            o["wall"].append(sample[4])
+            o["phases"].setdefault(phase, []).append(seconds)
+            if since >= window:
+                o["rest"].append(seconds)
+            since += 1
+    summary: dict[str, dict[str, Any]] = {}
+    for seg, o in out.items():
+        rest, wall = slow_counts(o["rest"]), slow_counts(o["wall"])
+        summary[seg] = {
+            **slow_counts(o["times"]),
+            "wall_slow": wall["slow"],
+            "wall_share": wall["share"],
+            "breaks": o["breaks"],
+            "rest_samples": rest["samples"],
+            "rest_slow": rest["slow"],
+            "rest_share": rest["share"],
+            "phases": {ph: slow_counts(xs) for ph, xs in o["phases"].items()},
+            "fast_ms": ms_quantiles([x for x in o["times"] if x < SLOW_S]),
+            "slow_ms": ms_quantiles([x for x in o["times"] if x >= SLOW_S]),
+        }
+    return summary
 
 
 def seerfs_options(
@@ -238,7 +329,7 @@ class Verdict:
     def bytes_identical(self, run: Run, source: Source) -> None:
         bad, n = [], 0
         for r in run.ranks:
-            for _phase, _epoch, rel, sha in r["samples"]:
+            for _phase, _epoch, rel, sha, *_times in r["samples"]:
                 n += 1
                 if source.digests.get(rel) != sha:
                     bad.append(rel)
@@ -261,9 +352,16 @@ class Verdict:
         and two batches per rank are then more than 5% of it.
         """
         segs = run.segments()
+        timed = open_reads(run)
+        for s in segs:  # the latency measure next to the status' own
+            t = timed.get(s["segment"])
+            s["fast_share"], s["fast_rest_share"] = (t["share"], t["rest_share"]) if t else (None, None)
+            s["fast_wall_share"] = t["wall_share"] if t else None
         self.metrics.setdefault("segments", {})[run.label] = segs
         self.check(bool(segs), f"{run.label}: no status snapshots (was the mount a seerfs mount?)")
         judged = [s for s in segs if s["segment"] not in skip and s["opens"]]
+        for s in judged:
+            self.fast_reads(run, s["segment"], timed.get(s["segment"]))
         budget = BREAK_BATCHES * BATCH * len(run.ranks)  # every rank of these runs is on the one node
         for i, s in enumerate(judged):
             where = f"{run.label}: {s['segment']}"
@@ -293,6 +391,35 @@ class Verdict:
         cursor = run.final["cursor"]
         self.check(not cursor["mismatch"], f"{run.label}: cursor declared a mismatch: {cursor['mismatch_reason']}")
 
+    def fast_reads(self, run: Run, segment: str, timed: dict[str, Any] | None) -> None:
+        """The same segment judged by the training side's clock instead of seerfs's counters (see :func:`open_reads`).
+
+        After each break a rank's first :data:`BREAK_BATCHES` batches may be slow (what a break may
+        cost, as for the status' count after a resume); of the rest of the segment, at least
+        :data:`FAST_MIN_RATE` of the consumed samples kept their reader under :data:`OPEN_MS` in
+        open+read.  Judged where the status-based rule judges (seeded runs, the same segments).
+
+        What it can see: a file read from the PFS while its reader waits.  The tiers here hold the
+        whole dataset, so a file the plan missed is read from the memory tier in about a millisecond
+        once the tier has it: in every epoch after the first, and in the first too when the seed is
+        written before the job starts (the tier fill ends before the first open; test_wrong_seed's
+        seeded run, 3-9% predicted, reads all fast).  It bites where the job writes its seed just
+        before training (accelerate's clients): the reader then outruns the staging in epoch 0.
+        """
+        where = f"{run.label}: {segment}"
+        if timed is None:
+            self.check(False, f"{where}: the mount saw opens but no consumed sample is labelled for this segment")
+            return
+        rest = timed["rest_share"]
+        if rest is not None and rest < FAST_MIN_RATE:
+            self.check(
+                False,
+                f"{where}: {timed['rest_slow']} of {timed['rest_samples']} samples after the break windows took >= "
+                f"{OPEN_MS} ms to open+read less CPU wait ({rest:.1%} fast < {FAST_MIN_RATE:.0%}; {timed['slow']} "
+                f"slow of {timed['samples']} in all, {timed['wall_slow']} by wall time alone, {timed['breaks']} "
+                f"breaks over the ranks; fast ms {timed['fast_ms']}, slow ms {timed['slow_ms']})",
+            )
+
     def pfs_once(self, run: Run, source: Source) -> None:
         ratio = run.pfs_bytes / source.total
         self.metrics.setdefault("pfs_ratio", {})[run.label] = round(ratio, 3)
@@ -317,6 +444,15 @@ class Verdict:
     def done(self, *runs: Run) -> None:
         for run in runs:
             self.metrics.setdefault("final", {})[run.label] = run.final
+            samples = [sample for r in run.ranks for sample in r["samples"]]
+            times = [fs_seconds(sample) for sample in samples]
+            self.metrics.setdefault("open_read", {})[run.label] = {
+                "fast_ms": ms_quantiles([x for x in times if x < SLOW_S]),
+                "slow_ms": ms_quantiles([x for x in times if x >= SLOW_S]),
+                "wall_ms": ms_quantiles([sample[4] for sample in samples]),
+                "cpu_wait_ms": ms_quantiles([sample[5] for sample in samples]),
+                "segments": open_reads(run),
+            }
         line = json.dumps({"test": self.name, "failures": self.failures, **self.metrics})
         print(line)
         log = os.environ.get("SEERFS_CLIENTS_LOG")

@@ -5,6 +5,11 @@ ImageFolder over the mount, and Lightning, accelerate or torchdata where the sha
 image decoding is left out: a sample is its file's raw bytes and path, so the harness can check
 every byte a rank consumed against digests computed from the source directly.
 
+The loader also times each sample's ``open()`` + ``read()`` as the DataLoader worker does it (and
+how much of that the worker waited for a CPU), and the times travel with the sample: the harness
+judges prediction by them without asking seerfs (a predicted file is served from seerfs's caches;
+an unpredicted one waits for a PFS open).
+
 Rank 0 also reads ``MOUNT/.control/status`` at epoch boundaries (after a barrier, once the loader's
 workers are gone), so the harness can split the daemon's counters per epoch: the status document
 itself only has totals since the mount.
@@ -33,15 +38,34 @@ from tools import torchvision_cpu  # noqa: E402  (needs ROOT on sys.path)
 torchvision_cpu.load()
 
 
-def digest_of_file(path: str) -> tuple[str, str]:
-    """ImageFolder's ``loader``: reads the whole file through the mount and returns its path and sha1.
+def cpu_wait_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a CPU (the kernel's schedstat), 0.0 where
+    Linux does not say: the part of a call's wall time that host load, not the filesystem, made it wait."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def digest_of_file(path: str) -> tuple[str, str, float, float]:
+    """ImageFolder's ``loader``: reads the whole file through the mount and returns its path, its sha1, the
+    seconds its ``open()`` + ``read()`` took and the seconds of that the worker waited for a CPU.
 
     The digest is taken in the DataLoader worker from exactly the bytes read; the batch then carries
     short strings instead of the bytes, which keeps Lightning's batch-size probing (it recurses into
-    every iterable it finds, bytes included) out of the picture.
+    every iterable it finds, bytes included) out of the picture.  The timed span (monotonic clock)
+    covers the open and the whole read, not the close nor the digest, and encloses both schedstat
+    reads, so the CPU wait is never more than the span holds: a reader blocked on a PFS open sleeps,
+    which is not CPU wait, and no part of that sleep can be taken off the span.
     """
+    t0 = time.perf_counter()
+    w0 = cpu_wait_s()
     with open(path, "rb") as fh:
-        return path, hashlib.sha1(fh.read()).hexdigest()
+        data = fh.read()
+    w1 = cpu_wait_s()
+    seconds = time.perf_counter() - t0
+    return path, hashlib.sha1(data).hexdigest(), seconds, w1 - w0
 
 
 def image_folder(root: str) -> Any:
@@ -50,14 +74,17 @@ def image_folder(root: str) -> Any:
 
 
 def collate(batch: list[Any]) -> dict[str, Any]:
-    """collate_fn: a tensor per batch (what frameworks probe for the batch size) and each sample's path and digest."""
+    """collate_fn: a tensor per batch (what frameworks probe for the batch size) and each sample's path, digest,
+    open+read seconds and CPU wait in them (plain lists: frameworks move or probe tensors only)."""
     import torch
 
     return {
         "x": torch.zeros(len(batch), 1),
         "labels": torch.tensor([label for _s, label in batch]),
-        "paths": [p for (p, _d), _l in batch],
-        "sha1": [d for (_p, d), _l in batch],
+        "paths": [p for (p, _d, _t, _w), _l in batch],
+        "sha1": [d for (_p, d, _t, _w), _l in batch],
+        "open_read_s": [t for (_p, _d, t, _w), _l in batch],
+        "cpu_wait_s": [w for (_p, _d, _t, w), _l in batch],
     }
 
 
@@ -80,18 +107,22 @@ def read_status(mount: str) -> dict[str, Any] | None:
 
 
 class Recorder:
-    """One rank's record: every sample consumed (phase, epoch, path, sha1), status snapshots, timings."""
+    """One rank's record: every sample consumed (phase, epoch, path, sha1, open+read seconds, CPU wait seconds
+    in them) in the order the loop consumed it, status snapshots, timings."""
 
     def __init__(self, out: str, rank: int, mount: str) -> None:
         self.out, self.rank, self.mount = out, rank, os.path.abspath(mount)
-        self.samples: list[tuple[str, int, str, str]] = []
+        self.samples: list[tuple[str, int, str, str, float, float]] = []
         self.snapshots: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
         self.started = time.monotonic()
 
     def batch(self, phase: str, epoch: int, batch: dict[str, Any]) -> None:
-        for path, sha in zip(batch["paths"], batch["sha1"], strict=True):
-            self.samples.append((phase, epoch, os.path.relpath(path, self.mount), sha))
+        timed = zip(batch["paths"], batch["sha1"], batch["open_read_s"], batch["cpu_wait_s"], strict=True)
+        for path, sha, seconds, waited in timed:
+            self.samples.append(
+                (phase, epoch, os.path.relpath(path, self.mount), sha, round(seconds, 7), round(waited, 7))
+            )
 
     def snapshot(self, label: str) -> None:
         """Status at a boundary: call on every rank after a barrier; only rank 0 reads it."""
