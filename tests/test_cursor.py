@@ -509,10 +509,12 @@ def test_a_seed_changed_mid_run_relocks_within_two_batches(world: int, per_node:
     assert old.state == "tracking"
     cur = NodeCursor(plan(n, 17, world, per_node, b, epochs=50), settings(b), previous=old)
     cur.prepare()  # the carried opens are tested here, as the daemon does before the next open
-    assert cur.state == "detecting" and cur.first_mismatch_open is None
+    before = cur.status()
+    assert before["state"] == "detecting" and before["first_mismatch_open"] is None
     hits = replay(cur, loop.opens[at:])
     check_breaks(loop, [True] * at + hits, start=at)
-    assert cur.state == "tracking" and cur.epoch == 15 and cur.first_mismatch_open is None
+    after = cur.status()
+    assert after["state"] == "tracking" and after["epoch"] == 15 and after["first_mismatch_open"] is None
 
 
 @pytest.mark.parametrize("during", ["validation", "after validation", "next epoch"])
