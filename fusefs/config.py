@@ -105,7 +105,9 @@ class FuseSettings:
     read_ahead_kb: int = doc("read-ahead set on the mount's bdi; >128 allows 1 MiB read requests", 1024)
     max_tasks: int = doc("most FUSE requests served concurrently (pyfuse3 trio tasks)", 64)
     whole_file_max: ByteSize = doc("files up to this size are read whole at open", ByteSize(4 << 20))
-    io_threads: int = doc("threads for blocking reads from the source", 16)
+    # As many as the staging window has stages in flight (prefetch.threads): a PFS's per-file open
+    # latency bounds a window of small files, and each stage holds a thread for its read.
+    io_threads: int = doc("threads for blocking reads from the source", 32)
 
 
 @dataclass(frozen=True)

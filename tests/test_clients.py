@@ -277,7 +277,10 @@ def run_client(
     opts = {"cache_dir": str(work / "cache"), **options}
     o = ",".join(f"{k}={v}" for k, v in opts.items())
     with (
-        running_pfsemu(source.root, open_latency_ms=OPEN_MS) as emu,
+        # 64 requests at once: a PFS serves many clients in parallel, and with its default 16 the
+        # emulator alone caps a 20 ms-open PFS at 800 files/s, below what these jobs read (up to 1,600
+        # samples/s): epoch 0 of a job that writes its seed as it starts would then measure that cap.
+        running_pfsemu(source.root, open_latency_ms=OPEN_MS, extra_args=("--threads", "64")) as emu,
         mounted(emu.mountpoint, work / "mnt", "-o", o) as mnt,
     ):
         if seed is not None:  # the job script: echo SEED > MOUNT/.control/seed, before the training starts
