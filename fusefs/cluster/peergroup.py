@@ -350,7 +350,7 @@ class PeerGroup:
         staged = self.staging.files.get(entry)
         if staged is not None and staged.data is not None:
             return Provision("ok", staged.data, file=mine)
-        pages = await self.staging.read_back(entry)
+        pages = await self.fetcher.from_pages(entry)
         if pages is not None:
             return Provision("ok", pages, file=mine)
         job = self.fetcher.inflight.get(entry)

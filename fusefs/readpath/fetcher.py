@@ -117,6 +117,14 @@ class Fetcher:
                     return Fetched(data, "memory" if tier.kind == "memory" else "directory")
         return None
 
+    async def from_pages(self, entry: int) -> bytes | None:
+        """The entry from this mount's page cache (pages a reader left, or staging pushed), or None.
+        Those pages were made from bytes checked when this mount fetched them, and the revalidator
+        drops them once the source is seen changed: served like the local readers are served."""
+        if self.page_read is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):
+            return None
+        return await self.page_read(entry)
+
     # ------------------------------------------------------------------ fetching
 
     def start(
@@ -137,10 +145,9 @@ class Fetcher:
         t0 = time.monotonic()
         try:
             data: bytes | None = None
-            if self.page_read is not None:
-                data = await self.page_read(entry)  # pages a reader left or staging pushed here
-                if data is not None:
-                    job.source = "page_cache"
+            data = await self.from_pages(entry)
+            if data is not None:
+                job.source = "page_cache"
             if data is None and self.peer_fetch is not None and (use_peer or pfs):
                 # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
                 # from an earlier regime: the PFS is read for a file only when no member has it.
