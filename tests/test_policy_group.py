@@ -281,12 +281,26 @@ def test_the_next_epochs_files_are_staged_as_their_holders_get_them_in_the_order
     assert s.budget.used == s.policy.held_bytes()
 
 
-def test_a_file_in_a_local_tier_is_staged_from_it_and_the_lane_never_takes_the_windows_room(
+def test_a_file_in_a_memory_tier_is_left_to_its_open(two_nodes: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """An open serves a memory tier's copy from RAM: the lane does not push it ahead (as the window does
+    not stage it), and takes the next file instead."""
+    entries, ready = next_epoch_reads(two_nodes[0], 0, 0)
+    local = entries[0]
+    tier = Held("memory", {local: int(two_nodes[1][local])})
+    s = Setup(*two_nodes, budget=40_000, tiers=[tier])
+    s.follow()
+    tracking(s, 0)
+    lane(s)
+    stages = next_stages(tracking(s, max(ready) + 1))
+    assert stages and local not in [i.entry for i in stages]
+
+
+def test_a_file_in_a_local_disk_tier_is_staged_from_it_and_the_lane_never_takes_the_windows_room(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:
     entries, ready = next_epoch_reads(two_nodes[0], 0, 0)
     local = entries[0]  # the first the node reads next epoch
-    tier = Held("memory", {local: int(two_nodes[1][local])})
+    tier = Held("directory", {local: int(two_nodes[1][local])})
     window = 6_000
     s = Setup(*two_nodes, budget=window + int(two_nodes[1][local]), window=window, tiers=[tier])
     s.follow()

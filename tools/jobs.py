@@ -39,7 +39,7 @@ class Job:
     in_memory: bool = False  # the no-I/O lower bound: samples of the files' sizes made in RAM
     write_seed: bool = False  # rank 0 writes the seed to ROOT/.control/seed first thing, as a job script does
     sampler: str = "distributed"  # random: DataLoader(shuffle=True, generator seeded with seed), no DistributedSampler
-    status_reads: bool = False  # each rank records its mount's status reads.reads as each epoch starts
+    status_counts: bool = False  # each rank records its mount's read counters as each epoch starts
 
 
 def make_source(

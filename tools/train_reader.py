@@ -49,13 +49,18 @@ def from_memory(path: str) -> bytes:
     return bytes(SIZES[path])
 
 
-def _mount_reads(root: str) -> int | None:
-    """The read requests a seerfs mount at ``root`` answered so far (status reads.reads), or None."""
+def _mount_counts(root: str) -> dict[str, int] | None:
+    """A seerfs mount's counters so far, or None (not a seerfs mount): the read requests it answered
+    (``reads``), the opens, and the opens served locally (``local``: the page cache or a tier, with
+    no fetch of their own or in flight)."""
     try:
         with open(os.path.join(root, ".control", "status"), "rb") as fh:
-            return int(json.loads(fh.read())["reads"]["reads"])
+            reads = json.loads(fh.read())["reads"]
     except OSError:
-        return None  # not a seerfs mount
+        return None
+    served = reads["by_source"]
+    local = sum(int(served[k]["files"]) for k in ("page_cache", "memory", "directory"))
+    return {"reads": int(reads["reads"]), "opens": int(reads["opens"]), "local": local}
 
 
 def collate(batch: list[Any]) -> list[Any]:
@@ -182,9 +187,9 @@ def main() -> int:
     result["setup_s"] = time.monotonic() - started  # seed written (if asked) to the first epoch's start
     for epoch in range(spec["start_epoch"], spec["epochs"]):
         started_at = time.time()  # wall clock: other processes (a test's status poller) can compare
-        # The FUSE READs the mount answered so far, read here, where the last epoch's reads are done
-        # and this one's not begun (a poller from outside can miss that moment by a sampling period).
-        reads_before = _mount_reads(root) if spec.get("status_reads") else None
+        # The mount's counters as they stand here, where the last epoch's reads are done and this
+        # one's not begun (a poller from outside can miss that moment by a sampling period).
+        counts_before = _mount_counts(root) if spec.get("status_counts") else None
         t0 = time.monotonic()
         if sampler is not None:
             sampler.set_epoch(epoch)
@@ -199,7 +204,7 @@ def main() -> int:
                 "seconds": time.monotonic() - t0,
                 "wait_s": waited,
                 "read_s": sum(read_times[before:]),
-                "reads_before": reads_before,
+                "counts_before": counts_before,
             }
         )
         result["wait_s"] += waited
