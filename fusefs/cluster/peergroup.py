@@ -482,31 +482,31 @@ class PeerGroup:
 
     # ------------------------------------------------------------------ state and seeds
 
+    def _announced(self) -> tuple[str | None, int | None]:
+        """This node's plan digest and training node as its note tells them (the node also while only
+        presumed: peers can ask before our first opens confirm it, and a wrong guess only costs them a
+        not-owned answer and a PFS read).  Peers must learn a change at once (see :meth:`run`)."""
+        plan, view = self.prefetcher.plan, self.prefetcher.view
+        node = view.node if view.state in ("tracking", "presumed") else None
+        return (plan.digest if plan is not None else None, node)
+
     def my_note(self) -> bytes:
         plan = self.prefetcher.plan
         seed = self.seed
         me = self.me
-        view = self.prefetcher.view
-        if plan is not None and view.node is not None and view.state in ("tracking", "presumed"):
-            self._plan_node(plan.digest, view.node, me.key)
+        digest, node = self._announced()
+        if digest is not None and node is not None:
+            self._plan_node(digest, node, me.key)
         return json.dumps(
             {
                 "l": me.label,
                 "a": me.address,
-                # Also the presumed node: peers can ask before our first opens confirm it (a wrong guess
-                # only costs them a not-owned answer and a PFS read).
-                "node": self.prefetcher.view.node if self.prefetcher.view.state in ("tracking", "presumed") else None,
-                "plan": plan.digest if plan is not None else None,
+                "node": node,
+                "plan": digest,
                 "plan_seed": plan.seed if plan is not None else None,
                 "seed": [seed.value, seed.generation, seed.writer] if seed.origin != "assumed" else None,
             }
         ).encode()
-
-    def _note_key(self) -> tuple[str | None, int | None]:
-        """What of this node's note its peers must learn at once when it changes: its plan and node."""
-        plan, view = self.prefetcher.plan, self.prefetcher.view
-        node = view.node if view.state in ("tracking", "presumed") else None
-        return (plan.digest if plan is not None else None, node)
 
     def on_note(self, body: bytes) -> bytes:
         self._absorb(body, None)
@@ -597,7 +597,7 @@ class PeerGroup:
                 self._rescan = False
                 if self.rendezvous is not None:
                     await self._follow_rendezvous(self.rendezvous)
-                told = self._note_key()
+                told = self._announced()
                 await self._tell_all()
                 with trio.move_on_after(STATE_INTERVAL):
                     rescan_from = trio.current_time() + 0.5  # at most two rescans a second, however many notes ask
@@ -607,7 +607,7 @@ class PeerGroup:
                         # Until they know, they cannot ask this node as the plan's owner and read the
                         # PFS themselves (two nodes read 1.1-1.2x the dataset in the second after a
                         # plan change).
-                        if self._note_key() != told:
+                        if self._announced() != told:
                             break
                         if self._rescan and trio.current_time() >= rescan_from:  # a note from an unknown member
                             break
