@@ -342,7 +342,10 @@ class Daemon:
             raise MountpointError(f"mount {self.req.mountpoint} failed: {text}") from None
         self.mounted = True
         kernel = self.readpath.staging.kernel
-        if isinstance(kernel, Pyfuse3Kernel):
+        entry = mountinfo.find(self.req.mountpoint)  # the mount table only: never a request to this mount
+        if isinstance(kernel, Pyfuse3Kernel) and entry is not None:
+            major, _, minor = entry.device.partition(":")
+            kernel.device = os.makedev(int(major), int(minor))
             kernel.mountpoint = os.fsencode(self.req.mountpoint)  # pages can be read back from now on
         self.record = MountRecord(
             os.getpid(), self.req.mountpoint, self.req.source, str(self.req.log_file), time.time()

@@ -40,6 +40,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -86,7 +87,8 @@ class Pyfuse3Kernel:
 
     def __init__(self, path_of: Callable[[int], bytes] | None = None) -> None:
         self.path_of = path_of  # entry -> path relative to the mountpoint
-        self.mountpoint: bytes | None = None  # set once mounted: no reads back before
+        self.mountpoint: bytes | None = None  # set once mounted (with device): no reads back before
+        self.device: int | None = None  # st_dev of this mount: what every read back must be on
         self.readers: set[int] = set()
 
     def notify_store(self, inode: int, offset: int, data: bytes) -> None:
@@ -96,15 +98,24 @@ class Pyfuse3Kernel:
         pyfuse3.invalidate_inode(pyfuse3.InodeT(inode), attr_only=False)
 
     def read_pages(self, inode: int, size: int) -> bytes | None:
-        """The file's ``size`` bytes from the page cache, or None (not mounted, or a page is missing)."""
-        if self.mountpoint is None or self.path_of is None:
+        """The file's ``size`` bytes from the page cache, or None (not mounted, or a page is missing).
+
+        The path is the mountpoint's, and a mount detached meanwhile (``umount -l``) would resolve it
+        in the directory underneath: what is opened is read only when it is this mount's inode
+        (device and inode number checked on the open file), and opened so that neither a FIFO nor
+        a symlink there could block or redirect it.  No descriptor of the mount is kept between
+        reads: one would keep a plain unmount busy."""
+        if self.mountpoint is None or self.path_of is None or self.device is None:
             return None
         path = os.path.join(self.mountpoint, self.path_of(entry_of(inode)))
         tid = threading.get_native_id()
         self.readers.add(tid)  # before the open: the daemon looks it up when the OPEN arrives
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
             try:
+                st = os.fstat(fd)
+                if st.st_dev != self.device or st.st_ino != inode or not stat.S_ISREG(st.st_mode):
+                    return None
                 buf = bytearray(size)
                 view, got = memoryview(buf), 0
                 while got < size:
