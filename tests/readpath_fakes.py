@@ -29,6 +29,9 @@ class RecordingKernel:
         self.hold.set()
         self.entered = threading.Event()
         self.readers: set[int] = set()  # pages are read back here directly, never through an open
+        self.read_gate = threading.Event()  # cleared: a read back waits (as one stuck on a page lock)
+        self.read_gate.set()
+        self.read_waiting = threading.Event()  # set once a read back is waiting at the gate
 
     def notify_store(self, inode: int, offset: int, data: bytes) -> None:
         self.entered.set()
@@ -44,6 +47,9 @@ class RecordingKernel:
         self.invalidated.append(inode)
 
     def read_pages(self, inode: int, size: int) -> bytes | None:
+        if not self.read_gate.is_set():
+            self.read_waiting.set()
+            self.read_gate.wait(10)
         data = self.pages.get(inode)
         return data if data is not None and len(data) == size else None
 

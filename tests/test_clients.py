@@ -586,9 +586,14 @@ def test_wrong_seed(tmp_path: Path, source: Source, verdict: Verdict) -> None:
         f"the wrong seed was not named within {budget} opens (2 batches per local rank): cursor {final}",
     )
     after0 = seeded.snapshots[1]
+    # Named as a wrong seed; or already replaced by the sampler's real seed, found from the opens:
+    # a DistributedSampler order of another seed is what a wrong seed is (the search can finish
+    # within epoch 0, and then the mismatch is over before the snapshot).
+    found0 = after0["seed_origin"] == "discovered" and after0["seed"] == 0
     verdict.check(
-        after0["cursor"]["mismatch"] and after0["cursor"]["mismatch_kind"] == "wrong_seed",
-        f"after epoch 0 the status does not name a wrong seed: cursor {after0['cursor']}",
+        (after0["cursor"]["mismatch"] and after0["cursor"]["mismatch_kind"] == "wrong_seed") or found0,
+        f"after epoch 0 the status neither names a wrong seed nor follows the real one found: seed "
+        f"{after0['seed']} ({after0['seed_origin']}), cursor {after0['cursor']}",
     )
     found = seeded.final["seed_origin"] == "discovered" and seeded.final["seed"] == 0
     verdict.check(

@@ -223,3 +223,35 @@ def test_entry_and_inode_numbers_agree(tmp_path: Path, source: tuple[Path, dict[
 
     serve(m, body)
     assert found == [m.entry(BIG)]
+
+
+def test_a_read_of_dropped_pages_never_waits_on_a_read_back_of_its_file(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """A reader's pages were dropped, so its READ refetches the file while another fetch of it is
+    stuck reading it back through the mount (as the kernel holds that READ's page locked, such a
+    read back waits for the READ: the mount hung in a three-node soak).  The READ is served from
+    elsewhere at once, not by joining that fetch; the read back ends when released, harmlessly."""
+    m = mount(tmp_path, source)
+    rel = "c1/f3.jpg"
+    entry = m.entry(rel)
+
+    async def body() -> None:
+        assert (await m.read(rel))[0] == m.files[rel]  # read through: its pages are kept
+        for tier in m.rp.tiers:
+            tier.drop(entry)  # and its pages are all there is of it here
+        assert m.rp.policy.in_page_cache(entry) and m.rp.fetcher.local_tier(entry) is None
+        m.kernel.read_gate.clear()
+        stuck = m.rp.fetcher.start(entry, why="test")  # e.g. a tier fill: reads the file back first
+        await until(m.kernel.read_waiting.is_set)
+        inode = await m.lookup(rel)
+        fi = await m.ops.open(pyfuse3.InodeT(inode), os.O_RDONLY, CTX)  # served by the kept pages ...
+        with trio.fail_after(2):
+            data = await m.ops.read(fi.fh, 0, 1 << 20)  # ... which the kernel dropped: a READ arrives
+        assert bytes(data) == m.files[rel]
+        await m.ops.release(fi.fh)
+        assert not stuck.done.is_set()  # the read back is still waiting: the READ did not wait on it
+        m.kernel.read_gate.set()
+        assert await stuck.wait() == m.files[rel]
+
+    serve(m, body)

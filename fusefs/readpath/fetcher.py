@@ -11,6 +11,12 @@ Concurrency rules:
 * ``inflight`` is only touched on the trio thread, between awaits: an entry is registered before
   the first await of its fetch and removed after its last.
 * A fetch that fails stores its exception; waiters re-raise it.
+* A FUSE READ handler never waits on a read back of its own file.  A read back reads the file
+  through this mount, and the kernel holds the pages a READ is for locked until that READ is
+  answered: a READ whose handler awaited a fetch that was reading the same file back would wait
+  for itself (seen: a reader's pages dropped, its READ refetching, that fetch reading the file
+  back, the read back stuck on the READ's locked page, the mount hung).  So :meth:`Fetcher.refetch`,
+  the READ handlers' fetch, never reads back, and never joins a fetch in its read-back step.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class Inflight:
     error: BaseException | None = None
     source: Source = "pfs"
     reading_pfs: bool = False  # past every peer: reading the PFS now (a held-only request may wait for it)
+    reading_pages: bool = False  # reading the file back through this mount (a READ handler must not wait on it)
 
     async def wait(self) -> bytes:
         await self.done.wait()
@@ -128,26 +135,37 @@ class Fetcher:
     # ------------------------------------------------------------------ fetching
 
     def start(
-        self, entry: int, keep_in: Tier | None = None, use_peer: bool = True, why: str = "open", pfs: bool = True
+        self,
+        entry: int,
+        keep_in: Tier | None = None,
+        use_peer: bool = True,
+        why: str = "open",
+        pfs: bool = True,
+        pages: bool = True,
     ) -> Inflight:
-        """The in-flight fetch of ``entry`` (started now unless one is running)."""
+        """The in-flight fetch of ``entry`` (started now unless one is running); ``pages``: may read
+        it back from this mount's page cache first."""
         running = self.inflight.get(entry)
         if running is not None:
             return running
         assert self._nursery is not None, "Fetcher.attach() was not called"
-        job = Inflight(entry)
+        job = Inflight(entry, reading_pages=pages)  # from now on: its task may not have started yet
         self.inflight[entry] = job
-        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs)
+        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs, pages)
         return job
 
-    async def _run(self, job: Inflight, keep_in: Tier | None, use_peer: bool, why: str, pfs: bool) -> None:
+    async def _run(
+        self, job: Inflight, keep_in: Tier | None, use_peer: bool, why: str, pfs: bool, pages: bool = True
+    ) -> None:
         entry = job.entry
         t0 = time.monotonic()
         try:
             data: bytes | None = None
-            data = await self.from_pages(entry)
-            if data is not None:
-                job.source = "page_cache"
+            if pages:
+                data = await self.from_pages(entry)
+                if data is not None:
+                    job.source = "page_cache"
+            job.reading_pages = False
             if data is None and self.peer_fetch is not None and (use_peer or pfs):
                 # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
                 # from an earlier regime: the PFS is read for a file only when no member has it.
@@ -183,11 +201,25 @@ class Fetcher:
             if not isinstance(exc, OSError | StaleFile | NotFromPeer):
                 log.exception("fetch of %s failed", os.fsdecode(self.snapshot.tree.path(entry)))
         finally:
-            del self.inflight[entry]
+            if self.inflight.get(entry) is job:
+                del self.inflight[entry]
             job.done.set()
 
-    async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open") -> bytes:
+    async def refetch(self, entry: int) -> bytes:
+        """A READ handler's fetch (the file's pages were dropped under an open handle): never a read
+        back, and never waiting on one (see the module's concurrency rules).  When a fetch of the
+        file is reading it back now, this one runs apart from it, unregistered."""
+        running = self.inflight.get(entry)
+        if running is None:
+            return await self.fetch(entry, why="reread", pages=False)
+        if not running.reading_pages:
+            return await self.fetch(entry, why="reread", pages=False)  # joins it: past its read back
+        job = Inflight(entry)  # unregistered: ``inflight`` keeps the one reading back, and nobody joins this one
+        await self._run(job, None, True, "reread", True, pages=False)
+        return await job.wait()
+
+    async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open", pages: bool = True) -> bytes:
         try:
-            return await self.start(entry, keep_in, why=why).wait()
+            return await self.start(entry, keep_in, why=why, pages=pages).wait()
         except NotFromPeer:  # joined a fetch that may only use a peer and found none ready: read it now
-            return await self.start(entry, keep_in, why=why).wait()
+            return await self.start(entry, keep_in, why=why, pages=pages).wait()

@@ -130,7 +130,7 @@ class CachedFiles:
             # Pushed pages the kernel dropped since (memory pressure): fetch the file again.
             try:
                 local = await self.fetcher.from_tiers(handle.entry)
-                data = local.data if local is not None else await self.fetcher.fetch(handle.entry)
+                data = local.data if local is not None else await self.fetcher.refetch(handle.entry)
             except (OSError, StaleFile) as exc:
                 raise self._io_error(handle.entry, exc) from None
             handle.data = memoryview(data)
