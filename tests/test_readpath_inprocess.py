@@ -225,13 +225,14 @@ def test_entry_and_inode_numbers_agree(tmp_path: Path, source: tuple[Path, dict[
     assert found == [m.entry(BIG)]
 
 
-def test_a_read_of_dropped_pages_never_waits_on_a_read_back_of_its_file(
+def test_a_request_handler_never_waits_on_a_read_back_of_its_file(
     tmp_path: Path, source: tuple[Path, dict[str, bytes]]
 ) -> None:
     """A reader's pages were dropped, so its READ refetches the file while another fetch of it is
     stuck reading it back through the mount (as the kernel holds that READ's page locked, such a
     read back waits for the READ: the mount hung in a three-node soak).  The READ is served from
-    elsewhere at once, not by joining that fetch; the read back ends when released, harmlessly."""
+    elsewhere at once, not by joining that fetch, and so is a new open of the file; the read back
+    ends when released, harmlessly."""
     m = mount(tmp_path, source)
     rel = "c1/f3.jpg"
     entry = m.entry(rel)
@@ -250,7 +251,12 @@ def test_a_read_of_dropped_pages_never_waits_on_a_read_back_of_its_file(
             data = await m.ops.read(fi.fh, 0, 1 << 20)  # ... which the kernel dropped: a READ arrives
         assert bytes(data) == m.files[rel]
         await m.ops.release(fi.fh)
-        assert not stuck.done.is_set()  # the read back is still waiting: the READ did not wait on it
+        assert m.rp.policy.reclaim(m.rp.policy.kept_bytes) > 0  # every kept page given up (the budget
+        m.rp.staging.carry_out(m.rp.policy.drain())  # needing room): the next open fetches
+        assert not m.rp.policy.in_page_cache(entry)
+        with trio.fail_after(2):
+            assert (await m.read(rel))[0] == m.files[rel]
+        assert not stuck.done.is_set()  # the read back is still waiting: neither request waited on it
         m.kernel.read_gate.set()
         assert await stuck.wait() == m.files[rel]
 

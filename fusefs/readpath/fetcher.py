@@ -11,12 +11,14 @@ Concurrency rules:
 * ``inflight`` is only touched on the trio thread, between awaits: an entry is registered before
   the first await of its fetch and removed after its last.
 * A fetch that fails stores its exception; waiters re-raise it.
-* A FUSE READ handler never waits on a read back of its own file.  A read back reads the file
-  through this mount, and the kernel holds the pages a READ is for locked until that READ is
-  answered: a READ whose handler awaited a fetch that was reading the same file back would wait
-  for itself (seen: a reader's pages dropped, its READ refetching, that fetch reading the file
-  back, the read back stuck on the READ's locked page, the mount hung).  So :meth:`Fetcher.refetch`,
-  the READ handlers' fetch, never reads back, and never joins a fetch in its read-back step.
+* A FUSE request handler never waits on a read back.  A read back reads the file through this
+  mount, so it needs the daemon to answer its own OPEN (a pyfuse3 task free to read it), and the
+  kernel holds the pages a READ is for locked until that READ is answered: a READ whose handler
+  awaited a fetch reading the same file back waited for itself (seen: a reader's pages dropped,
+  its READ refetching, that fetch reading the file back, the read back stuck on the READ's locked
+  page, the mount hung), and enough handlers awaiting read backs would leave no task to read the
+  OPEN they need.  So :meth:`Fetcher.for_request`, the handlers' fetch, never reads back, and
+  never joins a fetch in its read-back step (it runs apart from it, unregistered).
 """
 
 from __future__ import annotations
@@ -205,17 +207,19 @@ class Fetcher:
                 del self.inflight[entry]
             job.done.set()
 
-    async def refetch(self, entry: int) -> bytes:
-        """A READ handler's fetch (the file's pages were dropped under an open handle): never a read
-        back, and never waiting on one (see the module's concurrency rules).  When a fetch of the
-        file is reading it back now, this one runs apart from it, unregistered."""
+    def joinable(self, entry: int) -> Inflight | None:
+        """The fetch of ``entry`` in flight that a FUSE request handler may wait on: none in its
+        read-back step (see the module's concurrency rules)."""
         running = self.inflight.get(entry)
-        if running is None:
-            return await self.fetch(entry, why="reread", pages=False)
-        if not running.reading_pages:
-            return await self.fetch(entry, why="reread", pages=False)  # joins it: past its read back
+        return running if running is not None and not running.reading_pages else None
+
+    async def for_request(self, entry: int, keep_in: Tier | None = None, why: str = "open") -> bytes:
+        """A fetch a FUSE request handler awaits: never a read back, and never waiting on one.  When
+        a fetch of the file is reading it back now, this one runs apart from it, unregistered."""
+        if entry not in self.inflight or self.joinable(entry) is not None:
+            return await self.fetch(entry, keep_in, why=why, pages=False)
         job = Inflight(entry)  # unregistered: ``inflight`` keeps the one reading back, and nobody joins this one
-        await self._run(job, None, True, "reread", True, pages=False)
+        await self._run(job, keep_in, True, why, True, pages=False)
         return await job.wait()
 
     async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open", pages: bool = True) -> bytes:

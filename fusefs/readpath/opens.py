@@ -106,7 +106,7 @@ class CachedFiles:
             return OpenFile(entry, size, data=memoryview(local.data)), local.source
         if self.revalidator is not None and self.revalidator.is_changed(entry):
             raise StaleFile(self.revalidator.reason(entry))
-        running = self.fetcher.inflight.get(entry)
+        running = self.fetcher.joinable(entry)
         if running is not None:
             try:
                 return OpenFile(entry, size, data=memoryview(await running.wait())), "inflight"
@@ -118,7 +118,7 @@ class CachedFiles:
                 self.revalidator.fresh(entry)
             return OpenFile(entry, size, source=ranged), "pfs"
         keep = self.prefetcher.keep_decision(entry, size)
-        data = await self.fetcher.start(entry, keep_in=keep).wait()
+        data = await self.fetcher.for_request(entry, keep_in=keep)
         return OpenFile(entry, size, data=memoryview(data)), "fetched"
 
     async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
@@ -130,7 +130,7 @@ class CachedFiles:
             # Pushed pages the kernel dropped since (memory pressure): fetch the file again.
             try:
                 local = await self.fetcher.from_tiers(handle.entry)
-                data = local.data if local is not None else await self.fetcher.refetch(handle.entry)
+                data = local.data if local is not None else await self.fetcher.for_request(handle.entry, why="reread")
             except (OSError, StaleFile) as exc:
                 raise self._io_error(handle.entry, exc) from None
             handle.data = memoryview(data)
