@@ -29,6 +29,7 @@ class RecordingKernel:
         self.hold.set()
         self.entered = threading.Event()
         self.readers: set[int] = set()  # pages are read back here directly, never through an open
+        self.lookups_work = True  # introduce() makes an unknown inode known (False: it stays unknown)
         self.read_gate = threading.Event()  # cleared: a read back waits (as one stuck on a page lock)
         self.read_gate.set()
         self.read_waiting = threading.Event()  # set once a read back is waiting at the gate
@@ -45,6 +46,11 @@ class RecordingKernel:
     def invalidate_inode(self, inode: int) -> None:
         self.pages.pop(inode, None)
         self.invalidated.append(inode)
+
+    def introduce(self, inode: int) -> bool:
+        if self.lookups_work:
+            self.unknown.discard(inode)
+        return self.lookups_work
 
     def read_pages(self, inode: int, size: int) -> bytes | None:
         if not self.read_gate.is_set():

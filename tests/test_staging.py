@@ -16,7 +16,7 @@ import trio
 import trio.testing
 from inprocess import CTX, Mount, assemble, drained, make_source, serve, until
 
-from fusefs.meta.ids import inode_of
+from fusefs.meta.ids import entry_of, inode_of
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +121,30 @@ def test_a_file_opened_before_its_bytes_came_is_not_pushed(
     assert m.rp.counters.sources["inflight"].files >= 1
 
 
-def test_a_push_the_kernel_refuses_is_served_from_ram(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
-    """Before any lookup the kernel knows no inode (ENOENT): the staged bytes stay in RAM and serve the open."""
+def test_an_inode_the_kernel_does_not_know_is_looked_up_and_then_pushed(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """Before any lookup the kernel knows no inode (ENOENT): the daemon looks the file up through the
+    mount (as a loader listing its directory would) and stores its pages then."""
     m = assemble(source[0], source[1], tmp_path)
     m.kernel.unknown = {inode_of(e) for e in range(len(m.rp.snapshot))}
+
+    async def body() -> None:
+        m.rp.prefetcher.on_plan(m.plan())
+        await until(lambda: bool(m.rp.policy.view.stage))
+        await until(lambda: m.rp.staging.pushes >= 1)
+
+    serve(m, body)
+    assert m.rp.staging.push_failures == 0 and m.rp.staging.introduced == m.rp.staging.pushes
+    assert all(m.kernel.pages[i] == m.bytes_of(entry_of(i)) for i in m.kernel.pushed)
+
+
+def test_a_push_the_kernel_refuses_is_served_from_ram(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None:
+    """An inode the kernel does not know even after a lookup (ENOENT): the staged bytes stay in RAM and
+    serve the open."""
+    m = assemble(source[0], source[1], tmp_path)
+    m.kernel.unknown = {inode_of(e) for e in range(len(m.rp.snapshot))}
+    m.kernel.lookups_work = False
     seen: list[tuple[int, bytes]] = []
 
     async def body() -> None:

@@ -61,7 +61,18 @@ class StagingStatus(WindowStatus):
 
     pushes: Annotated[int, counter("files pushed into the page cache (notify_store)")]
     push_failures: Annotated[
-        int, counter("pushes the kernel refused (ENOENT: it does not know the inode yet); served from RAM")
+        int,
+        counter(
+            "pushes the kernel refused even after a lookup of the file through the mount (ENOENT: it does "
+            "not know the inode); served from RAM"
+        ),
+    ]
+    introduced: Annotated[
+        int,
+        counter(
+            "pushes of files the kernel had not looked up yet (the loader had not listed their directory): "
+            "looked up through the mount first, then stored"
+        ),
     ]
     invalidations: Annotated[int, counter("files whose pages were dropped from the page cache")]
     read_backs: Annotated[
@@ -80,6 +91,7 @@ class Kernel(Protocol):
     def notify_store(self, inode: int, offset: int, data: bytes) -> None: ...
     def invalidate_inode(self, inode: int) -> None: ...
     def read_pages(self, inode: int, size: int) -> bytes | None: ...
+    def introduce(self, inode: int) -> bool: ...
 
 
 class Pyfuse3Kernel:
@@ -96,6 +108,19 @@ class Pyfuse3Kernel:
 
     def invalidate_inode(self, inode: int) -> None:
         pyfuse3.invalidate_inode(pyfuse3.InodeT(inode), attr_only=False)
+
+    def introduce(self, inode: int) -> bool:
+        """Make the kernel know ``inode`` (a lookup of its path through the mount, answered by this
+        daemon like any other); whether it now does.  The kernel refuses pages for an inode it has
+        not looked up, and a job that writes its seed before its loader lists the dataset (a Slurm
+        recipe) had every staged file refused.  The path is checked as :meth:`read_pages` checks it."""
+        if self.mountpoint is None or self.path_of is None or self.device is None:
+            return False
+        try:
+            st = os.lstat(os.path.join(self.mountpoint, self.path_of(entry_of(inode))))
+        except OSError:
+            return False
+        return st.st_dev == self.device and st.st_ino == inode
 
     def read_pages(self, inode: int, size: int) -> bytes | None:
         """The file's ``size`` bytes from the page cache, or None (not mounted, or a page is missing).
@@ -138,6 +163,7 @@ class Staging:
         self.kernel: Kernel = kernel if kernel is not None else Pyfuse3Kernel()
         self.read_backs = 0
         self.read_back_misses = 0
+        self.introduced = 0
         self._read_limiter = trio.CapacityLimiter(4)
         self.mode = policy.settings.staging_mode  # "page_cache" or "memory"
         self.limit = policy.staging_limit  # bytes the staging window may hold (a share of the budget)
@@ -163,7 +189,7 @@ class Staging:
     async def push(self, entry: int, data: bytes) -> bool:
         """Store ``data`` as ``entry``'s pages; False when the kernel refused (serve them from RAM)."""
         try:
-            await trio.to_thread.run_sync(self.kernel.notify_store, inode_of(entry), 0, data, limiter=self.limiter)
+            await trio.to_thread.run_sync(self._store, inode_of(entry), data, limiter=self.limiter)
         except OSError as exc:
             # ENOENT: the kernel does not know the inode yet (no lookup so far) or forgot it.
             self.push_failures += 1
@@ -190,6 +216,16 @@ class Staging:
         else:
             self.read_backs += 1
         return data
+
+    def _store(self, inode: int, data: bytes) -> None:
+        """notify_store; an inode the kernel does not know yet is looked up first, then stored again."""
+        try:
+            self.kernel.notify_store(inode, 0, data)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT or not self.kernel.introduce(inode):
+                raise
+            self.introduced += 1
+            self.kernel.notify_store(inode, 0, data)
 
     def drop_pages(self, entry: int) -> None:
         """Queue the invalidation of ``entry``'s pages (carried out in batches by :meth:`run`)."""
@@ -244,6 +280,7 @@ class Staging:
             **self.policy.staging_status(),
             "pushes": self.pushes,
             "push_failures": self.push_failures,
+            "introduced": self.introduced,
             "invalidations": self.invalidations,
             "read_backs": self.read_backs,
             "read_back_misses": self.read_back_misses,
