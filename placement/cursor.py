@@ -1465,11 +1465,11 @@ class NodeCursor:
         shape = self.shape
         if (
             dc.state == "presumed"
-            and f.anchor == "start"
             and f.variant == dc.variant
             and dc.tracks
             and all(dc.key(f.variant, t.epoch) == f.epoch for t in dc.tracks)
             and (f.node is None or f.node == self.node)
+            and (f.anchor == "start" or self._holds(dc, f))
         ):
             # The presumption confirmed: its tracks already hold every open since, keep them.
             self._locked(dc, f, local)
@@ -1537,6 +1537,20 @@ class NodeCursor:
         for t in dc.tracks:
             t.segment = segment if self.last_d == dc.d else -1
         self._locked(dc, f, local)
+
+    @staticmethod
+    def _holds(dc: DatasetCursor, f: Fit) -> bool:
+        """Every open ``f`` places is where the tracks already put it.
+
+        A run of consecutive positions (one worker's batch, opened before any other worker's) fits
+        "somewhere in the pass" more tightly than "from the start": placed where the presumed
+        tracks consumed it, that fit is the presumption itself, not a refutation of it.
+        """
+        for slot, pos in zip(f.slots.tolist(), f.positions.tolist(), strict=True):
+            tracks = dc.tracks if slot < 0 or slot >= len(dc.tracks) else [dc.tracks[slot]]
+            if pos < 0 or not any(pos in t.consumed or pos < t.low for t in tracks):
+                return False
+        return True
 
     def _locked(self, dc: DatasetCursor, f: Fit, local: I64) -> None:
         dc.provisional = {}
