@@ -122,6 +122,12 @@ class SnapshotSettings:
         "node holds), plus the PFS client's own attribute cache (e.g. NFS actimeo)",
         1000.0,
     )
+    revalidate_round_min_s: float = doc(
+        "shortest round in seconds: a round of fewer cached files than revalidate_per_s x this still takes "
+        "this long, so a small cache is not stat'ed over and over (each stat is a PFS metadata request, and "
+        "every node of the job makes them); a change is seen within max(cached files / rate, this) seconds",
+        30.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -519,6 +525,7 @@ def check(cfg: Config) -> Config:
         ("peers.retry_down_after", cfg.peers.retry_down_after),
         ("model.network_mbps", cfg.model.network_mbps),
         ("snapshot.revalidate_per_s", cfg.snapshot.revalidate_per_s),
+        ("snapshot.revalidate_round_min_s", cfg.snapshot.revalidate_round_min_s),
     ):
         _check_positive(key, value, allow_zero=key.startswith("fuse."))
     for key, ivalue in (

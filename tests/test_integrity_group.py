@@ -25,7 +25,9 @@ def test_owners_recheck_their_files_every_round_and_replicas_every_nth(tmp_path:
     job = Job(world_size=2, epochs=2, batch_size=8, num_workers=0, seed=5, val=False)
     with (
         running_pfsemu(backing) as emu,
-        rendezvous_group(emu.mountpoint, tmp_path, job, tier_bytes=int(total * 0.75), n=2) as mnts,
+        rendezvous_group(
+            emu.mountpoint, tmp_path, job, tier_bytes=int(total * 0.75), n=2, snapshot={"revalidate_round_min_s": 0.5}
+        ) as mnts,
     ):
         write_seed(mnts[0], 5)
         for mnt in mnts:

@@ -66,7 +66,8 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
     digests, _ = make_source(src, 40, 0, mean_size=3000)
     rels = sorted(digests)
     victim = rels[7]
-    cfg = _config(tmp_path)  # the default revalidation rate: rounds of 40 files take well under a second
+    # The default rate, rounds of at least a second (not the default 30 s): 40 files are checked every second.
+    cfg = _config(tmp_path, snapshot="{revalidate_round_min_s: 1}")
     with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
         _fill_tier(mnt, src, rels, tmp_path / "ssd")
         entry = _entry(mnt, victim)

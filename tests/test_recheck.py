@@ -20,7 +20,6 @@ import pytest
 import trio
 from inprocess import assemble, make_source, serve, until
 
-from fusefs.readpath.revalidate import MIN_ROUND_SECONDS
 from placement import recheck
 
 
@@ -47,14 +46,14 @@ def test_a_replicas_bound_is_n_minus_one_owner_rounds_and_one_full_round() -> No
 def test_a_node_holding_only_replicas_sees_their_source_change_within_the_replica_bound(tmp_path: Path) -> None:
     root = tmp_path / "src"
     files = make_source(root)
-    m = assemble(root, files, tmp_path)
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "1"})
     rel = "c1/f3.jpg"
     entry = m.entry(rel)
     rv = m.rp.revalidator
     rv.mine = lambda entries: np.zeros(entries.shape, np.bool_)  # another node owns every file
     every = 3
     rv.replicas_every = lambda: every
-    bound = recheck.replica_bound_seconds(0, 1, rv.rate, every, MIN_ROUND_SECONDS)
+    bound = recheck.replica_bound_seconds(0, 1, rv.rate, every, rv.min_round)
     seen: dict[str, float] = {}
 
     async def body() -> None:
@@ -78,3 +77,26 @@ def test_a_node_holding_only_replicas_sees_their_source_change_within_the_replic
 
     serve(m, body, timeout=30)
     print(f"replica of a changed file seen after {seen['after']:.2f}s (bound {bound}s, {seen['rounds']} rounds)")
+
+
+def test_a_small_cache_is_rechecked_once_per_minimum_round_not_at_the_full_rate(tmp_path: Path) -> None:
+    """snapshot.revalidate_round_min_s: two cached files at 1000 stats/s were stat'ed every second
+    for the whole mount (the old one-second floor); a round now takes at least the configured floor,
+    and status shows it as the staleness bound."""
+    root = tmp_path / "src"
+    files = make_source(root)
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "4"})
+    rv = m.rp.revalidator
+    rels = ["c1/f3.jpg", "c1/f4.jpg"]
+
+    async def body() -> None:
+        for rel in rels:
+            assert await m.rp.tiers[0].put(m.entry(rel), files[rel], m.rp.reader.ids.of(m.entry(rel)))
+        await until(lambda: rv.rounds >= 1)
+        first = dict(rv.stats)
+        await trio.sleep(3.0)  # a second round would have run twice over at the old floor
+        assert rv.rounds == 1 and rv.stats["background"] == first["background"] <= len(rels), rv.stats
+        assert rv.status()["round_seconds"] == 4.0
+        await until(lambda: rv.rounds >= 2)  # and the next round does come
+
+    serve(m, body, timeout=20)

@@ -269,6 +269,7 @@ def seerfs_yaml_5() -> str:
     ]
     _keys(config.Config, config.Config(), "", out)
     rate = config.Config().snapshot.revalidate_per_s
+    min_round = config.Config().snapshot.revalidate_round_min_s
     files = 1_281_167
     out += [
         ".SH WHICH SEED TO WRITE",
@@ -283,15 +284,19 @@ def seerfs_yaml_5() -> str:
         esc(SOURCE_CHANGES),
         ".PP",
         esc(
-            f"The staleness bound is one round: cached files / snapshot.revalidate_per_s.  At the default "
-            f"{rate:g} stats per second per node, a node holding all {files:,} files of ImageNet's training "
-            f"set checks each once every {files / rate:,.0f} s ({files / rate / 60:.1f} minutes); in a group "
-            f"of N nodes each file is checked by its owner, so about {files / rate:,.0f}/N s.  A replica held "
+            f"The staleness bound is one round: cached files / snapshot.revalidate_per_s, and at least "
+            f"snapshot.revalidate_round_min_s ({min_round:g} s by default: a few thousand cached files are "
+            "not stat'ed every few seconds for the whole job, each stat a metadata request to the PFS).  "
+            f"At the default {rate:g} stats per second per node, a node holding all {files:,} files of "
+            f"ImageNet's training set checks each once every {files / rate:,.0f} s "
+            f"({files / rate / 60:.1f} minutes); in a group of N nodes each file is checked by its owner, "
+            f"so about {files / rate:,.0f}/N s.  A replica held "
             "by a node that does not own the file waits N-1 such rounds and one round of everything that node "
             f"holds: with 4 nodes each holding all {files:,} files, {3 * files / 4 / rate:,.0f} + "
             f"{files / rate:,.0f} = {(3 * files / 4 + files) / rate:,.0f} s.  A PFS client's "
             "own attribute cache adds to the bound: over NFS mounted with actimeo=60 a change becomes "
-            "visible to stat up to 60 s later.  The rounds cost the PFS rate x nodes stats per second."
+            "visible to stat up to 60 s later.  The rounds cost the PFS at most rate x nodes stats per second, and "
+            "(cached files / revalidate_round_min_s) per node where that is less."
         ),
         ".SH CACHE INTEGRITY AND CRASHES",
         esc(PERSISTED),
@@ -316,7 +321,8 @@ SOURCE_CHANGES = (
     "into the page cache) records its source's identity: size, mtime, ctime and inode number.  After every "
     "mount a copy is served only once a stat of its source in that mount matched (these stats run ahead "
     "of the readers in predicted order); while mounted, every cached file's source is stat'ed again once "
-    "per round (snapshot.revalidate_per_s).  In a group each file is rechecked by its owner every round, and "
+    "per round (snapshot.revalidate_per_s, rounds of at least snapshot.revalidate_round_min_s).  In a group "
+    "each file is rechecked by its owner every round, and "
     "a replica another node holds by that node every N-th round (N nodes): its bound is N-1 rounds of "
     "that node's own files plus one round of all its cached files (revalidation.replica_bound_seconds).  "
     "An open stats a file only the first time in a mount, so these rounds are the bounds.  "

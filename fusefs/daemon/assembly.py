@@ -142,7 +142,9 @@ def build_readpath(
     staging = Staging(policy, kernel if kernel is not None else Pyfuse3Kernel(snapshot.tree.path))
     fetcher = Fetcher(reader, tiers, counters, peer_fetch)
     fetcher.page_read = staging.read_back
-    revalidator = Revalidator(snapshot, tiers, staging, counters, cfg.snapshot.revalidate_per_s)
+    revalidator = Revalidator(
+        snapshot, tiers, staging, counters, cfg.snapshot.revalidate_per_s, cfg.snapshot.revalidate_round_min_s
+    )
     fetcher.revalidator = revalidator
     prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget)
     prefetcher.upcoming_hook = revalidator.upcoming
