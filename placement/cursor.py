@@ -1027,6 +1027,10 @@ class NodeCursor:
         """
         first_mismatch = self.first_mismatch_open
         self._look(dc)
+        if dc.state in ("detecting", "mismatch"):
+            refuted = dc.state == "mismatch"
+            if not self._look_before_tail(dc) and refuted:
+                dc.state = "mismatch"
         if dc.state == "mismatch":
             dc.strays.clear()
             dc.looks = dc.explained_at = 0
@@ -1037,6 +1041,38 @@ class NodeCursor:
             self.first_mismatch_open = first_mismatch
         if dc.d != self.lead and dc.state == "detecting":
             dc.state = "idle"
+
+    def _look_before_tail(self, dc: DatasetCursor) -> bool:
+        """Relock on the carried opens without their newest few, then place those after the lock.
+
+        A plan that replaces the cursor at an epoch's end carries the end of one pass and the first
+        opens of the next: a hypothesis explains the newest opens back to where they stop fitting,
+        so the old pass fits nothing (its newest opens are the new pass's) and the new pass has too
+        few opens to lock on.  7-10 opens of the next epoch went unpredicted (real clients, seed
+        written while epoch 0 ended).  Held back newest first, up to what a lock on the new pass
+        alone would need; the held opens are then placed as later opens are (the next pass's start).
+        """
+        held: list[tuple[int, int]] = []
+        most = min(len(dc.strays) - self.settings.detect_opens, 2 * self.settings.detect_opens)
+        while len(held) < most and dc.state != "tracking":
+            if dc.state == "mismatch":  # of the longer evidence only: judged again without its tail
+                dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None
+            held.append(dc.strays.pop())
+            dc.scan_after = 0  # each shorter evidence may be searched (its look spends budget)
+            self._look(dc)
+        if dc.state != "tracking":
+            if dc.state == "mismatch":
+                dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None
+            dc.strays.extend(reversed(held))
+            return False
+        for local, n in reversed(held):
+            found = self._find(dc, local, self.segment, True)
+            if found is False or found is None:
+                dc.strays.append((local, n))
+                dc.stray_seen += 1
+            else:
+                self._commit(dc, found, self.segment)
+        return True
 
     # ---- observing ------------------------------------------------------------------------
 
@@ -1523,6 +1559,13 @@ class NodeCursor:
         dc.in_place = dc.restarts_in_place()
         length = dc.variants[f.variant].length
         known = f.positions >= 0
+        sure = known & (f.slots >= 0)
+        if sure.any():
+            # A position with no slot is one of several a file holds: the end padding of a
+            # DistributedSampler repeats the pass's first files, whose position 0 set the tracks at
+            # the start of a pass they are at the end of (seen when a plan replaced the cursor at an
+            # epoch's end: the suffix could not be placed, and 7-10 opens of the next epoch missed).
+            known = sure
         low = 0
         if f.anchor == "anywhere" and known.any():
             # Workers may still open a few positions before the first one seen.

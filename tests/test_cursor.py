@@ -302,6 +302,25 @@ def test_set_epoch_is_told_at_the_first_epoch_change(world: int, per_node: int, 
         assert all(hits), (r, [i for i, h in enumerate(hits) if not h][:10])
 
 
+@pytest.mark.parametrize("late", [504, 505, 506])
+def test_a_plan_replaced_at_an_epochs_end_relocks_on_the_carried_opens(late: int) -> None:
+    """Seed written while epoch 0 ends (real clients, "seed written late"): the seed's plan replaces
+    the assumed one's cursor with the end of epoch 0 and none, one or two opens of epoch 1 carried
+    over.  The relock on them must place the job at once: 7-10 opens of epoch 1 went unpredicted
+    (the DistributedSampler's end padding put the tracks at the pass's start, and the newest
+    carried opens, epoch 1's, kept epoch 0 from fitting at all)."""
+    for r in range(8):
+        loop = Loop(world=2, per_node=2, node=0, batch=8, rng=random.Random(r))
+        training(loop, 503, seed=7, epochs=range(3))
+        old = NodeCursor(plan(503, 0, 2, 2, 8, epochs=3), settings(8))  # the assumed seed's plan
+        replay(old, loop.opens[:late])
+        cur = NodeCursor(plan(503, 7, 2, 2, 8, epochs=3), settings(8), previous=old)
+        cur.prepare()
+        hits = replay(cur, loop.opens[late:])
+        assert all(hits), (r, [i + late for i, h in enumerate(hits) if not h][:10])
+        assert cur.state == "tracking" and cur.epoch == 2 and cur.datasets[0].mode == "advance"
+
+
 def test_epochs_past_the_plan_and_a_resume_at_its_end() -> None:
     """``job.epochs`` is a planning horizon: epochs past it are followed, and a job resumed at epoch
     == job.epochs (or later) is found, not called a wrong seed."""
