@@ -1028,9 +1028,7 @@ class NodeCursor:
         first_mismatch = self.first_mismatch_open
         self._look(dc)
         if dc.state in ("detecting", "mismatch"):
-            refuted = dc.state == "mismatch"
-            if not self._look_before_tail(dc) and refuted:
-                dc.state = "mismatch"
+            self._look_before_tail(dc)
         if dc.state == "mismatch":
             dc.strays.clear()
             dc.looks = dc.explained_at = 0
@@ -1042,7 +1040,7 @@ class NodeCursor:
         if dc.d != self.lead and dc.state == "detecting":
             dc.state = "idle"
 
-    def _look_before_tail(self, dc: DatasetCursor) -> bool:
+    def _look_before_tail(self, dc: DatasetCursor) -> None:
         """Relock on the carried opens without their newest few, then place those after the lock.
 
         A plan that replaces the cursor at an epoch's end carries the end of one pass and the first
@@ -1051,20 +1049,21 @@ class NodeCursor:
         few opens to lock on.  7-10 opens of the next epoch went unpredicted (real clients, seed
         written while epoch 0 ended).  Held back newest first, up to what a lock on the new pass
         alone would need; the held opens are then placed as later opens are (the next pass's start).
+        Without a lock, the verdict on the whole evidence stands (a mismatch of a shorter one is not
+        one of the carried opens).
         """
+        verdict = (dc.state, dc.mismatch_reason, dc.mismatch_kind)
         held: list[tuple[int, int]] = []
         most = min(len(dc.strays) - self.settings.detect_opens, 2 * self.settings.detect_opens)
         while len(held) < most and dc.state != "tracking":
-            if dc.state == "mismatch":  # of the longer evidence only: judged again without its tail
-                dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None
+            dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None  # judged again
             held.append(dc.strays.pop())
             dc.scan_after = 0  # each shorter evidence may be searched (its look spends budget)
             self._look(dc)
         if dc.state != "tracking":
-            if dc.state == "mismatch":
-                dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None
+            dc.state, dc.mismatch_reason, dc.mismatch_kind = verdict
             dc.strays.extend(reversed(held))
-            return False
+            return
         for local, n in reversed(held):
             found = self._find(dc, local, self.segment, True)
             if found is False or found is None:
@@ -1072,7 +1071,6 @@ class NodeCursor:
                 dc.stray_seen += 1
             else:
                 self._commit(dc, found, self.segment)
-        return True
 
     # ---- observing ------------------------------------------------------------------------
 
