@@ -125,7 +125,8 @@ class SnapshotSettings:
     revalidate_round_min_s: float = doc(
         "shortest round in seconds: a round of fewer cached files than revalidate_per_s x this still takes "
         "this long, so a small cache is not stat'ed over and over (each stat is a PFS metadata request, and "
-        "every node of the job makes them); a change is seen within max(cached files / rate, this) seconds",
+        "every node of the job makes them) and spreads its stats evenly over this time; a change is seen within "
+        "max(cached files / rate, this) seconds",
         30.0,
     )
 

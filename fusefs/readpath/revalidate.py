@@ -6,13 +6,16 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
 * After every (re)mount, a cached copy is served only after one fresh stat of its source in this
   mount matched.  Those stats run ahead of the readers, in the order the prefetcher predicts
   (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself.  A read
-  from the PFS checks the identity on its own descriptor, which counts as that stat.
+  from the PFS checks the identity on its own descriptor, which counts as that stat; so does a copy
+  a peer sent, whose sender checked it in its own mount before sending (the reply names the
+  identity) and whose owner rechecks it in rounds, as for any replica.
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
   takes (cached files) / rate seconds, at least ``snapshot.revalidate_round_min_s`` (``min_round``): the
   staleness bound shown in status.  The floor keeps a small cache from being stat'ed over and over: at
   1000 stats/s, 4,400 cached files were stat'ed every 4.4 s for the whole job, on every node (each a
   metadata request to the PFS, and on the benchmark's two-core host a third of the daemon's CPU).
+  A round shorter than the floor spreads its stats evenly over it rather than bursting at full rate.
 * A change seen by any of these (or by a PFS read) makes the file CHANGED for the rest of the
   mount: its opens fail with EIO (the tree keeps the snapshot's sizes), its copies are dropped
   from every tier, its kernel page cache is invalidated, status names it, and the persisted
@@ -88,7 +91,14 @@ class RevalidationStatus(TypedDict):
     """Status section ``revalidation``: checks that cached copies still match their source (a copy is
     served only after a stat of its source in this mount matched the identity it was made from)."""
 
-    rate_per_s: Annotated[float, gauge("stats per second (snapshot.revalidate_per_s)", metric="stats_per_second")]
+    rate_per_s: Annotated[
+        float,
+        gauge(
+            "most stats per second (snapshot.revalidate_per_s); a round shorter than "
+            "snapshot.revalidate_round_min_s runs slower, spread over that time",
+            metric="stats_per_second",
+        ),
+    ]
     round_files: Annotated[
         int,
         gauge(
@@ -168,7 +178,8 @@ class Revalidator:
         return self.changed.get(entry, "changed since the snapshot")
 
     def fresh(self, entry: int) -> None:
-        """A PFS read just checked the identity on its descriptor: as good as a stat."""
+        """A PFS read just checked the identity on its descriptor, or a peer sent a copy its sender had
+        checked in its own mount: as good as a stat."""
         if int(self.state[entry]) == UNCHECKED:
             self.state[entry] = FRESH
 
@@ -274,7 +285,11 @@ class Revalidator:
             ents = recheck.round_entries(cached, mine, self.rounds, self.replicas_every())
             self.round_files = int(ents.size)
             self.round_started = time.monotonic()
-            per_tick = max(1, int(self.rate * TICK))
+            # A round shorter than the floor is spread over it, not run at full rate and then idle:
+            # N nodes starting rounds together sent the PFS bursts of N x rate stats, and on a
+            # two-core host each burst took CPU the readers were waiting for.
+            rate = min(self.rate, ents.size / self.min_round) if ents.size else self.rate
+            per_tick = max(1, int(rate * TICK))
             for k in range(0, ents.size, per_tick):
                 batch = [int(e) for e in ents[k : k + per_tick].tolist() if int(self.state[e]) != CHANGED]
                 paths = [self.snapshot.source_path(e) for e in batch]
@@ -283,7 +298,7 @@ class Revalidator:
                 for entry, result in zip(batch, seen, strict=True):
                     self._judge(entry, result)
                 # Pace by the clock: stat number k + per_tick is due at round start + (k + per_tick) / rate.
-                await trio.sleep(max(0.0, self.round_started + (k + per_tick) / self.rate - time.monotonic()))
+                await trio.sleep(max(0.0, self.round_started + (k + per_tick) / rate - time.monotonic()))
             self.last_round_seconds = time.monotonic() - self.round_started
             self.rounds += 1
             await trio.sleep(max(0.0, self.round_started + self.min_round - time.monotonic()))
