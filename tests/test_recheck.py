@@ -126,3 +126,29 @@ def test_a_copy_a_peer_delivered_is_served_without_another_stat_of_its_source(tm
 
     serve(m, body)
     assert m.served() == {"peer": (1, len(files[rel])), "memory": (1, len(files[rel]))}
+
+
+def test_the_ahead_checks_skip_fresh_files_and_let_requests_in_during_a_long_walk(tmp_path: Path) -> None:
+    """A horizon is told several times an epoch; it used to be walked entry by entry on the trio
+    thread, fresh ones included, without a checkpoint: every FUSE request waited for the walk."""
+    root = tmp_path / "src"
+    files = make_source(root)
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "60"})
+    rv = m.rp.revalidator
+    fresh, unchecked = m.entry("c1/f3.jpg"), m.entry("c1/f4.jpg")
+    rv.fresh(fresh)
+    seen: list[int] = []
+
+    async def body() -> None:
+        rv.upcoming([fresh] * 50_000)
+        assert rv._ahead == []  # nothing to walk
+        rv.upcoming([fresh, unchecked] * 50_000)  # unchecked and not cached: looked at, never stat'ed
+        assert len(rv._ahead) == 50_000
+        while rv._ahead_pos == 0:  # the ahead loop starts its walk ...
+            await trio.sleep(0)
+        seen.append(rv._ahead_pos)  # ... and this task ran again before the walk ended
+        await until(lambda: rv._ahead_pos == len(rv._ahead))
+
+    serve(m, body)
+    assert 0 < seen[0] < 50_000, seen
+    assert rv.stats["ahead"] == 0
