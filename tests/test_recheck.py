@@ -97,7 +97,7 @@ def test_a_small_cache_is_rechecked_once_per_minimum_round_not_at_the_full_rate(
         assert (rv.last_round_seconds or 0.0) >= 3.0, rv.last_round_seconds  # spread over the floor, not a burst
         first = dict(rv.stats)
         await trio.sleep(3.0)  # three more rounds at the old floor; now part of one, at 2 stats per 4 s
-        assert rv.rounds == 1 and first["background"] == len(rels), rv.stats
+        assert rv.rounds == 1 and first["background"] <= 2 * len(rels), rv.stats  # the next round may have begun
         assert rv.stats["background"] - first["background"] <= len(rels), rv.stats
         assert rv.status()["round_seconds"] == 4.0
         await until(lambda: rv.rounds >= 2)  # and the next round does come
