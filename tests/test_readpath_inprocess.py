@@ -86,6 +86,9 @@ def test_inflight(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None
 
     async def body() -> None:
         m.rp.fetcher.start(entry, why="test")
+        # Held at the peer, past its read-back step: an open during a read back runs apart from it
+        # by design (fetcher.py), and starting the reader at once raced that step.
+        await until(lambda: m.rp.fetcher.joinable(entry) is not None and m.peer.asked == [entry])
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: reader())
             await trio.testing.wait_all_tasks_blocked()
