@@ -105,29 +105,6 @@ def test_a_small_cache_is_rechecked_once_per_minimum_round_not_at_the_full_rate(
     serve(m, body, timeout=20)
 
 
-def test_a_copy_a_peer_delivered_is_served_without_another_stat_of_its_source(tmp_path: Path) -> None:
-    """The owner checked the source's identity in this mount before it sent its copy (the reply
-    names that identity, and the rounds recheck it as a replica), so the copy is fresh on arrival.
-    Every such copy used to be stat'ed again before its first use: on two nodes, some 1,850 stats
-    per node, in a burst at each epoch's start when the next epoch's replicas came due."""
-    root = tmp_path / "src"
-    files = make_source(root)
-    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "60"})
-    rv = m.rp.revalidator
-    rel = "c1/f3.jpg"
-    entry = m.entry(rel)
-    m.peer.files[entry] = files[rel]
-
-    async def body() -> None:
-        await m.rp.fetcher.start(entry, keep_in=m.rp.tiers[0], why="fill").wait()  # a replica's fill
-        assert m.rp.tiers[0].contains(entry)
-        assert (await m.read(rel))[0] == files[rel]  # served from the tier copy
-        assert rv.stats["open"] == rv.stats["ahead"] == 0, rv.stats
-
-    serve(m, body)
-    assert m.served() == {"peer": (1, len(files[rel])), "memory": (1, len(files[rel]))}
-
-
 def test_the_ahead_checks_skip_fresh_files_and_let_requests_in_during_a_long_walk(tmp_path: Path) -> None:
     """A horizon is told several times an epoch; it used to be walked entry by entry on the trio
     thread, fresh ones included, without a checkpoint: every FUSE request waited for the walk."""

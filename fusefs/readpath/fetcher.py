@@ -174,8 +174,6 @@ class Fetcher:
                 data = await self.peer_fetch(entry, owner=use_peer, holders=pfs)
                 if data is not None:
                     job.source = "peer"
-                    if self.revalidator is not None:  # checked by its sender (revalidate.py's rules)
-                        self.revalidator.fresh(entry)
             if data is None and not pfs:
                 raise NotFromPeer(entry)
             if data is None:

@@ -6,9 +6,7 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
 * After every (re)mount, a cached copy is served only after one fresh stat of its source in this
   mount matched.  Those stats run ahead of the readers, in the order the prefetcher predicts
   (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself.  A read
-  from the PFS checks the identity on its own descriptor, which counts as that stat; so does a copy
-  a peer sent, whose sender checked it in its own mount before sending (the reply names the
-  identity) and whose owner rechecks it in rounds, as for any replica.
+  from the PFS checks the identity on its own descriptor, which counts as that stat.
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
   takes (cached files) / rate seconds, at least ``snapshot.revalidate_round_min_s`` (``min_round``): the
@@ -179,8 +177,7 @@ class Revalidator:
         return self.changed.get(entry, "changed since the snapshot")
 
     def fresh(self, entry: int) -> None:
-        """A PFS read just checked the identity on its descriptor, or a peer sent a copy its sender had
-        checked in its own mount: as good as a stat."""
+        """A PFS read just checked the identity on its descriptor: as good as a stat."""
         if int(self.state[entry]) == UNCHECKED:
             self.state[entry] = FRESH
 
