@@ -294,7 +294,7 @@ class Revalidator:
             # A round shorter than the floor is spread over it, not run at full rate and then idle:
             # N nodes starting rounds together sent the PFS bursts of N x rate stats, and on a
             # two-core host each burst took CPU the readers were waiting for.
-            rate = min(self.rate, ents.size / self.min_round) if ents.size else self.rate
+            rate = ents.size / recheck.round_seconds(ents.size, self.rate, self.min_round) if ents.size else self.rate
             per_tick = max(1, int(rate * TICK))
             for k in range(0, ents.size, per_tick):
                 batch = [int(e) for e in ents[k : k + per_tick].tolist() if int(self.state[e]) != CHANGED]
