@@ -14,12 +14,15 @@ fetches.  The policy:
   reads a Binomial(E, 1/N) share of each file, NoPFS 3.1) grow past that.  The victim is the
   resident whose next use is estimated furthest away: fewest reads, then the most recently read
   (just consumed, so not needed again this epoch).
+* a resident the caller pins (``on_read``'s ``pinned``) never makes way: in a group, a copy this
+  node read from the PFS may be the group's only one (fusefs/readpath/policy.py).
 
 Pure bookkeeping: the daemon performs the decisions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -64,7 +67,8 @@ class StaticFrequencySet:
         self.clock = 0
         self.where: dict[int, int] = {}  # entry -> tier
 
-    def on_read(self, entry: int, size: int) -> Decision:
+    def on_read(self, entry: int, size: int, pinned: Callable[[int], bool] | None = None) -> Decision:
+        """A read of ``entry``: admit it, or not; ``pinned`` residents are never chosen to make way."""
         self.clock += 1
         old = self.reads.get(entry, 0)
         self.reads[entry] = old + 1
@@ -75,9 +79,9 @@ class StaticFrequencySet:
         for t, tier in enumerate(self.tiers):
             if tier.used + size <= tier.capacity:
                 return Decision(t)
-        return self._replace(entry, size)
+        return self._replace(entry, size, pinned)
 
-    def _replace(self, entry: int, size: int) -> Decision:
+    def _replace(self, entry: int, size: int, pinned: Callable[[int], bool] | None) -> Decision:
         count = self.reads[entry]
         for t in range(len(self.tiers) - 1, -1, -1):  # displace from the slowest tier first
             tier = self.tiers[t]
@@ -91,6 +95,8 @@ class StaticFrequencySet:
                 for victim in sorted(tier.by_reads[reads], key=lambda e: -self.last_read.get(e, 0)):
                     if freed >= size:
                         break
+                    if pinned is not None and pinned(victim):
+                        continue
                     chosen.append(victim)
                     freed += tier.members[victim]
             if freed >= size and chosen:

@@ -33,6 +33,7 @@ from fusefs.readpath.policy import (
     PeerAsked,
     PlanHolder,
     PushNext,
+    ReadFromPfs,
     RuleHolder,
     StageNext,
     UsePages,
@@ -123,6 +124,33 @@ def test_alone_the_reactive_policy_is_unchanged(two_nodes: tuple[Plan, npt.NDArr
     assert s.do(Missed(c, s.size(c))) == []  # as in test_policy: full, and c leads nobody by two reads
 
 
+def test_a_copy_read_from_the_pfs_never_makes_way_for_a_peers_copy(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """In a group, the reactive set of files this node does not own lets a resident make way for a
+    clearly more frequent file, except one this node read from the PFS: that copy (read under an
+    earlier regime, say a wrong seed's presumed plan) may be the group's only one until its owner
+    asks for it, and dropping it cost a second PFS read of that file."""
+
+    def run(read_here: bool) -> list[Instruction]:
+        probe = group_of(two_nodes, 0, 0)
+        resident, newcomer = [e for e in probe.files if not probe.policy.owns(e)][:2]
+        owned = int(two_nodes[1][[probe.policy.owns(e) for e in range(len(two_nodes[1]))]].sum())
+        room = max(probe.size(resident), probe.size(newcomer))  # the other members' files get room for one
+        s = group_of(two_nodes, 0, reactive=owned + room)
+        if read_here:
+            s.do(ReadFromPfs(resident))
+        assert s.do(Missed(resident, s.size(resident))) == [KeepIn(resident, 0)]
+        out: list[Instruction] = []
+        for _ in range(3):  # three reads lead the resident's one by two: it would make way
+            out += s.do(Missed(newcomer, s.size(newcomer)))
+        return out
+
+    control = run(read_here=False)
+    assert any(isinstance(i, DropCopy) for i in control), control  # a peer's copy makes way, as before
+    assert not any(isinstance(i, (DropCopy, KeepIn)) for i in run(read_here=True))  # kept; the newcomer is not
+
+
 def test_a_peer_is_served_a_pfs_read_only_by_the_files_one_owner(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:
@@ -139,17 +167,24 @@ def test_a_peer_is_served_a_pfs_read_only_by_the_files_one_owner(
     assert s.do(PeerAsked(planned, s.size(planned), by_plan=True)) == [FetchForPeer(planned, 0)]
 
 
+def plan_owner(s: Setup, entry: int) -> PlanHolder:
+    """The current plan's owner of ``entry``, as a holder."""
+    assert s.policy.plan is not None
+    return PlanHolder(s.policy.plan.digest, int(s.policy.plan.owner()[int(s.policy.entry_gid[entry])]))
+
+
 def test_a_plan_trusted_after_the_rule_names_the_rules_owner_as_a_holder(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:
-    """A group that always had its plan reads by the plan alone: nobody to ask before the PFS.  One
-    that ran by the rule first (a wrong seed, then the right one found) names a file's rule owner as a
-    holder to ask before reading it from the PFS as its new plan owner: the rule owner may hold the
-    copy read then, and a second PFS read is waste."""
+    """A group that always had its plan reads by the plan alone: nobody to ask before the PFS but the
+    plan's owner (whom the owner request asks already, or this node).  One that ran by the rule first
+    (a wrong seed, then the right one found) names a file's rule owner as a holder to ask before
+    reading it from the PFS as its new plan owner: the rule owner may hold the copy read then, and a
+    second PFS read is waste."""
     planned = group_of(two_nodes, 0, reactive=100_000)
     planned.follow()
     planned.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], planned.policy.generation))
-    assert all(planned.policy.holders(e) == [] for e in planned.files)
+    assert all(planned.policy.holders(e) == [plan_owner(planned, e)] for e in planned.files)
 
     s = group_of(two_nodes, 0, reactive=100_000)
     theirs = next(e for e in s.files if not s.policy.owns(e))
@@ -159,7 +194,8 @@ def test_a_plan_trusted_after_the_rule_names_the_rules_owner_as_a_holder(
     s.follow()
     s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], s.policy.generation))
     assert s.policy.mode == "predicting"
-    assert s.policy.holders(theirs) == [RuleHolder(1)] and s.policy.holders(mine) == [RuleHolder(0)]
+    assert s.policy.holders(theirs) == [plan_owner(s, theirs), RuleHolder(1)]
+    assert s.policy.holders(mine) == [plan_owner(s, mine), RuleHolder(0)]
 
 
 def test_after_a_wrong_plan_its_owners_are_holders_under_the_rule_and_the_next_plan(
@@ -178,7 +214,7 @@ def test_after_a_wrong_plan_its_owners_are_holders_under_the_rule_and_the_next_p
     s.follow()
     gen = s.policy.generation
     fills = [i for i in s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], gen)) if isinstance(i, Fill)]
-    assert fills and all(s.policy.holders(e) == [] for e in s.files)  # predicting, one regime so far
+    assert fills and all(s.policy.holders(e) == [plan_owner(s, e)] for e in s.files)  # one regime so far
     s.do(ViewPublished(CursorView("mismatch", 0, 0, {}, ()), [], gen))
     assert mode_of(s) == "reactive"
     owner = plan.owner()

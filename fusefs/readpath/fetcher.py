@@ -94,6 +94,7 @@ class Fetcher:
         self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
         self.page_read: PageRead | None = None  # this mount's page cache (kept or pushed pages)
         self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
+        self.on_pfs_read: Callable[[int], None] | None = None  # told of each entry read from the PFS (the policy)
         self._nursery: trio.Nursery | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
@@ -185,6 +186,8 @@ class Fetcher:
                 job.source = "pfs"
                 if self.revalidator is not None:
                     self.revalidator.fresh(entry)
+                if self.on_pfs_read is not None:
+                    self.on_pfs_read(entry)
             if job.source in FETCH_SOURCES:
                 self.counters.sources[job.source].add(len(data), time.monotonic() - t0)
             if keep_in is not None and not keep_in.contains(entry):

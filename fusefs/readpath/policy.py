@@ -294,6 +294,14 @@ class CopyLost:
 
 
 @dataclass(slots=True)
+class ReadFromPfs:
+    """This node read ``entry`` from the PFS (for a reader, a stage, a fill or a peer): in a group
+    its copy here may be the only one (see :meth:`ReadPolicy._pinned`)."""
+
+    entry: int
+
+
+@dataclass(slots=True)
 class SourceChanged:
     """The source of ``entry`` was seen changed since the snapshot: no copy of it may be served."""
 
@@ -383,6 +391,7 @@ Event = (
     | FillDone
     | FillRetry
     | CopyLost
+    | ReadFromPfs
     | SourceChanged
     | PeerDown
     | PeerUp
@@ -662,6 +671,7 @@ class ReadPolicy:
         self.followed = False
         self.past_owners: list[tuple[str, npt.NDArray[np.int16]]] = []
         self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
+        self.from_pfs = np.zeros(sizes.shape[0], np.bool_)  # per entry: this node read it from the PFS
         self._lane: _NextRun | None = None
         self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
         self.next_bytes = 0
@@ -692,6 +702,7 @@ class ReadPolicy:
             FillDone: self._fill_done,
             FillRetry: self._fill_retry,
             CopyLost: self._copy_lost,
+            ReadFromPfs: self._read_from_pfs,
             SourceChanged: self._source_changed,
             PeerDown: self._peer_down,
             PeerUp: self._peer_up,
@@ -1257,6 +1268,26 @@ class ReadPolicy:
             self._fill.waiting = False
             self._pump_fill()
 
+    def _read_from_pfs(self, ev: ReadFromPfs) -> None:
+        if 0 <= ev.entry < self.from_pfs.shape[0]:
+            self.from_pfs[ev.entry] = True
+
+    def _pinned(self, entry: int) -> bool:
+        """A copy the reactive set of files this node does not own may not drop: one it read from the
+        PFS itself, in a group.
+
+        Each regime (a presumed plan, the group rule, a plan found later) names one PFS reader per
+        file, and the readers of later regimes ask the earlier ones before they read the PFS
+        (:meth:`holders`).  A copy this node read from the PFS under an earlier regime is then the
+        group's only one until the file's current owner has asked for it, and the static frequency
+        set would otherwise let it make way for a copy fetched from a peer, which another member
+        holds anyway: dropping it cost a second PFS read of that file (seen with a wrong seed on
+        two nodes).  Pinned, it stays, and the set admits fewer peer copies: a peer transfer more,
+        never a PFS read more.  Its owner's set (reactive_owned) keeps the usual rule: there it is
+        the designated copy, sized to hold every owned file while the budgets allow.
+        """
+        return self.group_owner is not None and bool(self.from_pfs[entry])
+
     def _copy_lost(self, ev: CopyLost) -> None:
         for rset in (self.reactive, self.reactive_owned):
             if rset.where.get(ev.entry) == ev.tier:
@@ -1334,14 +1365,18 @@ class ReadPolicy:
         files, the group rule that takes over names other owners, and the plan of the seed found
         later names others again.  Each reader keeps what it read (a mismatch drops nothing), so
         whoever reads a file next asks the readers of the earlier regimes first, newest first: the
-        current plan's owner when that plan was refuted, the rule's owner when the group ran by the
-        rule, the owners of plans followed before.  Empty for a group that only ever had one regime
-        (a right seed from the start, or none at all): nothing to ask.  The caller resolves each to
-        a member and skips itself and whom it asked already.
+        current plan's owner once that plan was followed, the rule's owner when the group ran by the
+        rule, the owners of plans followed before.  The current plan's owner is listed while this
+        node still predicts, too: a member whose readers refuted the plan a moment earlier left it
+        (it follows the rule, and this node's owner request went to the rule's owner), yet keeps
+        what it read for the plan (seen: a presumed wrong plan's fill read twice, the second time by
+        the other node just before its own cursor saw the mismatch).  The caller resolves each to a
+        member and skips itself and whom it asked already, so a group with one regime asks nobody
+        more: the plan's owner was asked as the owner, or is this node.
         """
         out: list[Holder] = []
         plan = self.plan
-        if plan is not None and self.followed and self.mode != "predicting" and entry < self.entry_gid.shape[0]:
+        if plan is not None and self.followed and entry < self.entry_gid.shape[0]:
             gid = int(self.entry_gid[entry])
             node = int(plan.owner()[gid]) if gid >= 0 else -1
             if node >= 0:
@@ -1392,13 +1427,17 @@ class ReadPolicy:
         self._trim_reactive()
 
     def _trim_reactive(self) -> None:
-        """Drop copies past either reactive set's capacity (most recently admitted last to go)."""
+        """Drop copies past either reactive set's capacity (most recently admitted last to go), never
+        a pinned one (it then stays, over the capacity, and the set admits nothing more there)."""
         for rset in (self.reactive, self.reactive_owned):
+            pinned = self._pinned if rset is self.reactive else None
             for t, rtier in enumerate(rset.tiers):
                 excess = rtier.used - rtier.capacity
                 for entry in list(rtier.members):
                     if excess <= 0:
                         break
+                    if pinned is not None and pinned(entry):
+                        continue
                     excess -= rtier.members[entry]
                     self._out.append(DropCopy(entry, t))
                     rset.dropped(entry)
@@ -1406,7 +1445,7 @@ class ReadPolicy:
     def _reactive_keep(self, entry: int, nbytes: int) -> int | None:
         """The reactive decision for a file read here: evictions are queued, the tier (or None) returned."""
         rset = self._reactive_for(entry)
-        decision = rset.on_read(entry, nbytes)
+        decision = rset.on_read(entry, nbytes, self._pinned if rset is self.reactive else None)
         for t, victim in decision.evict:
             self._out.append(DropCopy(victim, t))
             rset.dropped(victim)

@@ -73,6 +73,7 @@ from fusefs.readpath.policy import (
     Push,
     Pushed,
     PushNext,
+    ReadFromPfs,
     ReadPolicy,
     ReadThrough,
     Released,
@@ -198,6 +199,7 @@ class Prefetcher:
         }
         budget.reclaim = self._reclaim
         staging.carry_out = self._carry_out
+        fetcher.on_pfs_read = self._read_from_pfs
 
     # ------------------------------------------------------------------ what others read
 
@@ -242,6 +244,9 @@ class Prefetcher:
             else:
                 run(ins)
         return answer
+
+    def _read_from_pfs(self, entry: int) -> None:
+        self._handle(ReadFromPfs(entry))  # (no answer, no instruction)
 
     def _carry_out(self, instructions: list[Any]) -> None:
         for ins in instructions:
@@ -362,12 +367,14 @@ class Prefetcher:
         self.fetcher.spawn(self._push_one, ins)
 
     def _drop_pages(self, ins: DropPages) -> None:
+        log.debug("dropping the pages of entry %d (%d bytes)", ins.entry, ins.nbytes)
         self.staging.drop_pages(ins.entry)
 
     def _fill(self, ins: Fill) -> None:
         self.fetcher.spawn(self._fill_one, ins)
 
     def _drop_copy(self, ins: DropCopy) -> None:
+        log.debug("dropping tier %d's copy of entry %d", ins.tier, ins.entry)
         self.tiers[ins.tier].drop(ins.entry)
 
     def _retry_fill_later(self, ins: RetryFillLater) -> None:
@@ -557,6 +564,8 @@ class Prefetcher:
                 await self.fetcher.start(ins.entry, keep_in=tier, why="fill", pfs=ins.from_pfs).wait()
                 self.fill_fetches += 1
                 outcome = "stored" if tier.contains(ins.entry) else "refused"
+                if outcome == "refused":
+                    log.debug("filling entry %d into tier %d: fetched, but the tier had no room", ins.entry, ins.tier)
         except NotFromPeer:
             outcome = "later"
         except Exception as exc:
