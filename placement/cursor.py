@@ -1517,7 +1517,7 @@ class NodeCursor:
             self._locked(dc, f, local)
             return
         if dc.state == "presumed" and not (
-            f.anchor == "start"
+            (f.anchor == "start" or self._near_start(f))
             and dc.tracks
             and all(dc.key(f.variant, t.epoch) == f.epoch for t in dc.tracks)
             and (f.node is None or f.node == self.node)
@@ -1600,6 +1600,20 @@ class NodeCursor:
             if pos < 0 or not any(pos in t.consumed or pos < t.low for t in tracks):
                 return False
         return True
+
+    def _near_start(self, f: Fit) -> bool:
+        """Every open ``f`` places lies within the first window of its track: where a presumption
+        of the pass's start predicted (and staged) it.
+
+        One worker's batch opened before any other's (say accelerate's rank 0, its second batch:
+        permutation indices 16..22) fits another variant of the same permutation, sample-wise
+        DistributedSampler sharding at positions 8..11 of both ranks, "anywhere" more tightly than
+        the presumed variant does; that fit still says these opens came from the start of the pass
+        the presumption staged, so its hits stand (they were withdrawn: 7 of 512 opens of epoch 0
+        read as unpredicted, though each was served from the staged window).
+        """
+        known = f.positions[f.positions >= 0]
+        return known.size > 0 and bool((known < self.settings.window).all())
 
     def _locked(self, dc: DatasetCursor, f: Fit, local: I64) -> None:
         dc.provisional = {}

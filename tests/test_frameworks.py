@@ -300,6 +300,32 @@ def test_cursor_follows_accelerate_seedable_with_a_broken_epoch(declared: str, w
     assert cur.epoch == 4 and lead["sampler_epoch"] == 3  # five passes, the broken one read twice
 
 
+@pytest.mark.parametrize(("rank", "batch"), [(0, 1), (1, 1), (0, 3), (1, 2)])
+def test_a_presumption_confirmed_by_accelerates_other_variant_keeps_its_hits(rank: int, batch: int) -> None:
+    """accelerate's seedable sampler, two processes on this node, seed written before the job: the
+    daemon presumes the start of epoch 0, and one worker's batch (not the first) comes first.  Its 7
+    opens fit the same permutation shared out sample-wise (the DistributedSampler variant) at the
+    pass's start more tightly than batch-wise, and the cursor locks on that; it must not withdraw
+    the presumption's hits for it, since those opens were predicted and staged (they were: 505 of
+    512 opens of epoch 0 credited in a real-client run, 100% predicted at open time)."""
+    n, b, seed, world = 503, 8, 7, 2
+    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(2))
+    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in loop.ranks}
+    epochs = list(accelerate_epochs(loaders, [None] * 2))
+    for job_epoch, rows in enumerate(epochs):
+        loop.stretch(f"epoch {job_epoch}", job_epoch, 0, rows)
+    first = list(epochs[0][rank][batch * b : batch * b + 7])  # dataset indices are the plan's gids here
+    epoch0 = loop.opens[: len(loop.opens) // 2]
+    opens = first + [g for g in epoch0 if g not in first] + loop.opens[len(epoch0) :]
+    model = build_sampler("accelerate", n, seed=seed, world_size=world, batch_size=b)
+    cur = NodeCursor(job(model, JobShape(world, 2, b, drop_last=False), epochs=2), settings(b))
+    cur.presume(0, 0)
+    hits = replay(cur, opens)
+    status = cur.status()
+    assert all(hits), [i for i, h in enumerate(hits) if not h][:10]
+    assert status["hits"] == status["opens"] == len(opens), (status["hits"], status["opens"])
+
+
 def test_cursor_predicts_accelerate_default_from_the_generator_seed() -> None:
     """A job that writes rank 0's synchronized_generator.initial_seed(): predicted in every epoch."""
     n, b, world = 503, 8, 2
