@@ -186,8 +186,8 @@ class Fetcher:
                 job.source = "pfs"
                 if self.revalidator is not None:
                     self.revalidator.fresh(entry)
-                if self.on_pfs_read is not None:
-                    self.on_pfs_read(entry)
+                if self.on_pfs_read is not None:  # a policy step: on the trio thread, between awaits,
+                    self.on_pfs_read(entry)  # so never inside another step (those never await)
             if job.source in FETCH_SOURCES:
                 self.counters.sources[job.source].add(len(data), time.monotonic() - t0)
             if keep_in is not None and not keep_in.contains(entry):
