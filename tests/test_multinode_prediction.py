@@ -9,8 +9,7 @@ is computed with torch's own DistributedSampler.
 * Whatever the job writes as its seed -- the right one, a wrong one, none -- the PFS serves each
   file once in all (none twice, by the emulator's per-file counters) while the group's tiers hold
   the dataset: with a trusted plan each file's plan owner reads it, otherwise its owner under the
-  group rule
-  (placement/owners.py), and everybody else gets it from that owner.  A wrong seed's plan is
+  group rule (placement/owners.py), and everybody else gets it from that owner.  A wrong seed's plan is
   presumed (filled and staged from the PFS) until the opens refute it, and the rule and then the
   seed found from the opens name other owners: whoever reads a file next asks the earlier
   regimes' readers first (fusefs/readpath/policy.py, ``holders``).

@@ -1288,6 +1288,10 @@ class ReadPolicy:
         """
         return self.group_owner is not None and bool(self.from_pfs[entry])
 
+    def _pins(self, rset: StaticFrequencySet) -> Callable[[int], bool] | None:
+        """What ``rset`` may not drop: :meth:`_pinned` for the set of files others own, nothing for the owned one."""
+        return self._pinned if rset is self.reactive else None
+
     def _copy_lost(self, ev: CopyLost) -> None:
         for rset in (self.reactive, self.reactive_owned):
             if rset.where.get(ev.entry) == ev.tier:
@@ -1430,7 +1434,7 @@ class ReadPolicy:
         """Drop copies past either reactive set's capacity (most recently admitted last to go), never
         a pinned one (it then stays, over the capacity, and the set admits nothing more there)."""
         for rset in (self.reactive, self.reactive_owned):
-            pinned = self._pinned if rset is self.reactive else None
+            pinned = self._pins(rset)
             for t, rtier in enumerate(rset.tiers):
                 excess = rtier.used - rtier.capacity
                 for entry in list(rtier.members):
@@ -1445,7 +1449,7 @@ class ReadPolicy:
     def _reactive_keep(self, entry: int, nbytes: int) -> int | None:
         """The reactive decision for a file read here: evictions are queued, the tier (or None) returned."""
         rset = self._reactive_for(entry)
-        decision = rset.on_read(entry, nbytes, self._pinned if rset is self.reactive else None)
+        decision = rset.on_read(entry, nbytes, self._pins(rset))
         for t, victim in decision.evict:
             self._out.append(DropCopy(victim, t))
             rset.dropped(victim)
