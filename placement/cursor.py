@@ -475,6 +475,7 @@ class Track:
     low: int = 0
     high: int = 0
     consumed: set[int] = field(default_factory=set)  # consumed positions >= low
+    seen: bytearray | None = field(default=None, repr=False)  # every position consumed in this pass
     segment: int = -1
     index: PassIndex | None = field(default=None, repr=False)  # this pass's map, once built
 
@@ -482,6 +483,12 @@ class Track:
         return self.low <= pos < self.high + window and pos not in self.consumed
 
     def consume(self, pos: int, window: int) -> None:
+        if self.seen is None:
+            self.seen = bytearray(self.length)
+        if pos < self.length:
+            self.seen[pos] = 1
+        if pos < self.low:
+            return  # passed already: a re-open (see NodeCursor._reopened)
         self.consumed.add(pos)
         if pos + 1 > self.high:
             self.high = pos + 1
@@ -493,8 +500,13 @@ class Track:
     def restart(self, epoch: int, job_epoch: int, index: PassIndex | None) -> None:
         self.epoch, self.job_epoch, self.low, self.high = epoch, job_epoch, 0, 0
         self.consumed.clear()
+        self.seen = None
         if index is not self.index:
             self.index = index
+
+    def reopened(self, pos: int) -> bool:
+        """Position ``pos`` was consumed in this pass already (its file opened there before)."""
+        return self.seen is not None and 0 <= pos < len(self.seen) and self.seen[pos] == 1
 
     def finished(self, window: int) -> bool:
         """Near enough the end that the next open may be the next pass's (a loader reads to the end)."""
@@ -558,6 +570,7 @@ class DatasetCursor:
         self.epochs_scanned = 0
         self.finalists: list[tuple[int, int]] = []  # (variant, epoch) that came close in a search
         self.look_pending = False  # strays were carried over: look at the next slow open
+        self.carried_tail = 0  # of them, the newest the replaced cursor had placed in its newest pass
         self.opens = self.hits = self.plan_opens = self.plan_hits = 0
         self.locks = 0
         self.lock_opens: int | None = None  # strays the last lock looked at
@@ -761,6 +774,10 @@ class DatasetCursor:
 
     # ---- status ---------------------------------------------------------------------------
 
+    @property
+    def tracking(self) -> bool:
+        return self.state == "tracking"
+
     def status(self) -> DatasetCursorStatus:
         cur = self.cur
         lead = cur.lead == self.d
@@ -870,6 +887,10 @@ class NodeCursor:
                 a.passes,
             )
             recent = a.recent.copy()
+            tracks = list(a.tracks)  # (C-level copies again)
+            if a.state == "tracking" and tracks:
+                newest = max(t.job_epoch for t in tracks)
+                b.carried_tail = sum(t.seen.count(1) for t in tracks if t.job_epoch == newest and t.seen is not None)
             for i, g in enumerate(recent):
                 b.strays.append((g, b.opens - len(recent) + i))
             if recent:
@@ -1054,6 +1075,19 @@ class NodeCursor:
         """
         verdict = (dc.state, dc.mismatch_reason, dc.mismatch_kind)
         held: list[tuple[int, int]] = []
+        tail, dc.carried_tail = dc.carried_tail, 0
+        if 0 < tail <= len(dc.strays) - self.settings.detect_opens:
+            # The replaced cursor tracked the job and began a pass this many opens ago: the opens
+            # before are the pass that ended, whatever the new plan calls it.  Held back at once:
+            # one at a time stopped at 2 x detect_opens, and with 12 of the next pass's opens
+            # carried, the rest never locked (7-9 of its opens unpredicted).
+            held = [dc.strays.pop() for _ in range(tail)]
+            dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None
+            dc.scan_after = 0
+            self._look(dc)
+            if not dc.tracking:
+                dc.strays.extend(reversed(held))
+                held = []
         most = min(len(dc.strays) - self.settings.detect_opens, 2 * self.settings.detect_opens)
         while len(held) < most and dc.state != "tracking":
             dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None  # judged again
@@ -1268,7 +1302,26 @@ class NodeCursor:
                     key = (pos % batch != 0, pos)
                     if pos < window and (best is None or key < best_key):
                         best, best_key = (t.slot, pos, (e, t.job_epoch + 1, nxt)), key
-        return best if best is not None else False
+        return best if best is not None else self._reopened(dc, i)
+
+    @staticmethod
+    def _reopened(dc: DatasetCursor, i: int) -> Placement | Literal[False]:
+        """Local file ``i`` opened where its track consumed it already in this pass: the earlier
+        open was another pass's, taken for this one by chance.
+
+        A lock takes the newest opens back to where they stop fitting, and an open of the pass
+        before fits the new one by chance (inside its window: about one in four each).  A
+        DataLoader reads a position once a pass, so this open is the real one (it missed): placed
+        where the track already is, nothing moves.  Asked last, after every other placement.
+        """
+        for t in dc.tracks:
+            idx = t.index
+            if idx is None or int(idx.rank_of[i]) < 0:
+                continue
+            for pos in idx.positions(i, t.rank):
+                if t.reopened(pos):
+                    return (t.slot, pos, None)
+        return False
 
     def _end_padding(self, dc: DatasetCursor, i: int, build: bool) -> Placement | Literal[False] | None:
         """Local file ``i``, opened again near the end of a pass this node has not finished: the end
@@ -1317,6 +1370,7 @@ class NodeCursor:
                 for u in tracks:
                     u.index, u.length, u.low, u.high = idx, length, start, start
                     u.consumed.clear()
+                    u.seen = None
                 return (t.slot, ends[0], None)
         return False
 
