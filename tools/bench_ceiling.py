@@ -79,6 +79,7 @@ from tools.jobs import Job, seerfs_config
 from tools.mkdataset import Spec, make_dataset, parse_size
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 from tools.options import pick_configs
+from tools.procstat import CLK_TCK, cpu_seconds_of
 
 CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
 LABELS = {
@@ -100,7 +101,6 @@ RCLONE_OPTIONS = "--vfs-cache-mode full --dir-cache-time 1h --attr-timeout 1h (c
 SIZING = ("files", "mean_size", "sigma", "classes", "threads", "read_size", "reader")
 TARGET, STRETCH = 0.5, 0.8
 OTHERS_WARN = 0.25  # cores used by other processes during warm passes that make a run suspect
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class BenchError(Exception):
@@ -198,13 +198,6 @@ class Dataset:
 
 
 # --------------------------------------------------------------------------- machine
-
-
-def cpu_seconds_of(stat: str) -> float:
-    """utime + stime (fields 14 and 15) from a /proc/.../stat file: every thread for a process's own."""
-    text = Path(stat).read_text()
-    fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces; fields start at 3
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def thread_seconds(pid: int) -> dict[int, float]:

@@ -35,6 +35,7 @@ from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.peer_server import PeerServer, Provider, Provision
 from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import format_bytes, parse_bytes
+from tools.procstat import process_cpu
 
 MB = 1e6
 TOKEN_ENV = "SEERFS_PEER_TOKEN"
@@ -134,15 +135,6 @@ class Point:
     def latency_ms(self, q: float) -> float:
         ordered = sorted(self.latencies)
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc (0 where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(
