@@ -20,7 +20,7 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     """Lower bound, direct, seerfs (no seed written) and seerfs+seed over 48+8 files for 2 epochs.  The emulator's
     counters say direct read the dataset once per epoch and seerfs with or without the seed about once in all;
     seerfs's opens per source add up to exactly the opens the job made (prefetches are not counted as opens), the
-    targets compare seerfs without a seed with seerfs+seed, and nothing stays mounted."""
+    targets compare seerfs without a seed with seerfs+seed, the daemon's CPU is taken, and nothing stays mounted."""
     argv = [
         "--files",
         str(FILES),
@@ -49,7 +49,9 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
         assert len(r["epoch_s"]) == EPOCHS and all(t > 0 for t in r["epoch_s"])
     assert by["lower bound"]["pfs_bytes"] == 0
     assert by["direct"]["pfs_bytes"] == EPOCHS * total
+    assert by["lower bound"]["fs_cpu"] is None and by["direct"]["fs_cpu"] is None  # no FUSE daemon of their own
     for config in ("seerfs", "seerfs+seed"):
+        assert by[config]["fs_cpu"] > 0, config  # the daemon served every open: it took CPU
         assert total <= by[config]["pfs_bytes"] <= 1.05 * total, config
         sources = by[config]["sources"]
         assert sum(sources.values()) == EPOCHS * (FILES + VAL), (config, sources)

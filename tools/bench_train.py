@@ -14,7 +14,8 @@ invocation, over:
 
 and prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
 rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to the lower bound, PFS bytes from the
-emulator's own counters as a multiple of the dataset, CPU use of the emulator and the readers, the
+emulator's own counters as a multiple of the dataset, CPU use of the emulator, the readers and the FUSE
+daemons (seerfs's, all nodes together, or rclone's: "fs CPU", a share of one core while the job ran), the
 share of CPU time the hypervisor stole during each configuration (a disturbed run shows here: rerun
 it), and whether each target holds.  Every parameter is printed with the results.
 """
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -43,6 +44,7 @@ from tools.nodes import mpi_group
 from tools.options import pick_configs
 from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
+from tools.procstat import process_cpu
 
 # The parameters the targets are set for; output options (--png, --json, --configs) do not count.
 SIZING = (
@@ -73,6 +75,7 @@ class Result:
     emu_cpu: float = 0.0  # emulator CPU share of the run's wall time
     steal: float = 0.0  # CPU time the hypervisor took from this machine, share of all cores' time
     reader_cpu: float = 0.0  # readers' CPU (ranks + loader workers) per rank, share of wall time
+    fs_cpu: float | None = None  # the FUSE daemons' CPU (all of them) while the readers ran, share of wall time
     sources: dict[str, int] = field(default_factory=dict)  # seerfs: opens per place they were served from
     wait_s: list[float] = field(default_factory=list)  # per epoch, the longest any rank waited for batches
     hit_rate: float | None = None
@@ -96,14 +99,25 @@ def reader_cpu(results: list[dict[str, Any]], wall: float) -> float:
     return float(max(r["cpu_s"] for r in results)) / max(wall, 1e-9)
 
 
-def timed_readers(config: str, root: Path | list[Path], job: Job, run_dir: Path, **extra: Any) -> Result:
-    """Run the readers over ROOT (one per rank, or one for all); the Result has epoch times, waits and CPU."""
+def timed_readers(
+    config: str, root: Path | list[Path], job: Job, run_dir: Path, servers: Sequence[int] = (), **extra: Any
+) -> Result:
+    """Run the readers over ROOT (one per rank, or one for all); the Result has epoch times, waits and CPU
+    (``servers``: the pids of the FUSE daemons serving ROOT, whose CPU is taken around the run too)."""
+    fs0 = sum(process_cpu(pid) for pid in servers)
     t = time.monotonic()
     res = run_readers(root, job, None, run_dir)
     wall = time.monotonic() - t
+    fs_cpu = (sum(process_cpu(pid) for pid in servers) - fs0) / max(wall, 1e-9) if servers else None
     setup = max(r["setup_s"] for r in res)
     return Result(
-        config, epoch_times(res), wait_s=epoch_waits(res), reader_cpu=reader_cpu(res, wall), setup_s=setup, **extra
+        config,
+        epoch_times(res),
+        wait_s=epoch_waits(res),
+        reader_cpu=reader_cpu(res, wall),
+        fs_cpu=fs_cpu,
+        setup_s=setup,
+        **extra,
     )
 
 
@@ -199,7 +213,8 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
     try:
         # Rank 0 writes the seed when it starts, as the training script would: planning and the first
         # fetches run inside the measured time, not before it.
-        result = timed_readers(name, mnt, replace(job, write_seed=seeded), d / "run")
+        pid = int(status(mnt)["pid"])
+        result = timed_readers(name, mnt, replace(job, write_seed=seeded), d / "run", servers=[pid])
         doc = status(mnt)
         result.status_text = seerfs("status", str(mnt)).stdout
     finally:
@@ -238,7 +253,8 @@ def seerfs_nodes_run(emu: RunningEmulator, work: Path, job: Job, total: int, nod
         fuse={"io_threads": 32},
     ) as mnts:
         roots = [mnts[r // per_node] for r in range(job.world_size)]
-        result = timed_readers(f"seerfs+seed x{nodes}", roots, replace(job, write_seed=True), d / "run")
+        pids = [int(status(m)["pid"]) for m in mnts]
+        result = timed_readers(f"seerfs+seed x{nodes}", roots, replace(job, write_seed=True), d / "run", servers=pids)
         docs = [status(m) for m in mnts]
     for doc in docs:
         for k, v in opens_by_source(doc["reads"]).items():
@@ -279,7 +295,7 @@ def run_rclone(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
     mnt.mkdir()
     proc = rclone_mount(emu.mountpoint, mnt, cache)
     try:
-        return timed_readers("rclone", mnt, job, work / "rclone")
+        return timed_readers("rclone", mnt, job, work / "rclone", servers=[proc.pid])
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
         proc.terminate()
@@ -354,7 +370,26 @@ def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tu
             f"{direct.total_s / seed.total_s:.2f}x",
         ),
         *unseeded,
+        *nodes_targets([r for r in results if r.config.startswith("seerfs+seed x")], lower, total),
     ]
+
+
+def nodes_targets(runs: list[Result], lower: Result, total: int) -> list[tuple[str, bool, str]]:
+    """seerfs+seed on several nodes (--nodes): each node prefetches the next epoch's files from the
+    peers that read them, so every epoch after the first is as fast as on one node."""
+    out: list[tuple[str, bool, str]] = []
+    for run in runs:
+        later = [t / c for t, c in zip(run.epoch_s[1:], lower.epoch_s[1:], strict=True)]
+        name = run.config.removeprefix("seerfs+seed ").replace("x", "", 1) + " nodes"
+        out += [
+            (
+                f"{name}: every later epoch <= 1.05x compute-only",
+                all(x <= 1.05 for x in later),
+                ", ".join(f"{x:.3f}x" for x in later),
+            ),
+            (f"{name}: PFS bytes <= 1.05x the dataset", run.pfs_bytes <= 1.05 * total, f"{run.pfs_bytes / total:.3f}x"),
+        ]
+    return out
 
 
 def unseeded_targets(none: Result | None, seed: Result, total: int) -> list[tuple[str, bool, str]]:
@@ -390,7 +425,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
     print(
         f"{'configuration':<14}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
-        f"{'rdr CPU':>7}  {'steal':>5}  notes"
+        f"{'rdr CPU':>7}  {'fs CPU':>6}  {'steal':>5}  notes"
     )
     for r in results:
         base = lower.epoch_s if lower else [1.0] * epochs
@@ -401,9 +436,10 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
             notes += f", hit rate {r.hit_rate:.2%}"
         if r.sources:
             notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
+        fs = "-" if r.fs_cpu is None else f"{r.fs_cpu:.0%}"
         print(
             f"{r.config:<14}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
-            f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {r.steal:5.1%}  "
+            f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {fs:>6}  {r.steal:5.1%}  "
             f"{notes.strip(', ')}"
         )
     checks = targets(results, total, a)
