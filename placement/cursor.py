@@ -35,7 +35,8 @@ API (what the daemon calls):
 * ``NodeCursor(job, settings, start_epoch=0, previous=None)``: ``job`` is the plan's
   :class:`~placement.jobstreams.JobStreams`, ``settings`` from :meth:`CursorSettings.for_job`.
   ``previous``: the cursor of the plan this one replaces (a rewritten seed): cumulative counters,
-  history, the node, learned pass schedules and each dataset's recent opens carry over, and the
+  history, the node, learned pass schedules and each dataset's recent opens carry over (with how
+  many of them the old cursor placed in its newest pass, a boundary the relock keeps), and the
   new plan relocks on those opens at the next slow step (``prepare()`` or a slow ``observe``).
 * ``presume(node, epoch=0)``: predict the lead dataset from the start of ``epoch`` for ``node``.
 * ``observe(gid) -> bool``: record one open (global file id); True when it was predicted.
