@@ -775,10 +775,6 @@ class DatasetCursor:
 
     # ---- status ---------------------------------------------------------------------------
 
-    @property
-    def tracking(self) -> bool:
-        return self.state == "tracking"
-
     def status(self) -> DatasetCursorStatus:
         cur = self.cur
         lead = cur.lead == self.d
@@ -1062,6 +1058,14 @@ class NodeCursor:
         if dc.d != self.lead and dc.state == "detecting":
             dc.state = "idle"
 
+    def _look_holding(self, dc: DatasetCursor, held: list[tuple[int, int]], n: int) -> None:
+        """Look again at the strays with the newest held back until ``held`` has ``n`` of them."""
+        while len(held) < n:
+            held.append(dc.strays.pop())
+        dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None  # judged again
+        dc.scan_after = 0  # each shorter evidence may be searched (its look spends budget)
+        self._look(dc)
+
     def _look_before_tail(self, dc: DatasetCursor) -> None:
         """Relock on the carried opens without their newest few, then place those after the lock.
 
@@ -1082,19 +1086,13 @@ class NodeCursor:
             # before are the pass that ended, whatever the new plan calls it.  Held back at once:
             # one at a time stopped at 2 x detect_opens, and with 12 of the next pass's opens
             # carried, the rest never locked (7-9 of its opens unpredicted).
-            held = [dc.strays.pop() for _ in range(tail)]
-            dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None
-            dc.scan_after = 0
-            self._look(dc)
-            if not dc.tracking:
+            self._look_holding(dc, held, tail)
+            if dc.state != "tracking":
                 dc.strays.extend(reversed(held))
-                held = []
+                held.clear()
         most = min(len(dc.strays) - self.settings.detect_opens, 2 * self.settings.detect_opens)
         while len(held) < most and dc.state != "tracking":
-            dc.state, dc.mismatch_reason, dc.mismatch_kind = "detecting", None, None  # judged again
-            held.append(dc.strays.pop())
-            dc.scan_after = 0  # each shorter evidence may be searched (its look spends budget)
-            self._look(dc)
+            self._look_holding(dc, held, len(held) + 1)
         if dc.state != "tracking":
             dc.state, dc.mismatch_reason, dc.mismatch_kind = verdict
             dc.strays.extend(reversed(held))
@@ -1316,10 +1314,7 @@ class NodeCursor:
         where the track already is, nothing moves.  Asked last, after every other placement.
         """
         for t in dc.tracks:
-            idx = t.index
-            if idx is None or int(idx.rank_of[i]) < 0:
-                continue
-            for pos in idx.positions(i, t.rank):
+            for pos in t.index.positions(i, t.rank) if t.index is not None else ():
                 if t.reopened(pos):
                     return (t.slot, pos, None)
         return False
