@@ -140,6 +140,14 @@ async def until(check: Callable[[], bool]) -> None:
         await trio.sleep(0.002)
 
 
+async def settled(mount: Mount) -> None:
+    """Until no stage is fetching or pushing (a push the test waited for may have others queued behind
+    it), then every invalidation queued so far reached the kernel."""
+    pages = mount.rp.policy.pages
+    await until(lambda: all(p.state not in ("fetching", "pushing") for p in pages.values()))
+    await drained(mount)
+
+
 async def drained(mount: Mount) -> None:
     """Until every invalidation queued so far reached the kernel (the stand-in refuses none)."""
     staging = mount.rp.staging
