@@ -264,3 +264,47 @@ def test_a_request_handler_never_waits_on_a_read_back_of_its_file(
         assert await stuck.wait() == m.files[rel]
 
     serve(m, body)
+
+
+def test_a_fetch_whose_read_back_found_nothing_takes_the_bytes_a_request_is_fetching_apart(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """A stage or fill reading a file back through the mount while two readers open it: their
+    requests may not join the read back, so one fetch runs apart from it and the other request
+    joins that one; when the read back finds no pages, the stage takes that fetch's bytes.  One
+    fetch reaches the owner and the PFS, not three (seen: a stage and an open of the same file
+    both reading the PFS in the same millisecond, the file read twice by the group)."""
+    m = mount(tmp_path, source)
+    rel = "c1/f3.jpg"
+    entry = m.entry(rel)
+    got: list[bytes] = []
+
+    async def body() -> None:
+        assert (await m.read(rel))[0] == m.files[rel]  # read through: its pages are kept (the kernel
+        for tier in m.rp.tiers:  # stand-in has none: a read back finds nothing)
+            tier.drop(entry)
+        asked, pfs = len(m.peer.asked), m.rp.counters.sources["pfs"].files
+        m.kernel.read_gate.clear()
+        stuck = m.rp.fetcher.start(entry, why="test")  # reads the file back first
+        await until(m.kernel.read_waiting.is_set)
+        gate = m.peer.gates[entry] = trio.Event()  # the fetch apart waits at the owner
+
+        async def read() -> None:
+            got.append((await m.read(rel))[0])
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(read)
+                await until(lambda: len(m.peer.asked) > asked)
+                await trio.testing.wait_all_tasks_blocked()
+                m.kernel.read_gate.set()  # the read back finds no pages ...
+                await until(lambda: not stuck.reading_pages)
+                await trio.testing.wait_all_tasks_blocked()
+                gate.set()  # ... and waits for the fetch apart rather than fetching again
+            assert await stuck.wait() == m.files[rel]
+        assert m.peer.asked[asked:] == [entry]
+        assert m.rp.counters.sources["pfs"].files == pfs + 1
+
+    serve(m, body)
+    assert got == [m.files[rel]] * 2

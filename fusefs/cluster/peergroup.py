@@ -353,7 +353,7 @@ class PeerGroup:
         pages = await self.fetcher.from_pages(entry)
         if pages is not None:
             return Provision("ok", pages, file=mine)
-        job = self.fetcher.inflight.get(entry)
+        job = self.fetcher.joinable(entry) or self.fetcher.inflight.get(entry)
         if held_only and (job is None or not job.reading_pfs):
             return Provision("not_owned", reason="not held here")
         if job is None:

@@ -18,7 +18,12 @@ Concurrency rules:
   its READ refetching, that fetch reading the file back, the read back stuck on the READ's locked
   page, the mount hung), and enough handlers awaiting read backs would leave no task to read the
   OPEN they need.  So :meth:`Fetcher.for_request`, the handlers' fetch, never reads back, and
-  never joins a fetch in its read-back step (it runs apart from it, unregistered).
+  never joins a fetch in its read-back step: it runs apart from it, in ``apart``.
+* Still one PFS read per entry: a fetch whose read back found no pages takes the bytes of the
+  request fetch running apart from it, if any, instead of fetching them again (seen: a stage's
+  read back and a reader's open of the same file, both reading the PFS in the same millisecond),
+  and request fetches join the one running apart.  Waiting on that one is safe for everybody: it
+  never reads back.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class Fetcher:
         self.tiers = list(tiers)
         self.counters = counters
         self.inflight: dict[int, Inflight] = {}
+        self.apart: dict[int, Inflight] = {}  # request fetches beside a registered one reading back
         self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
         self.page_read: PageRead | None = None  # this mount's page cache (kept or pushed pages)
         self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
@@ -166,9 +172,11 @@ class Fetcher:
             data: bytes | None = None
             if pages:
                 data = await self.from_pages(entry)
+                job.reading_pages = False
                 if data is not None:
                     job.source = "page_cache"
-            job.reading_pages = False
+                else:
+                    data = await self._from_apart(job)
             if data is None and self.peer_fetch is not None and (use_peer or pfs):
                 # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
                 # from an earlier regime: the PFS is read for a file only when no member has it.
@@ -211,19 +219,49 @@ class Fetcher:
             job.done.set()
 
     def joinable(self, entry: int) -> Inflight | None:
-        """The fetch of ``entry`` in flight that a FUSE request handler may wait on: none in its
-        read-back step (see the module's concurrency rules)."""
+        """The fetch of ``entry`` in flight that a FUSE request handler may wait on: the registered
+        one unless it is in its read-back step, else the request fetch running apart from it (see
+        the module's concurrency rules)."""
         running = self.inflight.get(entry)
-        return running if running is not None and not running.reading_pages else None
+        if running is not None and not running.reading_pages:
+            return running
+        return self.apart.get(entry)
 
     async def for_request(self, entry: int, keep_in: Tier | None = None, why: str = "open") -> bytes:
         """A fetch a FUSE request handler awaits: never a read back, and never waiting on one.  When
-        a fetch of the file is reading it back now, this one runs apart from it, unregistered."""
-        if entry not in self.inflight or self.joinable(entry) is not None:
+        a fetch of the file is reading it back now, this one runs apart from it (in ``apart``, where
+        other requests join it and the fetch reading back takes its bytes)."""
+        running = self.inflight.get(entry)
+        if running is None or not running.reading_pages:
             return await self.fetch(entry, keep_in, why=why, pages=False)
-        job = Inflight(entry)  # unregistered: ``inflight`` keeps the one reading back, and nobody joins this one
-        await self._run(job, keep_in, True, why, True, pages=False)
+        apart = self.apart.get(entry)
+        if apart is not None:
+            return await apart.wait()
+        assert self._nursery is not None, "Fetcher.attach() was not called"
+        job = Inflight(entry)  # reads peers and the PFS, never NotFromPeer
+        self.apart[entry] = job
+        self._nursery.start_soon(self._run_apart, job, keep_in, why)  # a handler's cancel never fails its joiners
         return await job.wait()
+
+    async def _run_apart(self, job: Inflight, keep_in: Tier | None, why: str) -> None:
+        try:
+            await self._run(job, keep_in, True, why, True, pages=False)
+        finally:
+            if self.apart.get(job.entry) is job:
+                del self.apart[job.entry]
+
+    async def _from_apart(self, job: Inflight) -> bytes | None:
+        """The bytes of the request fetch running apart from ``job`` (which found no pages to read
+        back), so that the two never both read the PFS; None when there is none or it failed."""
+        apart = self.apart.get(job.entry)
+        if apart is None or apart is job:
+            return None
+        try:
+            data = await apart.wait()
+        except Exception:  # its error is its requester's; this fetch tries on its own
+            return None
+        job.source = "inflight"  # counted once, by the fetch that got it
+        return data
 
     async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open", pages: bool = True) -> bytes:
         try:
