@@ -20,6 +20,7 @@ import trio.testing
 from inprocess import BIG, CTX, Mount, assemble, make_source, serve, until
 
 from fusefs.meta.ids import entry_of, inode_of
+from fusefs.readpath import fetcher as fetcher_module
 from fusefs.tiers.layout import file_path
 
 
@@ -229,13 +230,14 @@ def test_entry_and_inode_numbers_agree(tmp_path: Path, source: tuple[Path, dict[
 
 
 def test_a_request_handler_never_waits_on_a_read_back_of_its_file(
-    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reader's pages were dropped, so its READ refetches the file while another fetch of it is
     stuck reading it back through the mount (as the kernel holds that READ's page locked, such a
     read back waits for the READ: the mount hung in a three-node soak).  The READ is served from
     elsewhere at once, not by joining that fetch, and so is a new open of the file; the read back
     ends when released, harmlessly."""
+    monkeypatch.setattr(fetcher_module, "RECENT_SECONDS", 0.0)  # no fetch takes the read through's bytes
     m = mount(tmp_path, source)
     rel = "c1/f3.jpg"
     entry = m.entry(rel)
@@ -267,13 +269,14 @@ def test_a_request_handler_never_waits_on_a_read_back_of_its_file(
 
 
 def test_a_fetch_whose_read_back_found_nothing_takes_the_bytes_a_request_is_fetching_apart(
-    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stage or fill reading a file back through the mount while two readers open it: their
     requests may not join the read back, so one fetch runs apart from it and the other request
     joins that one; when the read back finds no pages, the stage takes that fetch's bytes.  One
     fetch reaches the owner and the PFS, not three (seen: a stage and an open of the same file
     both reading the PFS in the same millisecond, the file read twice by the group)."""
+    monkeypatch.setattr(fetcher_module, "RECENT_SECONDS", 0.0)  # no fetch takes the read through's bytes
     m = mount(tmp_path, source)
     rel = "c1/f3.jpg"
     entry = m.entry(rel)
@@ -308,3 +311,37 @@ def test_a_fetch_whose_read_back_found_nothing_takes_the_bytes_a_request_is_fetc
 
     serve(m, body)
     assert got == [m.files[rel]] * 2
+
+
+def test_a_fetch_just_after_another_of_the_same_file_takes_its_bytes_within_a_bound(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage decided while a fill or a read for a peer of the same file was in flight starts once
+    that fetch ended: it takes that fetch's bytes rather than reading the owner or the PFS again
+    (seen: one file read from the PFS twice on one node, 13-45 ms apart).  Bounded: past
+    ``RECENT_SECONDS`` or ``RECENT_BYTES`` (the oldest going first), a fetch reads again."""
+    m = mount(tmp_path, source)
+    small = ["c0/f0.jpg", "c0/f1.jpg", "c0/f2.jpg"]
+    entries = [m.entry(rel) for rel in small]
+
+    async def fetch(entry: int, why: str) -> bytes:
+        return await m.rp.fetcher.start(entry, why=why, pages=False).wait()
+
+    async def body() -> None:
+        x = entries[0]
+        assert await fetch(x, "peer") == m.bytes_of(x)
+        assert await fetch(x, "staging") == m.bytes_of(x)  # the bytes of the first
+        assert m.peer.asked == [x] and m.rp.counters.sources["pfs"].files == 1
+        assert m.rp.fetcher.recent_hits == 1
+        # Room for two of these files: fetching two more pushes the first out.
+        monkeypatch.setattr(fetcher_module, "RECENT_BYTES", sum(len(m.files[r]) for r in small[1:]))
+        for e in entries[1:]:
+            await fetch(e, "fill")
+        assert await fetch(x, "staging") == m.bytes_of(x)
+        assert m.peer.asked == [x, *entries[1:], x]
+        monkeypatch.setattr(fetcher_module, "RECENT_SECONDS", 0.0)  # past the time bound: read again
+        await fetch(entries[1], "staging")
+        assert m.peer.asked[-1] == entries[1] and m.rp.counters.sources["pfs"].files == 5
+        assert m.rp.fetcher.recent_hits == 1
+
+    serve(m, body)

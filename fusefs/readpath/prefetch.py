@@ -124,6 +124,9 @@ class PrefetchStatus(TypedDict):
     fill_fetches: Annotated[int, counter("fetches that filled long-term tiers")]
     next_fetches: Annotated[int, counter("fetches that staged the next epoch's files (peers and local tiers)")]
     fetches_inflight: Annotated[int, gauge("fetches running now")]
+    recent_fetches: Annotated[
+        int, counter("fetches served by the bytes of a fetch of the same file that ended within the last second")
+    ]
     window_files: Annotated[int, gauge("opens ahead that count as predicted")]
     horizon_files: Annotated[int, gauge("files ahead the prefetcher plans for")]
     staging: Annotated[StagingStatus, text("the staging window", metric="staging")]
@@ -588,6 +591,7 @@ class Prefetcher:
             "fill_fetches": self.fill_fetches,
             "next_fetches": self.next_fetches,
             "fetches_inflight": len(self.fetcher.inflight),
+            "recent_fetches": self.fetcher.recent_hits,
             "window_files": self.window_files,
             "horizon_files": self.horizon_files,
             "staging": self.staging.status(),
