@@ -21,6 +21,7 @@ from inprocess import BIG, CTX, Mount, assemble, make_source, serve, until
 
 from fusefs.meta.ids import entry_of, inode_of
 from fusefs.readpath import fetcher as fetcher_module
+from fusefs.readpath.policy import Stage
 from fusefs.tiers.layout import file_path
 
 
@@ -313,35 +314,61 @@ def test_a_fetch_whose_read_back_found_nothing_takes_the_bytes_a_request_is_fetc
     assert got == [m.files[rel]] * 2
 
 
-def test_a_fetch_just_after_another_of_the_same_file_takes_its_bytes_within_a_bound(
+def test_a_file_read_for_a_peer_serves_this_nodes_next_fetch_of_it_within_a_bound(
     tmp_path: Path, source: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stage decided while a fill or a read for a peer of the same file was in flight starts once
-    that fetch ended: it takes that fetch's bytes rather than reading the owner or the PFS again
-    (seen: one file read from the PFS twice on one node, 13-45 ms apart).  Bounded: past
-    ``RECENT_SECONDS`` or ``RECENT_BYTES`` (the oldest going first), a fetch reads again."""
+    """A node reads a file from the PFS for a peer and keeps no copy; its own stage of that file,
+    decided meanwhile, starts once that read ended: it takes those bytes rather than reading the
+    PFS again (seen: one file read twice on one node, 13-45 ms apart).  Bounded: past
+    ``RECENT_SECONDS`` or ``RECENT_BYTES`` (the oldest going first), a fetch reads again; and a
+    fetch that is not for a peer is not remembered (its bytes are kept where it was asked to)."""
     m = mount(tmp_path, source)
     small = ["c0/f0.jpg", "c0/f1.jpg", "c0/f2.jpg"]
-    entries = [m.entry(rel) for rel in small]
+    x, y, z = (m.entry(rel) for rel in small)
 
-    async def fetch(entry: int, why: str) -> bytes:
-        return await m.rp.fetcher.start(entry, why=why, pages=False).wait()
+    async def for_peer(entry: int) -> bytes:
+        return await m.rp.fetcher.start(entry, use_peer=False, why="peer", pages=False, remember=True).wait()
+
+    async def fetch(entry: int) -> bytes:
+        return await m.rp.fetcher.start(entry, why="staging", pages=False).wait()
+
+    def pfs_files() -> int:
+        return m.rp.counters.sources["pfs"].files
 
     async def body() -> None:
-        x = entries[0]
-        assert await fetch(x, "peer") == m.bytes_of(x)
-        assert await fetch(x, "staging") == m.bytes_of(x)  # the bytes of the first
-        assert m.peer.asked == [x] and m.rp.counters.sources["pfs"].files == 1
-        assert m.rp.fetcher.recent_hits == 1
-        # Room for two of these files: fetching two more pushes the first out.
-        monkeypatch.setattr(fetcher_module, "RECENT_BYTES", sum(len(m.files[r]) for r in small[1:]))
-        for e in entries[1:]:
-            await fetch(e, "fill")
-        assert await fetch(x, "staging") == m.bytes_of(x)
-        assert m.peer.asked == [x, *entries[1:], x]
+        assert await for_peer(x) == m.bytes_of(x) and pfs_files() == 1
+        assert await fetch(x) == m.bytes_of(x)  # the bytes read for the peer
+        assert m.peer.asked == [] and pfs_files() == 1 and m.rp.fetcher.recent_hits == 1
+        assert await fetch(y) == m.bytes_of(y) and await fetch(y) == m.bytes_of(y)  # not for a peer
+        assert m.peer.asked == [y, y] and pfs_files() == 3
+        # Room for two of these files: reading two more for peers pushes the first out.
+        monkeypatch.setattr(fetcher_module, "RECENT_BYTES", len(m.files[small[1]]) + len(m.files[small[2]]))
+        await for_peer(y)
+        await for_peer(z)
+        assert await fetch(x) == m.bytes_of(x) and m.peer.asked[-1] == x
         monkeypatch.setattr(fetcher_module, "RECENT_SECONDS", 0.0)  # past the time bound: read again
-        await fetch(entries[1], "staging")
-        assert m.peer.asked[-1] == entries[1] and m.rp.counters.sources["pfs"].files == 5
-        assert m.rp.fetcher.recent_hits == 1
+        assert await fetch(z) == m.bytes_of(z) and m.peer.asked[-1] == z
+        assert m.rp.fetcher.recent_hits == 1 and pfs_files() == 7
+
+    serve(m, body)
+
+
+def test_a_stage_decided_before_a_fill_stored_its_file_reads_that_copy(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """The window decides a stage with no tier holding the file while a fill of it is in flight;
+    the stage runs after the fill stored its copy: it reads that copy, not the owner or the PFS
+    again (seen: a fill and then the stage of the same file, both from the PFS, 20 ms apart)."""
+    m = mount(tmp_path, source)
+    entry = m.entry("c0/f3.jpg")
+
+    async def body() -> None:
+        tier = m.rp.tiers[0]
+        await m.rp.fetcher.start(entry, keep_in=tier, why="fill", pages=False).wait()
+        assert tier.contains(entry)
+        asked, pfs = len(m.peer.asked), m.rp.counters.sources["pfs"].files
+        await m.rp.prefetcher._stage_one(Stage(entry, None, None))  # as decided before the fill ended
+        assert len(m.peer.asked) == asked and m.rp.counters.sources["pfs"].files == pfs
+        assert m.rp.prefetcher.staging_fetches == 0  # no fetch: the tier's copy
 
     serve(m, body)

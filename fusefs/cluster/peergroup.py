@@ -361,7 +361,8 @@ class PeerGroup:
             if read is None:
                 return Provision("not_owned")
             keep = None if read.keep_in is None else self.fetcher.tiers[read.keep_in]
-            job = self.fetcher.start(entry, keep_in=keep, use_peer=False, why="peer")  # the owner reads the PFS
+            # The owner reads the PFS; keeping no copy, it remembers the bytes a moment (fetcher.py).
+            job = self.fetcher.start(entry, keep_in=keep, use_peer=False, why="peer", remember=keep is None)
         with trio.move_on_after(self.answer_within):
             try:
                 return Provision("ok", await job.wait(), file=mine)

@@ -24,11 +24,12 @@ Concurrency rules:
   read back and a reader's open of the same file, both reading the PFS in the same millisecond),
   and request fetches join the one running apart.  Waiting on that one is safe for everybody: it
   never reads back.
-* And once per entry per second: what a fetch got from a peer or the PFS is remembered for
-  ``RECENT_SECONDS`` (at most ``RECENT_BYTES`` in all, oldest out first), and a fetch of the same
-  entry in that time takes those bytes.  Decisions are made on what was known when they were made:
-  a stage the window decided while a fill or a read for a peer was in flight starts just after
-  that fetch ended, and would read the PFS again (seen: 13-45 ms apart, on one node).
+* A file this node read from the PFS for a peer and keeps no copy of (``remember``) is remembered
+  for ``RECENT_SECONDS`` (at most ``RECENT_BYTES`` in all, oldest out first), and a fetch of the
+  same entry in that time takes those bytes.  The window decides a stage on what it knew then: a
+  file of its own window that a peer asked for while every stage thread was busy is staged just
+  after the read for the peer ended, and read the PFS again (seen: 13-45 ms apart).  The bytes
+  are at most a second old, fresher than any tier copy (fusefs/readpath/revalidate.py).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ log = logging.getLogger(__name__)
 
 RECENT_SECONDS = 1.0
 """How long a fetch's bytes serve later fetches of the same entry (see the concurrency rules)."""
-RECENT_BYTES = 32 << 20
-"""The most bytes so remembered (outside the tiers' budget: a second's fetches, bounded)."""
+RECENT_BYTES = 8 << 20
+"""The most bytes so remembered (beside the peer server's reply memory, which held them a moment ago)."""
 
 
 class PeerFetch(Protocol):
@@ -110,7 +111,7 @@ class Fetcher:
         self.apart: dict[int, Inflight] = {}  # request fetches beside a registered one reading back
         self._recent: OrderedDict[int, tuple[float, bytes]] = OrderedDict()  # entry -> (fetched at, bytes)
         self._recent_bytes = 0
-        self.recent_hits = 0  # fetches served by the bytes of one that ended within RECENT_SECONDS
+        self.recent_hits = 0  # fetches served by those bytes
         self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
         self.page_read: PageRead | None = None  # this mount's page cache (kept or pushed pages)
         self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
@@ -165,20 +166,29 @@ class Fetcher:
         why: str = "open",
         pfs: bool = True,
         pages: bool = True,
+        remember: bool = False,
     ) -> Inflight:
         """The in-flight fetch of ``entry`` (started now unless one is running); ``pages``: may read
-        it back from this mount's page cache first."""
+        it back from this mount's page cache first; ``remember``: a read for a peer that keeps no
+        copy here (see the concurrency rules)."""
         running = self.inflight.get(entry)
         if running is not None:
             return running
         assert self._nursery is not None, "Fetcher.attach() was not called"
         job = Inflight(entry, reading_pages=pages)  # from now on: its task may not have started yet
         self.inflight[entry] = job
-        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs, pages)
+        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs, pages, remember)
         return job
 
     async def _run(
-        self, job: Inflight, keep_in: Tier | None, use_peer: bool, why: str, pfs: bool, pages: bool = True
+        self,
+        job: Inflight,
+        keep_in: Tier | None,
+        use_peer: bool,
+        why: str,
+        pfs: bool,
+        pages: bool = True,
+        remember: bool = False,
     ) -> None:
         entry = job.entry
         t0 = time.monotonic()
@@ -214,7 +224,8 @@ class Fetcher:
                     self.on_pfs_read(entry)  # so never inside another step (those never await)
             if job.source in FETCH_SOURCES:
                 self.counters.sources[job.source].add(len(data), time.monotonic() - t0)
-                self._remember(entry, data)
+                if remember:
+                    self._remember(entry, data)
             if keep_in is not None and not keep_in.contains(entry):
                 if self.revalidator is not None and self.revalidator.is_changed(entry):
                     raise StaleFile(self.revalidator.reason(entry))  # seen changed while we fetched
@@ -252,8 +263,8 @@ class Fetcher:
             self._recent_bytes -= len(data)
 
     def _recently_fetched(self, entry: int) -> bytes | None:
-        """The bytes a fetch of ``entry`` got within ``RECENT_SECONDS``, unless the source was seen
-        changed since (the revalidator drops nothing here: it is asked)."""
+        """The bytes of ``entry`` read for a peer within ``RECENT_SECONDS``, unless the source was
+        seen changed since (the revalidator drops nothing here: it is asked)."""
         self._trim_recent()
         hit = self._recent.get(entry)
         if hit is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):

@@ -125,7 +125,7 @@ class PrefetchStatus(TypedDict):
     next_fetches: Annotated[int, counter("fetches that staged the next epoch's files (peers and local tiers)")]
     fetches_inflight: Annotated[int, gauge("fetches running now")]
     recent_fetches: Annotated[
-        int, counter("fetches served by the bytes of a fetch of the same file that ended within the last second")
+        int, counter("fetches served by the bytes this node read for a peer within the last second")
     ]
     window_files: Annotated[int, gauge("opens ahead that count as predicted")]
     horizon_files: Annotated[int, gauge("files ahead the prefetcher plans for")]
@@ -500,6 +500,11 @@ class Prefetcher:
                     data = await self.tiers[ins.from_tier].get(entry)
                     if data is None and not self.tiers[ins.from_tier].contains(entry):
                         self.copy_lost(entry, ins.from_tier)
+                else:
+                    # Decided while a fill of it was in flight, perhaps: a copy stored since is
+                    # read here, not the PFS again (seen: a fill and then its stage, 20 ms apart).
+                    local = await self.fetcher.from_tiers(entry)
+                    data = local.data if local is not None else None
                 if data is None:
                     keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
                     data = await self.fetcher.start(entry, keep_in=keep, why="staging").wait()
