@@ -53,7 +53,7 @@ from fusefs.tiers import Tier
 log = logging.getLogger(__name__)
 
 RECENT_SECONDS = 1.0
-"""How long a fetch's bytes serve later fetches of the same entry (see the concurrency rules)."""
+"""How long bytes read for a peer serve this node's fetches of the same entry (concurrency rules)."""
 RECENT_BYTES = 8 << 20
 """The most bytes so remembered (beside the peer server's reply memory, which held them a moment ago)."""
 
