@@ -265,6 +265,8 @@ class Fetcher:
     def _recently_fetched(self, entry: int) -> bytes | None:
         """The bytes of ``entry`` read for a peer within ``RECENT_SECONDS``, unless the source was
         seen changed since (the revalidator drops nothing here: it is asked)."""
+        if not self._recent:
+            return None  # the usual case, on every fetch: no clock read, no trim
         self._trim_recent()
         hit = self._recent.get(entry)
         if hit is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):
