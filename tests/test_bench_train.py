@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,23 @@ def test_misspelt_configuration_is_a_one_line_error(capsys: pytest.CaptureFixtur
     assert bench_train.main(["--configs", "direct,seerfs-seed"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown seerfs-seed" in err, err
+
+
+def test_reference_filesystems_read_the_local_copy_through_fuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pyfuse3 floor and mergerfs serve staging's local copy: the copy is the PFS read (once, by the
+    first of them), each daemon served the opens (its CPU is taken), and nothing stays mounted."""
+    configs = ["pyfuse3 floor"] + (["mergerfs"] if shutil.which("mergerfs") else [])
+    argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000"]
+    argv += ["--batch", "8", "--compute-ms", "1", "--configs", ",".join(configs), "--json", "--workdir", str(tmp_path)]
+    assert bench_train.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["config"]: r for r in doc["results"]}
+    assert list(by) == configs
+    assert by["pyfuse3 floor"]["pfs_bytes"] == doc["dataset_bytes"]  # the local copy, made here
+    for config in configs:
+        assert len(by[config]["epoch_s"]) == EPOCHS and by[config]["fs_cpu"] > 0, config
+    if "mergerfs" in by:
+        assert by["mergerfs"]["pfs_bytes"] == 0  # the same copy, reused
+    assert fuse_mounts(tmp_path) == []

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import itertools
 import json
 import os
@@ -71,13 +70,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyfuse3
-import trio
 
+from tools import floorfs
 from tools.bench_train import rclone_mount
 from tools.jobs import Job, seerfs_config
 from tools.mkdataset import Spec, make_dataset, parse_size
-from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.mounts import force_unmount, seerfs, status, wait_for
 from tools.options import pick_configs
 from tools.procstat import CLK_TCK, cpu_seconds_of
 
@@ -89,13 +87,6 @@ LABELS = {
     "mergerfs": "mergerfs",
     "rclone": "rclone",
 }
-ROOT = Path(__file__).resolve().parent.parent
-# Page cache kept across opens while mtime and size are unchanged, and lookups cached as long as
-# seerfs and rclone cache them here: mergerfs at its fastest for read-only small files.
-MERGERFS_OPTIONS = (
-    "cache.files=auto-full,cache.entry=3600,cache.attr=3600,cache.negative_entry=3600,"
-    "cache.readdir=true,dropcacheonclose=false,fsname=ceiling-mergerfs"
-)
 RCLONE_OPTIONS = "--vfs-cache-mode full --dir-cache-time 1h --attr-timeout 1h (cache dir on local disk)"
 # The parameters the targets are set for; output options do not count.
 SIZING = ("files", "mean_size", "sigma", "classes", "threads", "read_size", "reader")
@@ -371,95 +362,26 @@ def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator
         force_unmount(mnt)
 
 
-class FloorOperations(pyfuse3.Operations):
-    """Read-only passthrough doing the least per request: what any pyfuse3 daemon pays, seerfs included."""
-
-    def __init__(self, source: str) -> None:
-        super().__init__()
-        self.paths: dict[int, bytes] = {pyfuse3.ROOT_INODE: os.fsencode(source)}
-        self.inodes: dict[bytes, int] = {}
-        self.opened: dict[int, int] = {}  # fh -> inode
-        self.numbers = itertools.count(pyfuse3.ROOT_INODE + 1)
-        self.fhs = itertools.count(1)
-
-    def attrs(self, inode: int) -> pyfuse3.EntryAttributes:
-        st = os.lstat(self.paths[inode])
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = pyfuse3.InodeT(inode)
-        a.entry_timeout = a.attr_timeout = 86400.0  # as seerfs: the tree does not change
-        a.st_mode = pyfuse3.ModeT(st.st_mode)
-        a.st_nlink, a.st_uid, a.st_gid, a.st_size = st.st_nlink, st.st_uid, st.st_gid, st.st_size
-        a.st_blksize, a.st_blocks = 128 * 1024, (st.st_size + 511) // 512
-        a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
-        return a
-
-    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        path = self.paths[parent_inode] + b"/" + name
-        inode = self.inodes.get(path)
-        if inode is None:
-            if not os.path.lexists(path):
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            inode = self.inodes[path] = next(self.numbers)
-            self.paths[inode] = path
-        return self.attrs(inode)
-
-    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self.attrs(inode)
-
-    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        fh = next(self.fhs)
-        self.opened[fh] = inode
-        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True)
-
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        fd = os.open(self.paths[self.opened[fh]], os.O_RDONLY)  # cold pass only: later reads hit the page cache
-        try:
-            return os.pread(fd, size, off)
-        finally:
-            os.close(fd)
-
-    async def release(self, fh: int) -> None:
-        self.opened.pop(fh, None)
-
-
-def serve_floor(source: str, mountpoint: str) -> None:
-    """The pyfuse3 floor's daemon (run in its own process by :func:`floor_mounted`)."""
-    pyfuse3.init(FloorOperations(source), mountpoint, set(pyfuse3.default_options) | {"fsname=ceiling-pyfuse3"})
-    try:
-        trio.run(pyfuse3.main, 2, 64)  # seerfs's min_tasks and default fuse.max_tasks
-    finally:
-        pyfuse3.close(unmount=True)
-
-
 @contextlib.contextmanager
 def foreground_mounted(cmd: list[str], mnt: Path, what: str, data: Dataset) -> Iterator[Mounted]:
     """A filesystem process serving in the foreground at ``mnt``; unmounted and stopped in all cases."""
-    mnt.mkdir()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30, what=f"{what} mount")
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode().strip() if proc.stderr else ""
-            raise BenchError(f"{what} exited {proc.returncode}: {err[-500:]}")
-        yield Mounted(mnt / data.root.name, proc.pid)
-    finally:
-        force_unmount(mnt)
-        stop(proc)
+        with floorfs.foreground(cmd, mnt, what) as proc:
+            yield Mounted(mnt / data.root.name, proc.pid)
+    except floorfs.MountError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def floor_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
     mnt = work / "pyfuse3-mnt"
-    code = "import sys; from tools.bench_ceiling import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
-    return foreground_mounted([sys.executable, "-c", code, str(data.root.parent), str(mnt)], mnt, "pyfuse3 floor", data)
+    return foreground_mounted(floorfs.command(data.root.parent, mnt), mnt, "pyfuse3 floor", data)
 
 
 def mergerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
-    exe = shutil.which("mergerfs")
-    assert exe is not None  # main() skips mergerfs when it is not installed
     mnt = work / "mergerfs-mnt"
-    return foreground_mounted(
-        [exe, "-f", "-o", MERGERFS_OPTIONS, str(data.root.parent), str(mnt)], mnt, "mergerfs", data
-    )
+    cmd = floorfs.mergerfs_command(data.root.parent, mnt)
+    assert cmd is not None  # main() skips mergerfs when it is not installed
+    return foreground_mounted(cmd, mnt, "mergerfs", data)
 
 
 @contextlib.contextmanager
@@ -475,17 +397,7 @@ def rclone_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator
         yield Mounted(mnt / data.root.name, proc.pid)
     finally:
         force_unmount(mnt)
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        floorfs.stop(proc)
 
 
 MOUNTS = {
@@ -638,7 +550,7 @@ def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespac
         f"dataset: {len(data.rel)} files, {data.total / 1e6:.1f} MB (mean {data.total / len(data.rel) / 1e3:.1f} KB) "
         f"on tmpfs; {a.threads} reader threads, reader {a.reader}, random order"
     )
-    print(f"mergerfs -o {MERGERFS_OPTIONS}")
+    print(f"mergerfs -o {floorfs.MERGERFS_OPTIONS}")
     print(f"rclone mount {RCLONE_OPTIONS}")
     print(f"machine: {os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after\n")
     rat = ratios(results)
@@ -693,7 +605,7 @@ def to_json(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, l
     return {
         "parameters": vars(a),
         "dataset": {"files": len(data.rel), "bytes": data.total},
-        "mergerfs_options": MERGERFS_OPTIONS,
+        "mergerfs_options": floorfs.MERGERFS_OPTIONS,
         "rclone_options": RCLONE_OPTIONS,
         "load_average": {"before": load[0], "after": load[1]},
         "results": [

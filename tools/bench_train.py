@@ -8,6 +8,10 @@ invocation, over:
   lower bound   the same loop with samples of the files' sizes made in RAM (no I/O at all)
   direct        reading the emulated PFS directly
   staging       copy the dataset to local disk first (8 threads), then train; the copy is counted
+  pyfuse3 floor staging's local copy through the least a pyfuse3 filesystem does (tools/floorfs.py):
+                its later epochs are what FUSE and pyfuse3 alone cost this job, which no pyfuse3
+                filesystem, seerfs included, can go below (the copy is not counted)
+  mergerfs      staging's local copy through mergerfs, a C passthrough: FUSE's own cost, without Python
   rclone        rclone mount --vfs-cache-mode full over the emulated PFS
   seerfs        seerfs over the emulated PFS, no seed written (it finds the seed from the first opens)
   seerfs+seed   seerfs with the job's sampler seed written to .control/seed
@@ -15,7 +19,7 @@ invocation, over:
 and prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
 rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to the lower bound, PFS bytes from the
 emulator's own counters as a multiple of the dataset, CPU use of the emulator, the readers and the FUSE
-daemons (seerfs's, all nodes together, or rclone's: "fs CPU", a share of one core while the job ran), the
+daemons (seerfs's, all nodes together, or the other filesystem's: "fs CPU", a share of one core while the job ran), the
 share of CPU time the hypervisor stole during each configuration (a disturbed run shows here: rerun
 it), and whether each target holds.  Every parameter is printed with the results.
 """
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.readpath.counters import OPEN_SOURCES
+from tools import floorfs
 from tools.jobs import Job, make_source, run_readers, seerfs_config
 from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 from tools.nodes import mpi_group
@@ -62,7 +67,7 @@ SIZING = (
     "workers",
     "epochs",
 )
-CONFIGS = ("lower bound", "direct", "staging", "rclone", "seerfs", "seerfs+seed")
+CONFIGS = ("lower bound", "direct", "staging", "pyfuse3 floor", "mergerfs", "rclone", "seerfs", "seerfs+seed")
 
 
 @dataclass
@@ -282,12 +287,30 @@ def run_direct(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
     return timed_readers("direct", emu.mountpoint, job, work / "direct")
 
 
-def run_staging(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+def local_copy(emu: RunningEmulator, work: Path) -> tuple[Path, float]:
+    """The dataset copied from the emulated PFS to local disk (once per run), and the seconds the copy took."""
     local = work / "staged"
+    if local.exists():
+        return local, 0.0
     t = time.monotonic()
     parallel_copy(emu.mountpoint, local, 8)
-    copy_s = time.monotonic() - t
+    return local, time.monotonic() - t
+
+
+def run_staging(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+    local, copy_s = local_copy(emu, work)
     return timed_readers("staging", local, job, work / "staging", extra_s=copy_s, note=f"copy {copy_s:.1f}s")
+
+
+def run_reference(name: str, emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
+    """A reference filesystem (tools/floorfs.py) over the local copy; the copy is not counted."""
+    local, copy_s = local_copy(emu, work)
+    mnt = work / f"{name.replace(' ', '-')}-mnt"
+    cmd = floorfs.command(local, mnt) if name == "pyfuse3 floor" else floorfs.mergerfs_command(local, mnt)
+    assert cmd is not None  # run_all skips mergerfs when it is not installed
+    note = "over staging's local copy" + (" (made here: its PFS bytes)" if copy_s else "")
+    with floorfs.foreground(cmd, mnt, name) as proc:
+        return timed_readers(name, mnt, job, work / name.replace(" ", "-"), servers=[proc.pid], note=note)
 
 
 def run_rclone(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
@@ -320,13 +343,20 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
         val=a.val_files > 0,
         compute_s=a.compute_ms / 1000,
     )
-    runners = {"lower bound": run_lower, "direct": run_direct, "staging": run_staging, "rclone": run_rclone}
+    runners: dict[str, Callable[[RunningEmulator, Path, Job, Path], Result]] = {
+        "lower bound": run_lower,
+        "direct": run_direct,
+        "staging": run_staging,
+        "pyfuse3 floor": partial(run_reference, "pyfuse3 floor"),
+        "mergerfs": partial(run_reference, "mergerfs"),
+        "rclone": run_rclone,
+    }
     results: list[Result] = []
     with running_pfsemu(src, curve=a.curve, open_latency_ms=a.open_ms, read_latency_ms=a.read_ms) as emu:
         emu_params = emu.counters().config
         for config in configs:
-            if config == "rclone" and shutil.which("rclone") is None:
-                print("bench_train: rclone not installed: skipped", file=sys.stderr)
+            if config in ("rclone", "mergerfs") and shutil.which(config) is None:
+                print(f"bench_train: {config} not installed: skipped", file=sys.stderr)
                 continue
             print(f"bench_train: running {config}", file=sys.stderr)
             runner = runners.get(config)

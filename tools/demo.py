@@ -16,7 +16,9 @@ import sys
 from tools import bench_train
 
 # Small enough for about a minute on 2 cores, large enough that the PFS, not start-up, dominates.
+# The reference filesystems (pyfuse3 floor, mergerfs) are left to tools/bench_train itself.
 DEMO_ARGS = ["--files", "800", "--val-files", "80", "--epochs", "3", "--show-status"]
+DEMO_ARGS += ["--configs", "lower bound,direct,staging,rclone,seerfs,seerfs+seed"]
 
 
 def main(argv: list[str] | None = None) -> int:
