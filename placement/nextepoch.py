@@ -19,6 +19,11 @@ from placement.plan import Plan
 
 I64 = npt.NDArray[np.int64]
 
+# Files a holder has from the start of the epoch are released over this share of it, in the order
+# the node needs them next epoch: at once, they made a burst of peer transfers that the readers'
+# opens waited behind at the epoch's start.
+SPREAD = 0.75
+
 
 def first_epochs(plan: Plan, upto: int) -> dict[int, int]:
     """Per dataset offset, the first job epoch (at most ``upto``) in which the job reads it."""
@@ -35,9 +40,10 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int) -> tuple[I64, I64]:
 
     ``entries``: what ``node`` opens in epoch ``epoch + 1`` and none of its ranks opens in
     ``epoch``, each once, in the order it opens them.  ``ready_at``: for each, the position of
-    ``epoch`` (in a rank's stream) from which the node holding it has it: where another rank first
-    reads it in ``epoch`` when the job reads its dataset for the first time then, else -1 (it was
-    read in an earlier epoch).  Files no node holds in its tiers (the plan gives them no owner), and
+    ``epoch`` (in a rank's stream) from which to fetch it: where another rank first reads it in
+    ``epoch`` when the job reads its dataset for the first time then; else (it was read in an
+    earlier epoch: its holder has it now) its share of the first ``SPREAD`` of the epoch, the
+    first -1 (at once).  Files no node holds in its tiers (the plan gives them no owner), and
     files of a dataset first read in ``epoch`` that nobody reads then, are left out: nobody could
     serve them from a copy.
     """
@@ -61,4 +67,9 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int) -> tuple[I64, I64]:
             new_now |= (gids >= d.offset) & (gids < d.offset + d.n)
     ready = np.where(new_now, position, -1).astype(np.int64)
     unread = new_now & (read_by < 0)  # read by nobody yet: no holder has it before the epoch starts
-    return entries[~unread], ready[~unread]
+    entries, ready = entries[~unread], ready[~unread]
+    held_now = np.flatnonzero(ready < 0)
+    if held_now.shape[0]:
+        span = int(SPREAD * min(now.length(int(r)) for r in mine))
+        ready[held_now] = np.arange(held_now.shape[0], dtype=np.int64) * span // held_now.shape[0] - 1
+    return entries, ready

@@ -41,7 +41,7 @@ from fusefs.readpath.policy import (
     entries_due,
 )
 from placement.cursor import CursorStatus
-from placement.nextepoch import next_epoch_reads
+from placement.nextepoch import SPREAD, next_epoch_reads
 from placement.owners import member_seed, owner, owners
 from placement.plan import Plan
 
@@ -271,7 +271,11 @@ def test_next_epoch_reads_are_what_the_node_reads_then_and_not_now(
     assert ready.tolist() == [int(now.pos_of[g]) for g in expected]  # where the other node reads it now
     assert all(int(now.rank_of[g]) >= 0 and int(now.rank_of[g]) not in mine for g in expected)
     _entries, later = next_epoch_reads(plan, 0, 1)
-    assert (later == -1).all()  # from the second epoch on the holders have every file already
+    # From the second epoch on the holders have every file already: released over the first
+    # SPREAD of the epoch in the order of use, the first at once.
+    span = int(SPREAD * min(js.epoch_map(1).length(r) for r in mine))
+    assert later[0] == -1 and (np.diff(later) >= 0).all() and later[-1] < span - 1
+    assert later[len(later) // 2] == len(later) // 2 * span // len(later) - 1
 
 
 def tracking(s: Setup, position: int, epoch: int = 0, order: Sequence[int] = ()) -> list[Instruction]:
@@ -346,7 +350,7 @@ def test_a_file_in_a_local_disk_tier_is_staged_from_it_and_the_lane_never_takes_
     stages = next_stages(out)
     assert [i.entry for i in stages] == [local] and stages[0].from_tier == 0  # room for one file past the window
     assert s.budget.limit - s.budget.used >= window  # the window's whole allowance is still free
-    order = [e for e in s.files if e != local][:3]
+    order = [e for e in s.files if e not in set(entries.tolist())][:3]  # this epoch's: the window's own
     assert staged(tracking(s, max(ready) + 1, order=order)) == order[:2]  # the window stages as it would alone
 
 
@@ -370,3 +374,37 @@ def test_the_lane_ends_when_its_epoch_begins_or_the_plan_is_not_followed(
     entries, ready = next_epoch_reads(s.plan, 0, 0)
     s.do(NextEpoch(old, 0, 1, entries, ready))  # computed for the plan just replaced
     assert s.policy._lane is None
+
+
+def test_the_window_leaves_the_next_epochs_files_to_the_lane_until_it_gives_one_up(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """The lane spreads the next epoch's files over this one; staged by the window as soon as they
+    entered its horizon, they were a burst of peer fetches at the epoch's start instead."""
+    s = Setup(*two_nodes, budget=40_000)
+    s.follow()
+    tracking(s, 0)
+    entries, ready = lane(s)
+    by_ready = sorted(zip(ready, entries, strict=True))
+    (first, a), (last, b) = by_ready[0], by_ready[-1]
+    assert first < last
+    out = tracking(s, first + 1, order=[a, b])
+    assert staged(out) == [] and a in [i.entry for i in next_stages(out)]  # a is the lane's now, b later
+    assert staged(s.do(NextFetched(a, None))) == [a]  # no peer had it yet: the window takes it
+    lane_now = s.policy._lane
+    assert lane_now is not None and b in lane_now.waiting  # b: still the lane's
+
+
+def test_the_lane_after_the_next_is_kept_until_its_epoch_is_next(
+    two_nodes: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    s = Setup(*two_nodes, budget=40_000)
+    s.follow()
+    tracking(s, 0)
+    lane(s)  # for epoch 1
+    later, _ready = next_epoch_reads(s.plan, 0, 1)
+    s.do(NextEpoch(s.policy.generation, 0, 2, later, _ready))  # computed an epoch ahead
+    assert s.policy._lane is not None and s.policy._lane.epoch == 1  # the next epoch's lane goes on
+    tracking(s, 0, epoch=1)
+    assert s.policy._lane is not None and s.policy._lane.epoch == 2  # took over as epoch 1 began
+    assert staged(tracking(s, 0, epoch=1, order=[int(later[-1])])) == []  # its files are left to it

@@ -179,6 +179,7 @@ class _NextRun:
     by_ready: npt.NDArray[np.int64]  # indices into entries, by ready_at
     released: int = 0  # how many of by_ready were released
     heap: list[int] = field(default_factory=list)  # released indices not staged yet (need order first)
+    waiting: set[int] = field(default_factory=set)  # entries it will fetch: the window leaves them to it
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -673,6 +674,7 @@ class ReadPolicy:
         self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
         self.from_pfs = np.zeros(sizes.shape[0], np.bool_)  # per entry: this node read it from the PFS
         self._lane: _NextRun | None = None
+        self._lane_after: _NextRun | None = None  # the lane after it, computed ahead (see _next_epoch)
         self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
         self.next_bytes = 0
         self._next_forgotten: set[int] = set()  # dropped while pushed: drop the pages the push stores
@@ -976,18 +978,23 @@ class ReadPolicy:
         Runs on most events, so nothing here rescans the window: the walk keeps its position until
         a new stage list comes, and an entry passed once (staged, in flight, opened, held) is never
         revisited for that list.  No room: stop, and wait for consumption to free some (never skip
-        to a later, smaller file, and never evict a file due sooner).
+        to a later, smaller file, and never evict a file due sooner).  The next epoch's files the
+        lane will fetch are left to it (it spreads them over this epoch; staged with this epoch's,
+        they were a burst at its start); those it gives up on, and all once it ends, are walked
+        again.
         """
         if self.mode != "predicting":
             return
+        lane = self._live_lane()
+        leave = lane.waiting if lane is not None else ()
         stage = self.view.stage
         if stage is not self._stage_of:
             self._stage_of, self._stage_pos = stage, 0
         due = self.view.due
         while self._stage_pos < len(stage) and len(self._staging_now) < self.settings.stage_threads:
             entry = stage[self._stage_pos]
-            # Opened already (since the horizon was computed), staged, open or kept: skip.
-            if entry in self._opened_since_view or entry in self.pages or entry in self.kept:
+            # Opened already (since the horizon was computed), staged, open or kept, or the lane's: skip.
+            if entry in self._opened_since_view or entry in self.pages or entry in self.kept or entry in leave:
                 self._stage_pos += 1
                 continue
             if entry in self._staging_now:
@@ -1488,8 +1495,15 @@ class ReadPolicy:
         if ev.generation != self.generation:
             return
         order = np.argsort(ev.ready_at, kind="stable").astype(np.int64)
-        self._lane = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order)
-        self._pump_lane()
+        run = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order)
+        run.waiting = set(ev.entries.tolist())
+        if ev.epoch > self.view.epoch + 1:
+            # Computed an epoch ahead: it takes over when its epoch is next, so the window never
+            # stages its files in the moments the executor would take to compute it then.
+            self._lane_after = run
+            return
+        self._lane = run
+        self._pump()
 
     def _lane_position(self, epoch: int) -> int:
         """How far this node's ranks got in job epoch ``epoch`` (the slowest one), from the cursor's view."""
@@ -1508,7 +1522,11 @@ class ReadPolicy:
         first files are due right after this one's last.  The lane takes only the budget's room
         beyond what the window may still take (the window never waits for it) and its own few
         slots, goes in the next epoch's order among the files released so far (waiting for room
-        rather than skipping to a later file), and each file it pushed counts as a kept page.
+        rather than skipping to a later file), and each file it pushed counts as a kept page.  Files
+        their holders have from this epoch's start are released over its first three quarters
+        (:data:`placement.nextepoch.SPREAD`), not at once, and the window leaves every file the lane
+        will fetch to it: together they made a burst of about a thousand peer fetches per node at the
+        start of epoch 1 on two nodes, which the readers' opens waited behind.
 
         Files in a memory tier here are left out, as the window leaves them out
         (:meth:`stage_list`): an open serves them from RAM.  Pushing them ahead only moved that
@@ -1516,17 +1534,8 @@ class ReadPolicy:
         4-8% slower (tools/bench_train --nodes 2), while serving them at their opens in epoch 2
         cost nothing measurable there.
         """
-        lane = self._lane
+        lane = self._live_lane()
         if lane is None:
-            return
-        view = self.view
-        if (
-            lane.generation != self.generation
-            or self.mode != "predicting"
-            or view.node != lane.node
-            or view.epoch >= lane.epoch
-        ):
-            self._lane = None  # replanned, mismatched or moved on: the window has the rest
             return
         position = self._lane_position(lane.epoch - 1)
         n = lane.by_ready.shape[0]
@@ -1554,6 +1563,29 @@ class ReadPolicy:
             local = next((t for t, tier in enumerate(self.tiers) if tier.contains(entry)), None)
             self._out.append(StageNext(entry, local, None if local is not None else self.planned_tier(entry)))
 
+    def _live_lane(self) -> _NextRun | None:
+        """The lane while its epoch is ahead and its plan followed; else None, and the window walks its
+        stage list again from the start, now taking the files it left to the lane."""
+        lane = self._lane
+        if lane is not None and not self._lane_ahead(lane):
+            self._lane = lane = None  # replanned, mismatched or moved on: the window has the rest
+            self._stage_of = None
+        after = self._lane_after
+        if lane is None and after is not None and after.epoch <= self.view.epoch + 1:
+            self._lane_after = None
+            if self._lane_ahead(after):
+                self._lane = lane = after
+        return lane
+
+    def _lane_ahead(self, lane: _NextRun) -> bool:
+        view = self.view
+        return (
+            lane.generation == self.generation
+            and self.mode == "predicting"
+            and view.node == lane.node
+            and view.epoch < lane.epoch
+        )
+
     def _next_fetched(self, ev: NextFetched) -> None:
         entry = ev.entry
         p = self.next_pages.get(entry)
@@ -1563,6 +1595,9 @@ class ReadPolicy:
         if ev.data is None or entry in self.pages or entry in self.kept:
             # No holder had it yet (the window gets it in order), or a reader or the window has it now.
             self.next_later += ev.data is None
+            if ev.data is None and self._lane is not None and entry in self._lane.waiting:
+                self._lane.waiting.discard(entry)
+                self._stage_of = None  # the window's walk passed it: walk again
             del self.next_pages[entry]
             self.next_bytes -= p.nbytes
             self.budget.release(p.nbytes)
