@@ -547,6 +547,29 @@ def test_fills_wait_for_staging_and_go_in_order_of_first_use(
     assert [i.entry for i in out if isinstance(i, Fill)] == order[2:3]
 
 
+def test_fills_keep_pace_with_the_readers_opens_and_run_at_full_speed_once_they_stop(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """A fill is for a later epoch and costs CPU the readers' opens wait on: while they read, one
+    starts per two opens at most; a tick that saw no open lets fills take every slot again."""
+    s = Setup(*one_node)  # two fill slots
+    s.follow()
+    objs, _due = s.plan.fill_order(0)
+    order = [int(e) for e in s.plan.objects.obj_entry[objs]]
+    gen = s.policy.generation
+
+    def fills(out: list[Instruction]) -> list[int]:
+        return [i.entry for i in out if isinstance(i, Fill)]
+
+    assert fills(s.view([])) == order[:2]  # no reader yet: every slot
+    s.do(Opened(order[-1]))  # a reader reads: half a fill earned
+    assert fills(s.do(FillDone(order[0], 0, "stored", gen))) == []  # a free slot, not yet earned
+    s.do(Opened(order[-2]))
+    assert fills(s.do(FillDone(order[1], 0, "stored", gen))) == order[2:3]  # two opens: one fill
+    assert fills(s.do(Tick())) == []  # the tick saw opens: still paced
+    assert fills(s.do(Tick())) == order[3:4]  # no open for a tick: the free slot is taken at once
+
+
 def test_replicas_whose_owner_cannot_serve_are_retried_after_the_pass(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:
