@@ -68,6 +68,7 @@ SIZING = (
     "epochs",
 )
 CONFIGS = ("lower bound", "direct", "staging", "pyfuse3 floor", "mergerfs", "rclone", "seerfs", "seerfs+seed")
+REFERENCES = ("pyfuse3 floor", "mergerfs")  # over a local copy made beforehand: what FUSE costs, not a way to train
 
 
 @dataclass
@@ -379,9 +380,15 @@ def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tu
     lower, direct, seed = by["lower bound"], by["direct"], by["seerfs+seed"]
     best_mbps = max(float(x.split(":")[1]) for x in a.curve.split(","))
     floor0 = max(lower.epoch_s[0], total / (best_mbps * 1e6))
-    fastest = min(results, key=lambda r: r.total_s if r.config != "lower bound" else float("inf"))
+    # Of the ways to train from the PFS: the lower bound reads nothing, the references a copy not counted.
+    ways = [r for r in results if r.config not in ("lower bound", *REFERENCES)]
+    fastest = min(ways, key=lambda r: r.total_s)
     return [
-        ("seerfs with the seed is the fastest configuration", fastest.config.startswith("seerfs+seed"), fastest.config),
+        (
+            "seerfs with the seed is the fastest way to train from the PFS",
+            fastest.config.startswith("seerfs+seed"),
+            fastest.config,
+        ),
         (
             "epoch 0 <= 1.10x max(compute-only, dataset / best PFS throughput)",
             seed.epoch_s[0] <= 1.10 * floor0,
