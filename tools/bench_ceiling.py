@@ -5,7 +5,7 @@ really is memory.  The same reader then reads every file through each configurat
 
   direct     the tmpfs itself (the ceiling; every ratio is to its warm rate)
   seerfs     seerfs mounted over the tmpfs (no seed written; see below)
-  pyfuse3    the least a pyfuse3 filesystem can do (a passthrough in this module: open replies
+  pyfuse3    the least a pyfuse3 filesystem can do (tools/floorfs.py: open replies
              keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
              floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
   mergerfs   mergerfs over the tmpfs, a C passthrough with its page cache kept across opens
