@@ -182,7 +182,7 @@ class _NextRun:
     by_ready: npt.NDArray[np.int64]  # indices into entries, by ready_at
     released: int = 0  # how many of by_ready were released
     heap: list[int] = field(default_factory=list)  # released indices not staged yet (need order first)
-    waiting: set[int] = field(default_factory=set)  # entries it will fetch: the window leaves them to it
+    unreleased: set[int] = field(default_factory=set)  # not released yet: the window leaves them to it
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -679,7 +679,6 @@ class ReadPolicy:
         self.reactive_owned = StaticFrequencySet([0] * len(self.tiers))  # the reactive set of owned files
         self.from_pfs = np.zeros(sizes.shape[0], np.bool_)  # per entry: this node read it from the PFS
         self._lane: _NextRun | None = None
-        self._lane_after: _NextRun | None = None  # the lane after it, computed ahead (see _next_epoch)
         self.next_pages: dict[int, Pages] = {}  # next-epoch stages in flight (fetching or pushing)
         self.next_bytes = 0
         self._next_forgotten: set[int] = set()  # dropped while pushed: drop the pages the push stores
@@ -988,14 +987,15 @@ class ReadPolicy:
         a new stage list comes, and an entry passed once (staged, in flight, opened, held) is never
         revisited for that list.  No room: stop, and wait for consumption to free some (never skip
         to a later, smaller file, and never evict a file due sooner).  The next epoch's files the
-        lane will fetch are left to it (it spreads them over this epoch; staged with this epoch's,
-        they were a burst at its start); those it gives up on, and all once it ends, are walked
-        again.
+        lane has not released yet are left to it: it releases them spread over this epoch, and
+        staged as soon as they entered the horizon they were a burst of peer fetches at its start.
+        Once released (or once the lane ends) the window may stage them as any other, so a lane
+        with no room of its own, or pages of its files reclaimed, never leaves a file unstaged.
         """
         if self.mode != "predicting":
             return
         lane = self._live_lane()
-        leave = lane.waiting if lane is not None else ()
+        leave = lane.unreleased if lane is not None else ()
         stage = self.view.stage
         if stage is not self._stage_of:
             self._stage_of, self._stage_pos = stage, 0
@@ -1516,14 +1516,8 @@ class ReadPolicy:
         if ev.generation != self.generation:
             return
         order = np.argsort(ev.ready_at, kind="stable").astype(np.int64)
-        run = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order)
-        run.waiting = set(ev.entries.tolist())
-        if ev.epoch > self.view.epoch + 1:
-            # Computed an epoch ahead: it takes over when its epoch is next, so the window never
-            # stages its files in the moments the executor would take to compute it then.
-            self._lane_after = run
-            return
-        self._lane = run
+        self._lane = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order)
+        self._lane.unreleased = set(ev.entries.tolist())
         self._pump()
 
     def _lane_position(self, epoch: int) -> int:
@@ -1545,9 +1539,9 @@ class ReadPolicy:
         slots, goes in the next epoch's order among the files released so far (waiting for room
         rather than skipping to a later file), and each file it pushed counts as a kept page.  Files
         their holders have from this epoch's start are released over its first three quarters
-        (:data:`placement.nextepoch.SPREAD`), not at once, and the window leaves every file the lane
-        will fetch to it: together they made a burst of about a thousand peer fetches per node at the
-        start of epoch 1 on two nodes, which the readers' opens waited behind.
+        (:data:`placement.nextepoch.SPREAD`), not at once, and the window leaves the files the lane
+        has not released yet to it: together they made a burst of about a thousand peer fetches per
+        node at the start of epoch 1 on two nodes, which the readers' opens waited behind.
 
         Files in a memory tier here are left out, as the window leaves them out
         (:meth:`stage_list`): an open serves them from RAM.  Pushing them ahead only moved that
@@ -1558,11 +1552,6 @@ class ReadPolicy:
         lane = self._live_lane()
         if lane is None:
             return
-        position = self._lane_position(lane.epoch - 1)
-        n = lane.by_ready.shape[0]
-        while lane.released < n and lane.ready_at[lane.by_ready[lane.released]] < position:
-            heapq.heappush(lane.heap, int(lane.by_ready[lane.released]))
-            lane.released += 1
         while lane.heap and len(self.next_pages) < self.settings.next_threads:
             entry = int(lane.entries[lane.heap[0]])
             if (
@@ -1585,27 +1574,35 @@ class ReadPolicy:
             self._out.append(StageNext(entry, local, None if local is not None else self.planned_tier(entry)))
 
     def _live_lane(self) -> _NextRun | None:
-        """The lane while its epoch is ahead and its plan followed; else None, and the window walks its
-        stage list again from the start, now taking the files it left to the lane."""
+        """The lane, with the files its readers' progress released, while its epoch is next and its
+        plan followed; else None, and the window walks its stage list again from the start, now
+        taking the files it left to the lane.  Runs before the window's walk: a file released now
+        is the window's to stage too in the same step (the lane may have no room for it)."""
         lane = self._lane
-        if lane is not None and not self._lane_ahead(lane):
-            self._lane = lane = None  # replanned, mismatched or moved on: the window has the rest
-            self._stage_of = None
-        after = self._lane_after
-        if lane is None and after is not None and after.epoch <= self.view.epoch + 1:
-            self._lane_after = None
-            if self._lane_ahead(after):
-                self._lane = lane = after
-        return lane
-
-    def _lane_ahead(self, lane: _NextRun) -> bool:
+        if lane is None:
+            return None
         view = self.view
-        return (
-            lane.generation == self.generation
-            and self.mode == "predicting"
-            and view.node == lane.node
-            and view.epoch < lane.epoch
-        )
+        if (
+            lane.generation != self.generation
+            or self.mode != "predicting"
+            or view.node != lane.node
+            or view.epoch != lane.epoch - 1
+        ):
+            # Replanned, mismatched, moved on (or back: a resumed job): the window has the rest.
+            self._lane = None
+            self._stage_of = None
+            return None
+        position = self._lane_position(lane.epoch - 1)
+        n = lane.by_ready.shape[0]
+        released = lane.released
+        while lane.released < n and lane.ready_at[lane.by_ready[lane.released]] < position:
+            index = int(lane.by_ready[lane.released])
+            heapq.heappush(lane.heap, index)
+            lane.unreleased.discard(int(lane.entries[index]))
+            lane.released += 1
+        if lane.released != released:
+            self._stage_of = None  # the window's walk passed them: walk again
+        return lane
 
     def _next_fetched(self, ev: NextFetched) -> None:
         entry = ev.entry
@@ -1616,9 +1613,6 @@ class ReadPolicy:
         if ev.data is None or entry in self.pages or entry in self.kept:
             # No holder had it yet (the window gets it in order), or a reader or the window has it now.
             self.next_later += ev.data is None
-            if ev.data is None and self._lane is not None and entry in self._lane.waiting:
-                self._lane.waiting.discard(entry)
-                self._stage_of = None  # the window's walk passed it: walk again
             del self.next_pages[entry]
             self.next_bytes -= p.nbytes
             self.budget.release(p.nbytes)

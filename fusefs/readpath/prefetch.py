@@ -100,7 +100,7 @@ log = logging.getLogger(__name__)
 
 VIEW_INTERVAL = 0.01  # seconds between view recomputations in the cursor thread, at most 100/s
 TICK_INTERVAL = 0.5  # seconds between retries of what waits for room freed outside the policy
-LANE_INTERVAL = 0.25  # seconds between looks for a new epoch whose next epoch's reads to compute
+LANE_INTERVAL = 0.25  # seconds between looks for a new epoch whose next epoch's reads to compute (also woken by one)
 
 __all__ = ["CursorView", "Prefetcher"]
 
@@ -167,7 +167,9 @@ class Prefetcher:
         self.staging_fetches = 0
         self.fill_fetches = 0
         self.next_fetches = 0
-        self._lanes_for: set[tuple[int, int, int]] = set()  # (generation, node, epoch) of the NextEpochs made
+        self._lane_for: tuple[int, int, int] | None = None  # (generation, node, epoch) of the last NextEpoch
+        self._epoch_seen: tuple[int, int] | None = None  # (generation, epoch) of the last view (a new one: lane)
+        self._lane_wake = trio.Event()
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
         self.window_files = max(self.settings.window, 64)
@@ -427,6 +429,9 @@ class Prefetcher:
             placed = plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if batch else []
             previous = self.policy.view
             self._handle(ViewPublished(view, placed, generation))
+            if (self.policy.generation, self.policy.view.epoch) != self._epoch_seen:
+                self._epoch_seen = (self.policy.generation, self.policy.view.epoch)
+                self._lane_wake.set()  # a new epoch: its next-epoch lane at once, not up to LANE_INTERVAL later
             if self.policy.view is view and view.state != previous.state:
                 log.info(
                     "cursor: %s -> %s (node %s, epoch %s)%s",
@@ -519,27 +524,29 @@ class Prefetcher:
 
     async def _lane_loop(self) -> None:
         """Once per epoch of a node in a group: what it reads next epoch and not this one (the policy's
-        next-epoch lane), and the same for the epoch after (the lane that follows, ready when its
-        epoch is next).  Computed in a worker thread under the cursor's lock: it builds epoch maps
-        (a permutation each at ImageNet scale) in the plan's shared cache, which the cursor uses too."""
+        next-epoch lane), computed as soon as a view of a new epoch is published: until the lane is
+        there the window stages the next epoch's files as they enter its horizon, in a burst.
+        Computed in a worker thread under the cursor's lock: it builds epoch maps (a permutation each
+        at ImageNet scale) in the plan's shared cache, which the cursor uses too."""
         while True:
-            await trio.sleep(LANE_INTERVAL)
+            with trio.move_on_after(LANE_INTERVAL):
+                await self._lane_wake.wait()
+            self._lane_wake = trio.Event()
             policy, plan, view = self.policy, self.policy.plan, self.policy.view
             if plan is None or plan.nodes < 2 or policy.mode != "predicting" or view.node is None:
                 continue
-            for epoch in (view.epoch, view.epoch + 1):  # the next epoch's lane, and the one after
-                key = (policy.generation, view.node, epoch)
-                if key in self._lanes_for:
-                    continue
-                self._lanes_for = {k for k in self._lanes_for if k[0] == key[0] and k[2] >= view.epoch} | {key}
-                try:
-                    entries, ready = await trio.to_thread.run_sync(
-                        next_epoch_reads, plan, view.node, epoch, limiter=self._cursor_lock
-                    )
-                except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
-                    log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, epoch, exc)
-                    continue
-                self._handle(NextEpoch(key[0], key[1], epoch + 1, entries, ready))
+            key = (policy.generation, view.node, view.epoch)
+            if key == self._lane_for:
+                continue
+            self._lane_for = key
+            try:
+                entries, ready = await trio.to_thread.run_sync(
+                    next_epoch_reads, plan, view.node, view.epoch, limiter=self._cursor_lock
+                )
+            except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
+                log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, view.epoch, exc)
+                continue
+            self._handle(NextEpoch(key[0], key[1], key[2] + 1, entries, ready))
 
     async def _stage_next_one(self, ins: StageNext) -> None:
         """A file for the next epoch, from a local tier or the peer holding it (never the PFS)."""
