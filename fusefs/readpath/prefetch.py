@@ -167,7 +167,7 @@ class Prefetcher:
         self.staging_fetches = 0
         self.fill_fetches = 0
         self.next_fetches = 0
-        self._lane_for: tuple[int, int, int] | None = None  # (generation, node, epoch) of the last NextEpoch
+        self._lanes_for: set[tuple[int, int, int]] = set()  # (generation, node, epoch) of the NextEpochs made
         self._epoch_seen: tuple[int, int] | None = None  # (generation, epoch) of the last view (a new one: lane)
         self._lane_wake = trio.Event()
         job = cfg.job
@@ -524,8 +524,9 @@ class Prefetcher:
 
     async def _lane_loop(self) -> None:
         """Once per epoch of a node in a group: what it reads next epoch and not this one (the policy's
-        next-epoch lane), computed as soon as a view of a new epoch is published: until the lane is
-        there the window stages the next epoch's files as they enter its horizon, in a burst.
+        next-epoch lane), and the same for the epoch after, so that the lane is in place the moment
+        its epoch is next (until it is, the window stages its files as they enter its horizon, in a
+        burst); woken as soon as a view of a new epoch is published.
         Computed in a worker thread under the cursor's lock: it builds epoch maps (a permutation each
         at ImageNet scale) in the plan's shared cache, which the cursor uses too."""
         while True:
@@ -535,18 +536,19 @@ class Prefetcher:
             policy, plan, view = self.policy, self.policy.plan, self.policy.view
             if plan is None or plan.nodes < 2 or policy.mode != "predicting" or view.node is None:
                 continue
-            key = (policy.generation, view.node, view.epoch)
-            if key == self._lane_for:
-                continue
-            self._lane_for = key
-            try:
-                entries, ready = await trio.to_thread.run_sync(
-                    next_epoch_reads, plan, view.node, view.epoch, limiter=self._cursor_lock
-                )
-            except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
-                log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, view.epoch, exc)
-                continue
-            self._handle(NextEpoch(key[0], key[1], key[2] + 1, entries, ready))
+            for epoch in (view.epoch, view.epoch + 1):  # the next epoch's lane, and the one after
+                key = (policy.generation, view.node, epoch)
+                if key in self._lanes_for:
+                    continue
+                self._lanes_for = {k for k in self._lanes_for if k[0] == key[0] and k[2] >= view.epoch} | {key}
+                try:
+                    entries, ready = await trio.to_thread.run_sync(
+                        next_epoch_reads, plan, view.node, epoch, limiter=self._cursor_lock
+                    )
+                except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
+                    log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, epoch, exc)
+                    continue
+                self._handle(NextEpoch(key[0], key[1], epoch + 1, entries, ready))
 
     async def _stage_next_one(self, ins: StageNext) -> None:
         """A file for the next epoch, from a local tier or the peer holding it (never the PFS)."""
