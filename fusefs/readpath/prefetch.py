@@ -532,6 +532,8 @@ class Prefetcher:
         while True:
             with trio.move_on_after(LANE_INTERVAL):
                 await self._lane_wake.wait()
+            # A wake set after this wait ended and before the new Event is lost: harmless, the view's
+            # epoch is read below and again LANE_INTERVAL later at most (both on the trio thread).
             self._lane_wake = trio.Event()
             policy, plan, view = self.policy, self.policy.plan, self.policy.view
             if plan is None or plan.nodes < 2 or policy.mode != "predicting" or view.node is None:
