@@ -91,13 +91,13 @@ def make_tree(root: Path) -> Path:
     return root
 
 
-def build(root: Path, nodes: int) -> tuple[Plan, npt.NDArray[np.int64]]:
+def build(root: Path, nodes: int, epochs: int = 2) -> tuple[Plan, npt.NDArray[np.int64]]:
     snap = Snapshot.scan(str(root), threads=1)
     cfg = load(
         None,
         {
             "job.world_size": str(nodes),
-            "job.epochs": "2",
+            "job.epochs": str(epochs),
             "job.batch_size": "2",
             "tiers": "[{kind: memory, bytes: 60000}]",
             "prefetch.lookahead_bytes": "6000",
@@ -568,6 +568,42 @@ def test_fills_keep_pace_with_the_readers_opens_and_run_at_full_speed_once_they_
     assert fills(s.do(FillDone(order[1], 0, "stored", gen))) == order[2:3]  # two opens: one fill
     assert fills(s.do(Tick())) == []  # the tick saw opens: still paced
     assert fills(s.do(Tick())) == order[3:4]  # no open for a tick: the free slot is taken at once
+
+
+def test_while_readers_read_a_fill_due_after_the_next_epoch_waits_for_it(tree: Path) -> None:
+    """Each epoch carries only the transfers the next one needs: while readers read epoch e, fills
+    due from epoch e + 2 on wait until e + 1 is read, and all run once the readers stop."""
+    s = Setup(*build(tree, 2, epochs=4), budget=60_000)  # node 0's tier takes every file it is given
+    s.follow()
+    gen = s.policy.generation
+    objs, due = s.plan.fill_order(0)
+    due_of = {int(e): int(d) for e, d in zip(s.plan.objects.obj_entry[objs], due, strict=True)}
+    start = [s.plan.segments(e)[0].start for e in range(4)]
+    assert any(d >= start[2] for d in due_of.values()), "node 0 has files first due in epoch 2 or later"
+
+    def reading(epoch: int) -> list[int]:
+        """Publish ``epoch``, then open files and finish every fill until none starts: what started."""
+        v = CursorView("tracking", 0, epoch, {}, ())
+        out = s.do(ViewPublished(v, [], s.policy.generation))
+        started: list[int] = []
+        for _ in range(4 * len(due_of)):
+            fills = [i for i in out if isinstance(i, Fill)]
+            started += [f.entry for f in fills]
+            s.do(Opened(s.files[0]))
+            out = s.do(Released(s.files[0]))  # a reader's open and close: the pump runs again
+            for f in fills:
+                out += s.do(FillDone(f.entry, f.tier, "stored", gen))
+        return started
+
+    s.do(Opened(s.files[0]))  # readers read from here on: fills keep pace
+    first = reading(0)
+    assert first and all(due_of[e] < start[2] for e in first)
+    assert set(first) == {e for e, d in due_of.items() if d < start[2]}
+    second = reading(1)
+    assert second and all(start[2] <= due_of[e] < start[3] for e in second)
+    s.do(Tick())  # the tick saw opens
+    rest = [i.entry for i in s.do(Tick()) if isinstance(i, Fill)]  # readers stopped: no wait
+    assert rest and all(due_of[e] >= start[3] for e in rest)
 
 
 def test_replicas_whose_owner_cannot_serve_are_retried_after_the_pass(

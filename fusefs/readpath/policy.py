@@ -164,6 +164,7 @@ class _FillRun:
     entries: npt.NDArray[np.int64]
     tiers: npt.NDArray[np.int64]
     owners: npt.NDArray[np.int64]
+    due: npt.NDArray[np.int64]  # the node's job position each is due by (ascending)
     pos: int = 0
     inflight: dict[int, int] = field(default_factory=dict)  # entry -> position, fills of this pass
     later: list[int] = field(default_factory=list)  # positions of replicas to try again
@@ -663,6 +664,7 @@ class ReadPolicy:
         self._fill_busy = [0] * len(self.tiers)
         self._fill_credit = math.inf  # fills that may start now: unbounded while no reader reads
         self._opens_since_tick = 0
+        self._fill_until_for: tuple[int, int | None] | None = None  # (epoch, _fill_until's answer)
         self.filled_node: int | None = None
         self.peers_down: set[int] = set()
         # The group (owners while no plan is trusted) and the next epoch's pages
@@ -800,6 +802,7 @@ class ReadPolicy:
         self.tier_of_gid = None
         self.filled_node = None
         self._fill = None
+        self._fill_until_for = None
         self._stage_of, self._stage_pos = None, 0
         presume: int | None = None
         if plan is None:
@@ -1220,6 +1223,7 @@ class ReadPolicy:
             plan.objects.obj_entry[objs64].astype(np.int64),
             plan.assignment.tier_of[node][objs64].astype(np.int64),
             plan.assignment.owner[objs64].astype(np.int64),
+            _due.astype(np.int64),
         )
 
     def _pump_fill(self) -> None:
@@ -1236,14 +1240,20 @@ class ReadPolicy:
         window stages what is due sooner), and every fill costs this daemon and the peer serving
         it CPU that readers' opens wait on: at full speed the fills a group left for after epoch 0
         ran in a burst at the start of epoch 1 and made it 1.13-1.18x its compute-only time on two
-        nodes (tools/bench_train --nodes 2).
+        nodes (tools/bench_train --nodes 2).  For the same reason, while readers read, a fill due
+        after the next epoch waits until that epoch is the next one: each epoch then carries only
+        the transfers the next one needs (about 500 of 2,000 files per node in epoch 1 of the
+        two-node benchmark, not all 800 still missing), and the rest run when readers stop.
         """
         run = self._fill
         if run is None or run.waiting or self._staging_now:
             return
         reactive = self.mode == "reactive"
         n = run.entries.shape[0]
+        until = self._fill_until() if self._fill_credit != math.inf else None
         while run.pos < n:
+            if until is not None and int(run.due[run.pos]) >= until:
+                return  # due after next epoch: it waits for the readers to get there, or to stop
             entry, t, owner = int(run.entries[run.pos]), int(run.tiers[run.pos]), int(run.owners[run.pos])
             if not 0 <= t < len(self.tiers) or self.tiers[t].contains(entry):
                 run.pos += 1
@@ -1271,8 +1281,18 @@ class ReadPolicy:
             # The pass is over: try the replicas whose owners could not serve them after a pause.
             keep = np.asarray(run.later, dtype=np.int64)
             run.entries, run.tiers, run.owners = run.entries[keep], run.tiers[keep], run.owners[keep]
+            run.due = run.due[keep]
             run.pos, run.later, run.waiting = 0, [], True
             self._out.append(RetryFillLater(FILL_RETRY_SECONDS, self.generation))
+
+    def _fill_until(self) -> int | None:
+        """While readers read: the node position where the epoch after next begins (fills due from
+        there on wait), or None when the plan has no such epoch (it ends before; nothing waits)."""
+        epoch = self.view.epoch + 2
+        if self._fill_until_for is None or self._fill_until_for[0] != epoch:
+            seg = self.plan.segments(epoch) if self.plan is not None else []
+            self._fill_until_for = (epoch, seg[0].start if seg else None)
+        return self._fill_until_for[1]
 
     def _fill_done(self, ev: FillDone) -> None:
         if 0 <= ev.tier < len(self._fill_busy) and self._fill_busy[ev.tier] > 0:
