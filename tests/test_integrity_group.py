@@ -54,33 +54,3 @@ def test_owners_recheck_their_files_every_round_and_replicas_every_nth(tmp_path:
     # ... but every copy this node holds is in its replica rounds.
     assert all(e >= h for e, h in zip(every, held, strict=True)), (every, held)
     assert all(d["revalidation"]["changed_total"] == 0 for d in docs)
-
-
-@requires_fuse
-def test_a_copy_kept_from_a_peer_is_served_without_a_stat_of_its_own(tmp_path: Path) -> None:
-    """A peer serves only bytes it has seen unchanged in its own mount (or just read from the PFS):
-    a tier copy kept from them is as fresh as the reply, and stat'ing its source again before the
-    first open cost a PFS metadata request and a thread hop per file (800 per node in epoch 1 of the
-    two-node training benchmark).  Rounds are slowed to one per 10 minutes so only the read path's
-    own stats could mark a copy fresh here."""
-    backing = tmp_path / "pfs"
-    digests, total = make_source(backing, FILES, 0, mean_size=6000)
-    job = Job(world_size=2, epochs=3, batch_size=8, num_workers=0, seed=5, val=False)
-    with (
-        running_pfsemu(backing) as emu,
-        rendezvous_group(
-            emu.mountpoint, tmp_path, job, tier_bytes=int(total * 0.75), n=2, snapshot={"revalidate_round_min_s": 600}
-        ) as mnts,
-    ):
-        write_seed(mnts[0], 5)
-        for mnt in mnts:
-            wait_plan(mnt, 5)
-        results = run_readers(mnts, job, digests, tmp_path / "run")
-        assert all(not r["bad"] for r in results)
-        docs = [status(m) for m in mnts]
-    served = [d["reads"]["by_source"]["memory"]["files"] for d in docs]
-    fetched = [d["reads"]["by_source"]["peer"]["files"] for d in docs]
-    assert all(n > 0 for n in served + fetched), (served, fetched)  # tier copies from peers were read
-    assert all(d["revalidation"]["stats"]["ahead"] == d["revalidation"]["stats"]["open"] == 0 for d in docs), [
-        d["revalidation"]["stats"] for d in docs
-    ]

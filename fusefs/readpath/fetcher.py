@@ -209,10 +209,6 @@ class Fetcher:
                 data = await self.peer_fetch(entry, owner=use_peer, holders=pfs)
                 if data is not None:
                     job.source = "peer"
-                    if self.revalidator is not None:
-                        # The peer served only bytes it had seen fresh in its own mount (revalidate.py):
-                        # a copy kept from them needs no stat of its own before it is served.
-                        self.revalidator.fresh(entry)
             if data is None and not pfs:
                 raise NotFromPeer(entry)
             if data is None:

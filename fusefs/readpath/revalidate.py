@@ -6,10 +6,7 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
 * After every (re)mount, a cached copy is served only after one fresh stat of its source in this
   mount matched.  Those stats run ahead of the readers, in the order the prefetcher predicts
   (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself.  A read
-  from the PFS checks the identity on its own descriptor, which counts as that stat.  So do bytes
-  a peer sent: a peer serves only a copy it has seen unchanged in its own mount, bytes it just read
-  from the PFS, or bytes it got the same way (``peergroup.PeerGroup._answer``), for the snapshot
-  identity both sides named; the copy's staleness bound is then the peer's.
+  from the PFS checks the identity on its own descriptor, which counts as that stat.
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
   takes (cached files) / rate seconds, at least ``snapshot.revalidate_round_min_s`` (``min_round``): the
