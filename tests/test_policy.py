@@ -606,6 +606,39 @@ def test_while_readers_read_a_fill_due_after_the_next_epoch_waits_for_it(tree: P
     assert rest and all(due_of[e] >= start[3] for e in rest)
 
 
+def test_a_replica_its_owner_could_not_serve_is_retried_while_the_gate_holds_later_fills(tree: Path) -> None:
+    """The gate above stops the pass before its end, where the retry of replicas used to start: a
+    replica due next epoch whose owner answered "later" waited for the readers to stop, and was then
+    read on the read path instead.  The retry pass keeps the gated files after it, in due order."""
+    s = Setup(*build(tree, 2, epochs=6), budget=60_000)
+    s.follow()
+    gen = s.policy.generation
+    objs, _due = s.plan.fill_order(0)
+    owners = s.plan.assignment.owner[objs]
+    entries = [int(e) for e in s.plan.objects.obj_entry[objs]]
+    replicas = {e for e, o in zip(entries, owners, strict=True) if o != 0}
+    s.do(Opened(s.files[0]))  # readers read: the gate applies
+    out = s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], gen))
+    failed: int | None = None
+    retries: list[Instruction] = []
+    for _ in range(100):
+        fills = [i for i in out if isinstance(i, Fill)]
+        s.do(Opened(s.files[0]))
+        out = s.do(Released(s.files[0]))
+        for f in fills:
+            outcome = "stored"
+            if failed is None and f.entry in replicas:
+                failed, outcome = f.entry, "later"
+            out += s.do(FillDone(f.entry, f.tier, outcome, gen))  # type: ignore[arg-type]
+        retries += [i for i in out if isinstance(i, RetryFillLater)]
+    assert failed is not None and retries == [RetryFillLater(1.0, gen)]
+    assert s.policy._fill is not None and s.policy._fill.pos < len(entries)  # the gate still holds some
+    again = [i.entry for i in s.do(FillRetry(gen)) if isinstance(i, Fill)]
+    assert again[:1] == [failed]  # the replica first, then (in order) what is due before the gate
+    held = s.policy._fill.due
+    assert (held[:-1] <= held[1:]).all()
+
+
 def test_replicas_whose_owner_cannot_serve_are_retried_after_the_pass(
     two_nodes: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:

@@ -1250,10 +1250,15 @@ class ReadPolicy:
             return
         reactive = self.mode == "reactive"
         n = run.entries.shape[0]
-        until = self._fill_until() if self._fill_credit != math.inf else None
+        # Only a followed plan's epochs say what is due when (under a mismatch the view's epoch is not
+        # the readers'): there, while readers read, the pass stops at the first file due after the
+        # next epoch (they are in order of due position) until the readers get there, or stop.
+        until = self._fill_until() if self._fill_credit != math.inf and self.mode == "predicting" else None
+        rest = n
         while run.pos < n:
             if until is not None and int(run.due[run.pos]) >= until:
-                return  # due after next epoch: it waits for the readers to get there, or to stop
+                rest = run.pos
+                break
             entry, t, owner = int(run.entries[run.pos]), int(run.tiers[run.pos]), int(run.owners[run.pos])
             if not 0 <= t < len(self.tiers) or self.tiers[t].contains(entry):
                 run.pos += 1
@@ -1278,8 +1283,10 @@ class ReadPolicy:
                 self.reactive.admitted(entry, t, int(self.sizes[entry]))  # its room, until the fill ends
             self._out.append(Fill(entry, t, self._fill_reads_pfs(entry, owner, run.node), self.generation))
         if run.later and not run.inflight:
-            # The pass is over: try the replicas whose owners could not serve them after a pause.
-            keep = np.asarray(run.later, dtype=np.int64)
+            # The pass is over, or waits at the gate above: after a pause, try the replicas whose
+            # owners could not serve them, followed by what the gate held back.  Positions sorted:
+            # ``later`` is in completion order, and the gate needs the pass in order of due position.
+            keep = np.sort(np.asarray(run.later + list(range(rest, n)), dtype=np.int64))
             run.entries, run.tiers, run.owners = run.entries[keep], run.tiers[keep], run.owners[keep]
             run.due = run.due[keep]
             run.pos, run.later, run.waiting = 0, [], True
