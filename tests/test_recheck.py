@@ -4,7 +4,8 @@ promises, and a node that holds only replicas still rechecking them.
 The last test runs the real read path in one process (inprocess.assemble: real tiers, the real
 revalidator over a real source directory): before rounds with nothing of the node's own were
 counted, such a node never reached its next replica round and served a changed file's old bytes
-for the rest of the mount.
+for the rest of the mount.  The last ones stage a tier copy whose source changed before the mount:
+staging must check it like an open does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 import trio
 from inprocess import assemble, make_source, serve, until
 
+from fusefs.readpath.policy import Stage, StageNext
 from placement import recheck
 
 
@@ -129,3 +131,34 @@ def test_the_ahead_checks_skip_fresh_files_and_let_requests_in_during_a_long_wal
     serve(m, body)
     assert 0 < seen[0] < 50_000, seen
     assert rv.stats["ahead"] == 0
+
+
+@pytest.mark.parametrize("lane", [False, True], ids=["window", "next-epoch lane"])
+def test_a_tier_copy_is_checked_before_it_is_staged(tmp_path: Path, lane: bool) -> None:
+    """A staged file is served without reaching the daemon again (pushed pages, or bytes held for the
+    open) and its pages can be passed on to a peer, so staging a tier copy must go through the same
+    check as an open.  Here a directory-tier copy made before this mount is staged after its source
+    changed: it used to be read straight from the tier, unchecked, and served."""
+    root = tmp_path / "src"
+    files = make_source(root)
+    m = assemble(root, files, tmp_path, ssd=True, overrides={"snapshot.revalidate_round_min_s": "600"})
+    rel = "c1/f3.jpg"
+    entry = m.entry(rel)
+    rv = m.rp.revalidator
+    path = root / rel
+    path.write_bytes(os.urandom(len(files[rel])))  # changed since the snapshot, same size
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    ssd = m.rp.tiers[1]
+
+    async def body() -> None:
+        # The copy an earlier mount left, under the identity the snapshot recorded then.
+        assert await ssd.put(entry, files[rel], m.rp.reader.ids.of(entry))
+        if lane:
+            await m.rp.prefetcher._stage_next_one(StageNext(entry, 1, None))
+        else:
+            await m.rp.prefetcher._stage_one(Stage(entry, 1, None))
+
+    serve(m, body)
+    assert rv.stats["background"] == 0, rv.stats  # no round got there first: the staging path checked
+    assert rv.is_changed(entry) and not ssd.contains(entry)

@@ -502,7 +502,11 @@ class Prefetcher:
             self._stage_scopes[entry] = scope
             try:
                 if ins.from_tier is not None:
-                    data = await self.tiers[ins.from_tier].get(entry)
+                    # Through the revalidator, like a reader's open: a staged copy is served without
+                    # reaching it again, so after a remount an unchecked tier copy of a file changed
+                    # while unmounted would otherwise be served (and passed on to peers asking).
+                    local = await self.fetcher.from_tiers(entry)
+                    data = local.data if local is not None else None
                     if data is None and not self.tiers[ins.from_tier].contains(entry):
                         self.copy_lost(entry, ins.from_tier)
                 else:
@@ -558,7 +562,8 @@ class Prefetcher:
         data: bytes | None = None
         try:
             if ins.from_tier is not None:
-                data = await self.tiers[ins.from_tier].get(entry)
+                local = await self.fetcher.from_tiers(entry)  # checked first, as in _stage_one
+                data = local.data if local is not None else None
             if data is None:
                 keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
                 data = await self.fetcher.start(entry, keep_in=keep, why="next", pfs=False).wait()

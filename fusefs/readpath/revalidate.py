@@ -5,7 +5,8 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
 
 * After every (re)mount, a cached copy is served only after one fresh stat of its source in this
   mount matched.  Those stats run ahead of the readers, in the order the prefetcher predicts
-  (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself.  A read
+  (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself, and so does
+  staging a tier copy (a staged file is served without reaching the daemon again).  A read
   from the PFS checks the identity on its own descriptor, which counts as that stat.
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
