@@ -636,6 +636,7 @@ class ReadPolicy:
         self.staging_limit = settings.staging_limit
         self.memory_tiers = [t for t in self.tiers if t.kind == "memory"]
         self.fill_threads = list(settings.fill_threads) or [1] * len(self.tiers)
+        self._fill_credit_cap = float(sum(self.fill_threads))  # one round of fill slots
         self.reactive = StaticFrequencySet(list(settings.reactive_capacities or [0] * len(self.tiers)))
         # The plan and where this node is in it
         self.plan: Plan | None = None
@@ -897,7 +898,7 @@ class ReadPolicy:
         self._opens_since_tick += 1
         if self._fill_credit == math.inf:
             self._fill_credit = 0.0  # readers started: fills keep pace with them from now on
-        self._fill_credit = min(self._fill_credit + FILL_PER_OPEN, float(sum(self.fill_threads)))
+        self._fill_credit = min(self._fill_credit + FILL_PER_OPEN, self._fill_credit_cap)
         if self.group_owner is not None and self.mode != "predicting":
             self.ruled = True
         gid = int(self.entry_gid[entry]) if entry < self.entry_gid.shape[0] else -1
@@ -979,12 +980,14 @@ class ReadPolicy:
 
     def _pump(self) -> None:
         """Start what may start now: stages in order of the stage list, then tier fills and the next
-        epoch's pages."""
-        self._pump_staging()
+        epoch's pages.  The lane's releases are taken once, before the window's walk (see
+        :meth:`_live_lane`)."""
+        lane = self._live_lane()
+        self._pump_staging(lane)
         self._pump_fill()
-        self._pump_lane()
+        self._pump_lane(lane)
 
-    def _pump_staging(self) -> None:
+    def _pump_staging(self, lane: _NextRun | None) -> None:
         """Stage the window's next files, resuming where the walk over this stage list stopped.
 
         Runs on most events, so nothing here rescans the window: the walk keeps its position until
@@ -998,7 +1001,6 @@ class ReadPolicy:
         """
         if self.mode != "predicting":
             return
-        lane = self._live_lane()
         leave = lane.unreleased if lane is not None else ()
         stage = self.view.stage
         if stage is not self._stage_of:
@@ -1561,7 +1563,7 @@ class ReadPolicy:
         lows = [int(low) for job_epoch, low in positions.values() if job_epoch == epoch]
         return min(lows) if lows else 0
 
-    def _pump_lane(self) -> None:
+    def _pump_lane(self, lane: _NextRun | None) -> None:
         """Push the next epoch's files this node does not hold into the page cache before it starts.
 
         In a group each node reads this epoch only its share of the files; the rest of what it
@@ -1583,7 +1585,6 @@ class ReadPolicy:
         4-8% slower (tools/bench_train --nodes 2), while serving them at their opens in epoch 2
         cost nothing measurable there.
         """
-        lane = self._live_lane()
         if lane is None:
             return
         while lane.heap and len(self.next_pages) < self.settings.next_threads:
