@@ -501,19 +501,15 @@ class Prefetcher:
         with trio.CancelScope() as scope:
             self._stage_scopes[entry] = scope
             try:
-                if ins.from_tier is not None:
-                    # Through the revalidator, like a reader's open: a staged copy is served without
-                    # reaching it again, so after a remount an unchecked tier copy of a file changed
-                    # while unmounted would otherwise be served (and passed on to peers asking).
-                    local = await self.fetcher.from_tiers(entry)
-                    data = local.data if local is not None else None
-                    if data is None and not self.tiers[ins.from_tier].contains(entry):
-                        self.copy_lost(entry, ins.from_tier)
-                else:
-                    # Decided while a fill of it was in flight, perhaps: a copy stored since is
-                    # read here, not the PFS again (seen: a fill and then its stage, 20 ms apart).
-                    local = await self.fetcher.from_tiers(entry)
-                    data = local.data if local is not None else None
+                # A tier copy through the revalidator, like a reader's open: a staged copy is served
+                # without reaching it again, so after a remount an unchecked copy of a file changed
+                # while unmounted would otherwise be served (and passed on to peers asking).  With
+                # no tier named, a copy a fill stored since the decision is read here, not the PFS
+                # again (seen: a fill and then its stage, 20 ms apart).
+                local = await self.fetcher.from_tiers(entry)
+                data = local.data if local is not None else None
+                if data is None and ins.from_tier is not None and not self.tiers[ins.from_tier].contains(entry):
+                    self.copy_lost(entry, ins.from_tier)
                 if data is None:
                     keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
                     data = await self.fetcher.start(entry, keep_in=keep, why="staging").wait()
