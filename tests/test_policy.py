@@ -7,7 +7,7 @@ The budget is the daemon's own :class:`fusefs.tiers.Budget`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from fusefs.readpath.policy import (
     Event,
     Fill,
     FillDone,
+    FillOutcome,
     FillRetry,
     FollowPlan,
     Instruction,
@@ -570,6 +571,25 @@ def test_fills_keep_pace_with_the_readers_opens_and_run_at_full_speed_once_they_
     assert fills(s.do(Tick())) == order[3:4]  # no open for a tick: the free slot is taken at once
 
 
+def reading_while_filling(
+    s: Setup, out: list[Instruction], rounds: int, outcome: Callable[[int], FillOutcome]
+) -> tuple[list[int], list[Instruction]]:
+    """``rounds`` times: a reader opens and closes a file (the pump runs), and every fill started ends
+    with ``outcome(entry)``.  The fills started, in order, and every instruction the policy gave."""
+    gen = s.policy.generation
+    started: list[int] = []
+    seen = list(out)
+    for _ in range(rounds):
+        fills = [i for i in out if isinstance(i, Fill)]
+        started += [f.entry for f in fills]
+        s.do(Opened(s.files[0]))
+        out = s.do(Released(s.files[0]))
+        for f in fills:
+            out += s.do(FillDone(f.entry, f.tier, outcome(f.entry), gen))
+        seen += out
+    return started, seen
+
+
 def test_while_readers_read_a_fill_due_after_the_next_epoch_waits_for_it(tree: Path) -> None:
     """Each epoch carries only the transfers the next one needs: while readers read epoch e, fills
     due from epoch e + 2 on wait until e + 1 is read, and all run once the readers stop."""
@@ -583,16 +603,8 @@ def test_while_readers_read_a_fill_due_after_the_next_epoch_waits_for_it(tree: P
 
     def reading(epoch: int) -> list[int]:
         """Publish ``epoch``, then open files and finish every fill until none starts: what started."""
-        v = CursorView("tracking", 0, epoch, {}, ())
-        out = s.do(ViewPublished(v, [], s.policy.generation))
-        started: list[int] = []
-        for _ in range(4 * len(due_of)):
-            fills = [i for i in out if isinstance(i, Fill)]
-            started += [f.entry for f in fills]
-            s.do(Opened(s.files[0]))
-            out = s.do(Released(s.files[0]))  # a reader's open and close: the pump runs again
-            for f in fills:
-                out += s.do(FillDone(f.entry, f.tier, "stored", gen))
+        out = s.do(ViewPublished(CursorView("tracking", 0, epoch, {}, ()), [], gen))
+        started, _ = reading_while_filling(s, out, 4 * len(due_of), lambda entry: "stored")
         return started
 
     s.do(Opened(s.files[0]))  # readers read from here on: fills keep pace
@@ -619,22 +631,20 @@ def test_a_replica_its_owner_could_not_serve_is_retried_while_the_gate_holds_lat
     replicas = {e for e, o in zip(entries, owners, strict=True) if o != 0}
     s.do(Opened(s.files[0]))  # readers read: the gate applies
     out = s.do(ViewPublished(CursorView("tracking", 0, 0, {}, ()), [], gen))
-    failed: int | None = None
-    retries: list[Instruction] = []
-    for _ in range(100):
-        fills = [i for i in out if isinstance(i, Fill)]
-        s.do(Opened(s.files[0]))
-        out = s.do(Released(s.files[0]))
-        for f in fills:
-            outcome = "stored"
-            if failed is None and f.entry in replicas:
-                failed, outcome = f.entry, "later"
-            out += s.do(FillDone(f.entry, f.tier, outcome, gen))  # type: ignore[arg-type]
-        retries += [i for i in out if isinstance(i, RetryFillLater)]
-    assert failed is not None and retries == [RetryFillLater(1.0, gen)]
+    failed: list[int] = []
+
+    def outcome(entry: int) -> FillOutcome:
+        if failed or entry not in replicas:
+            return "stored"
+        failed.append(entry)
+        return "later"  # the first replica: its owner cannot serve it yet
+
+    _, seen = reading_while_filling(s, out, 100, outcome)
+    retries = [i for i in seen if isinstance(i, RetryFillLater)]
+    assert failed and retries == [RetryFillLater(1.0, gen)]
     assert s.policy._fill is not None and s.policy._fill.pos < len(entries)  # the gate still holds some
     again = [i.entry for i in s.do(FillRetry(gen)) if isinstance(i, Fill)]
-    assert again[:1] == [failed]  # the replica first, then (in order) what is due before the gate
+    assert again[:1] == failed  # the replica first, then (in order) what is due before the gate
     held = s.policy._fill.due
     assert (held[:-1] <= held[1:]).all()
 
