@@ -339,7 +339,9 @@ class Verdict:
         self.metrics.setdefault("samples", {})[run.label] = n
         self.check(n > 0 and not bad, f"{run.label}: {len(bad)} of {n} samples differ from the source, e.g. {bad[:3]}")
 
-    def predicted(self, run: Run, *, skip: tuple[str, ...] = (), resumed: tuple[str, ...] = ()) -> None:
+    def predicted(
+        self, run: Run, *, skip: tuple[str, ...] = (), resumed: tuple[str, ...] = (), after_break: tuple[str, ...] = ()
+    ) -> None:
         """Every segment (epoch, sanity check) not in ``skip`` had >= MIN_RATE of its opens predicted.
 
         The first segment judged is held to the cursor's hit rate (detection needs a few opens and
@@ -353,6 +355,14 @@ class Verdict:
         unpredicted (:data:`BREAK_BATCHES`), by both measures.  A fixed share would not do: the rest
         of a resumed epoch can be short (100 samples per rank after torchdata's resume at 152 of 252),
         and two batches per rank are then more than 5% of it.
+
+        A segment in ``after_break`` is a whole epoch that begins where the loop left the one before
+        early: held to the same two batches per local rank and to the criterion's 95%, not to
+        MIN_RATE.  A rank that left its epoch early has not finished its pass, so its first opens of
+        the next epoch are placed only by a relock, and how the ranks' workers interleave decides
+        whether one relock takes both: under two CPU hogs 2 of 28 runs left 12-14 opens of the last
+        epoch unpredicted (96.4-96.9%), one rank followed into it while the other's first batch
+        waited for a relock (the daemon's debug log).
         """
         segs = run.segments()
         timed = open_reads(run)
@@ -372,6 +382,19 @@ class Verdict:
                 f"{s['hits']} hits of {s['cursor_opens']} cursor opens, {s['open_rate']:.1%} of {s['opens']} opens "
                 f"predicted at open time; cursor {s['cursor_state']}, mode {s['mode']}"
             )
+            if s["segment"] in after_break:
+                missed = s["cursor_opens"] - s["hits"]
+                missed_at_open = s["opens"] - round(s["open_rate"] * s["opens"])
+                self.check(
+                    0 <= missed <= budget
+                    and missed_at_open <= budget
+                    and FAST_MIN_RATE <= s["rate"] <= 1.0
+                    and s["open_rate"] >= FAST_MIN_RATE,
+                    f"{where}: {missed} opens unpredicted by the cursor, {missed_at_open} at open time, after the "
+                    f"early break (allowed {budget}: {BREAK_BATCHES} batches per local rank, and "
+                    f"{FAST_MIN_RATE:.0%} of the epoch; {counts})",
+                )
+                continue
             if s["segment"] in resumed:
                 missed = s["cursor_opens"] - s["hits"]
                 missed_at_open = s["opens"] - round(s["open_rate"] * s["opens"])
@@ -557,7 +580,7 @@ def test_early_break(tmp_path: Path, source: Source, verdict: Verdict) -> None:
         tmp_path, source, "break", "ddp_loop.py", 2, ["--sampler-seed", "7", "--break-after", "20"], opts, seed=7
     )
     verdict.bytes_identical(run, source)
-    verdict.predicted(run)
+    verdict.predicted(run, after_break=("epoch1", "epoch2"))
     verdict.pfs_once(run, source)
     verdict.done(run)
 
