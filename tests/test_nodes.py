@@ -190,7 +190,11 @@ class run_in_background:
 
 
 def test_data_port_refuses_strangers_and_bad_requests(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
-    """No token, a wrong plan digest or an index outside the snapshot: refused; the daemon keeps serving."""
+    """No token or an index outside the snapshot: refused; the daemon keeps serving.
+
+    A plan digest this node does not plan (an asker that saw an announcement since replaced) is
+    no bad request: the file's identity alone answers it, from a copy held here or not at all.
+    """
     import trio
 
     with rendezvous_group(source[0], tmp_path, Job(world_size=3), tier_bytes=1 << 20, n=1) as (mnt,):
@@ -213,20 +217,31 @@ def test_data_port_refuses_strangers_and_bad_requests(tmp_path: Path, source: tu
         st = os.stat(mnt / first)  # the file's identity in the mount's snapshot: entry = inode - 1
         ident = FileId(st.st_ino - 1, st.st_size, st.st_mtime_ns)
 
-        async def ask() -> tuple[bytes | None, bytes | None, bytes | None, PeerLinkStatus]:
+        second = sorted(source[1])[1]  # not read yet: held nowhere on this node
+        st2 = os.stat(mnt / second)
+        ident2 = FileId(st2.st_ino - 1, st2.st_size, st2.st_mtime_ns)
+        changed = FileId(ident.entry, ident.size + 1, ident.mtime_ns)  # the file as another snapshot saw it
+
+        async def ask() -> tuple[list[bytes | None], bytes | None, bytes | None, PeerLinkStatus]:
             client = PeerClient(9, host, port, token, timeout=2.0, max_requests=2, down_after=5)
-            wrong = await client.fetch(0, 0, bytes(16), ident)
+            stale = [await client.fetch(0, 0, bytes(16), f) for f in (ident, ident2, changed)]
             outside = await client.fetch(0, 10**9, bytes.fromhex(plan), ident)
             fine = await client.fetch(0, 0, bytes.fromhex(plan), ident)
             counters = client.status()
             await client.aclose()
-            return wrong, outside, fine, counters
+            return stale, outside, fine, counters
 
-        wrong, outside, fine, counters = trio.run(ask)
-        assert wrong is None and outside is None and counters["bad_request"] == 2
+        tiers_before = status(mnt)["tiers"][0]["files"]
+        stale, outside, fine, counters = trio.run(ask)
+        # Another plan's digest: the held copy by its identity; nothing for a file not held (no PFS
+        # read started for it); a refusal for an identity this node's snapshot does not have.
+        assert stale[0] == (source[0] / first).read_bytes() and stale[1] is None and stale[2] is None
+        assert outside is None and counters["bad_request"] == 1 and counters["not_owned"] == 1
+        assert counters["identity_mismatches"] == 1
         assert fine == (source[0] / first).read_bytes()  # and a good request is served
         server = status(mnt)["group"]["server"]
         assert sum(server["refused"].values()) >= 1
-        assert server["requests"].get("bad_request") == 2 and server["requests"].get("ok") == 1
-        second = sorted(source[1])[1]
+        assert server["requests"].get("bad_request") == 1 and server["requests"].get("ok") == 2
+        assert server["requests"].get("not_owned") == 1 and server["requests"].get("mismatch") == 1
+        assert status(mnt)["tiers"][0]["files"] == tiers_before  # the file not held was not fetched for the ask
         assert (mnt / second).read_bytes() == (source[0] / second).read_bytes()  # still serving the mount

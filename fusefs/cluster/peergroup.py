@@ -315,7 +315,13 @@ class PeerGroup:
         if plan is None:
             return Provision("not_yet", reason="no plan yet")
         if get.digest != bytes.fromhex(plan.digest):
-            return Provision("bad_request", reason=f"plan digest mismatch (this node plans {plan.digest})")
+            # The asker saw this node announce a plan it has since replaced (a seed written or found
+            # here a moment ago; the asker learns it from the next note): not a bad request.  The
+            # index means nothing here now, the file's identity still does: answered from a copy
+            # held now, or at once not at all (the asker goes on to other holders, then the PFS).
+            # Not waiting for a PFS read under way: the asker's whole window comes at the switch,
+            # and waiting on this node's reads timed its requests out and marked this node down.
+            return await self._provide_file(get, held_only=True, wait=False)
         if not 0 <= dataset < len(plan.catalogs) or not 0 <= index < len(plan.catalogs[dataset]):
             return Provision("bad_request", reason=f"no file {index} in dataset {dataset}")
         entry = int(plan.entry_of(int(plan.offsets[dataset]) + index))
@@ -326,10 +332,11 @@ class PeerGroup:
             return Provision("mismatch", reason=f"index {index} is {mine} here", file=mine)
         return await self._answer(entry, mine, by_plan=True)
 
-    async def _provide_file(self, get: Get) -> Provision:
+    async def _provide_file(self, get: Get, *, held_only: bool = False, wait: bool = True) -> Provision:
         """A request naming the file alone (an asker following the group rule, or asking for a copy
         held from an earlier regime): its snapshot identity must be this node's for that entry, a
-        regular file, before anything is read."""
+        regular file, before anything is read.  ``held_only``: as if the request said so;
+        ``wait``: False answers from copies held now only (see :meth:`_answer`)."""
         entry = get.file.entry
         tree = self.fetcher.snapshot.tree
         if not 0 <= entry < len(tree) or int(tree.kind[entry]) != KIND_FILE:
@@ -337,13 +344,15 @@ class PeerGroup:
         mine = self.identity(entry)
         if mine != get.file:
             return Provision("mismatch", reason=f"entry {entry} is {mine} here", file=mine)
-        return await self._answer(entry, mine, by_plan=False, held_only=get.held_only)
+        return await self._answer(entry, mine, by_plan=False, held_only=held_only or get.held_only, wait=wait)
 
-    async def _answer(self, entry: int, mine: FileId, by_plan: bool, held_only: bool = False) -> Provision:
+    async def _answer(
+        self, entry: int, mine: FileId, by_plan: bool, held_only: bool = False, wait: bool = True
+    ) -> Provision:
         """A local copy (tiers, staged bytes, pages in the page cache), a fetch in flight, or (as the
         file's one owner, the policy decides) a PFS read now.  ``held_only``: never start a read,
         and wait only for one that reads the PFS already (a fetch waiting on peers may be waiting
-        on the asker: see protocol.HELD_ONLY)."""
+        on the asker: see protocol.HELD_ONLY); with ``wait`` False, not even for that."""
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
             return Provision("ok", local.data, file=mine)
@@ -354,7 +363,7 @@ class PeerGroup:
         if pages is not None:
             return Provision("ok", pages, file=mine)
         job = self.fetcher.joinable(entry) or self.fetcher.inflight.get(entry)
-        if held_only and (job is None or not job.reading_pfs):
+        if held_only and (job is None or not job.reading_pfs or not wait):
             return Provision("not_owned", reason="not held here")
         if job is None:
             read = self.prefetcher.peer_asked(entry, mine.size, by_plan)
