@@ -77,7 +77,10 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The pyfuse3 floor and mergerfs serve staging's local copy: the copy is the PFS read (once, by the
-    first of them), each daemon served the opens (its CPU is taken), and nothing stays mounted."""
+    first of them), each daemon served the opens (its CPU is taken), and nothing stays mounted.
+
+    CPU time comes from /proc in 10 ms ticks: mergerfs (C) can serve this small run's opens within
+    one tick and read 0 (it did once in CI), so only the floor (Python) is held to a nonzero share."""
     configs = ["pyfuse3 floor"] + (["mergerfs"] if shutil.which("mergerfs") else [])
     argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000"]
     argv += ["--batch", "8", "--compute-ms", "1", "--configs", ",".join(configs), "--json", "--workdir", str(tmp_path)]
@@ -87,7 +90,9 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     assert list(by) == configs
     assert by["pyfuse3 floor"]["pfs_bytes"] == doc["dataset_bytes"]  # the local copy, made here
     for config in configs:
-        assert len(by[config]["epoch_s"]) == EPOCHS and by[config]["fs_cpu"] > 0, config
+        fs_cpu = by[config]["fs_cpu"]
+        assert len(by[config]["epoch_s"]) == EPOCHS and fs_cpu is not None and fs_cpu >= 0, config
+    assert by["pyfuse3 floor"]["fs_cpu"] > 0
     if "mergerfs" in by:
         assert by["mergerfs"]["pfs_bytes"] == 0  # the same copy, reused
     assert fuse_mounts(tmp_path) == []
