@@ -360,7 +360,7 @@ class Verdict:
         early: held to the same two batches per local rank and to the criterion's 95%, not to
         MIN_RATE.  A rank that left its epoch early has not finished its pass, so its first opens of
         the next epoch are placed only by a relock, and how the ranks' workers interleave decides
-        whether one relock takes both: under two CPU hogs 2 of 28 runs left 12-14 opens of the last
+        whether one relock takes both: under two CPU hogs 2 of 22 runs left 12-14 opens of the last
         epoch unpredicted (96.4-96.9%), one rank followed into it while the other's first batch
         waited for a relock (the daemon's debug log).
         """
