@@ -382,26 +382,16 @@ class Verdict:
                 f"{s['hits']} hits of {s['cursor_opens']} cursor opens, {s['open_rate']:.1%} of {s['opens']} opens "
                 f"predicted at open time; cursor {s['cursor_state']}, mode {s['mode']}"
             )
-            if s["segment"] in after_break:
+            broke = s["segment"] in after_break
+            if broke or s["segment"] in resumed:
                 missed = s["cursor_opens"] - s["hits"]
                 missed_at_open = s["opens"] - round(s["open_rate"] * s["opens"])
+                whole = not broke or (s["rate"] >= FAST_MIN_RATE and s["open_rate"] >= FAST_MIN_RATE)
                 self.check(
-                    0 <= missed <= budget
-                    and missed_at_open <= budget
-                    and FAST_MIN_RATE <= s["rate"] <= 1.0
-                    and s["open_rate"] >= FAST_MIN_RATE,
+                    0 <= missed <= budget and missed_at_open <= budget and s["hits"] <= s["cursor_opens"] and whole,
                     f"{where}: {missed} opens unpredicted by the cursor, {missed_at_open} at open time, after the "
-                    f"early break (allowed {budget}: {BREAK_BATCHES} batches per local rank, and "
-                    f"{FAST_MIN_RATE:.0%} of the epoch; {counts})",
-                )
-                continue
-            if s["segment"] in resumed:
-                missed = s["cursor_opens"] - s["hits"]
-                missed_at_open = s["opens"] - round(s["open_rate"] * s["opens"])
-                self.check(
-                    0 <= missed <= budget and missed_at_open <= budget and s["hits"] <= s["cursor_opens"],
-                    f"{where}: {missed} opens unpredicted by the cursor, {missed_at_open} at open time, after the "
-                    f"resume (allowed {budget}: {BREAK_BATCHES} batches per local rank; {counts})",
+                    f"{'early break' if broke else 'resume'} (allowed {budget}: {BREAK_BATCHES} batches per local "
+                    f"rank{f', and {FAST_MIN_RATE:.0%} of the epoch' if broke else ''}; {counts})",
                 )
                 continue
             ok = MIN_RATE <= s["rate"] <= 1.0
