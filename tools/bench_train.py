@@ -21,13 +21,15 @@ rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to 
 emulator's own counters as a multiple of the dataset, CPU use of the emulator, the readers and the FUSE
 daemons (seerfs's, all nodes together, or the other filesystem's: "fs CPU", a share of one core while the job ran), the
 share of CPU time the hypervisor stole during each configuration (a disturbed run shows here: rerun
-it), and whether each target holds.  Every parameter is printed with the results.
+it), how long a first touch of fresh memory took just before it ("touch", see warm_memory), and
+whether each target holds.  Every parameter is printed with the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -80,6 +82,7 @@ class Result:
     pfs_bytes: int = 0
     emu_cpu: float = 0.0  # emulator CPU share of the run's wall time
     steal: float = 0.0  # CPU time the hypervisor took from this machine, share of all cores' time
+    touch_us: float = 0.0  # first touch of fresh memory just before the run, microseconds per page
     reader_cpu: float = 0.0  # readers' CPU (ranks + loader workers) per rank, share of wall time
     fs_cpu: float | None = None  # the FUSE daemons' CPU (all of them) while the readers ran, share of wall time
     sources: dict[str, int] = field(default_factory=dict)  # seerfs: opens per place they were served from
@@ -127,8 +130,9 @@ def timed_readers(
     )
 
 
-def measured(emu: RunningEmulator, run: Callable[[], Result]) -> Result:
-    """Run one configuration with the emulator's counters and CPU taken around it."""
+def measured(emu: RunningEmulator, run: Callable[[], Result], warm_bytes: int) -> Result:
+    """Run one configuration, after :func:`warm_memory`, with the emulator's counters and CPU taken around it."""
+    touch_us = warm_memory(warm_bytes)
     emu.reset()
     cpu0 = emu.counters().cpu_s
     steal0 = steal_ticks()
@@ -140,7 +144,34 @@ def measured(emu: RunningEmulator, run: Callable[[], Result]) -> Result:
     stats = emu.counters()
     result.pfs_bytes = stats.bytes
     result.emu_cpu = (stats.cpu_s - cpu0) / max(wall, 1e-9)
+    result.touch_us = touch_us
     return result
+
+
+WARM_PER_DATASET = 8
+"""Memory :func:`warm_memory` touches before each configuration, in dataset sizes: more than any
+configuration allocates (two seerfs daemons' memory tiers and page cache, the loader workers)."""
+
+
+def warm_memory(nbytes: int) -> float:
+    """Touch ``nbytes`` of fresh memory and free it again; return the microseconds a page's first touch took.
+
+    A VM's host may take back memory the guest has freed (a balloon, free page reporting, DAMON's
+    page-out), and the guest's next first touch of such a page faults on the host as well.  On the
+    host of RESULTS.md's "2026-11-28, night" section that cost 12 us per page, against 2.2 us for
+    memory the guest had freed just before.  The cost fell on whichever configuration allocated
+    after the others had used up the recently freed memory: seerfs+seed x2, which runs last and
+    allocates its tiers and page cache during epochs 1-2, read 1.05-1.08x there after rclone, and
+    1.01-1.04x with 4 GiB touched first.  Touched and freed here, the memory is the next
+    configuration's at the guest's own cost, so each one starts from the same state of memory.
+    """
+    page = mmap.PAGESIZE
+    pages = max(1, nbytes // page)
+    t = time.perf_counter()
+    with mmap.mmap(-1, pages * page) as mem:
+        for off in range(0, pages * page, page):
+            mem[off] = 1
+    return (time.perf_counter() - t) / pages * 1e6
 
 
 def steal_ticks() -> int:
@@ -353,6 +384,7 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
         "rclone": run_rclone,
     }
     results: list[Result] = []
+    warm = WARM_PER_DATASET * total
     with running_pfsemu(src, curve=a.curve, open_latency_ms=a.open_ms, read_latency_ms=a.read_ms) as emu:
         emu_params = emu.counters().config
         for config in configs:
@@ -362,13 +394,13 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
             print(f"bench_train: running {config}", file=sys.stderr)
             runner = runners.get(config)
             if runner is not None:
-                results.append(measured(emu, partial(runner, emu, work, job, src)))
+                results.append(measured(emu, partial(runner, emu, work, job, src), warm))
             else:
                 seeded = config == "seerfs+seed"
-                results.append(measured(emu, partial(seerfs_run, emu, work, job, total, seeded=seeded)))
+                results.append(measured(emu, partial(seerfs_run, emu, work, job, total, seeded=seeded), warm))
         if a.nodes > 1:
             print(f"bench_train: running seerfs+seed x{a.nodes}", file=sys.stderr)
-            results.append(measured(emu, partial(seerfs_nodes_run, emu, work, job, total, a.nodes)))
+            results.append(measured(emu, partial(seerfs_nodes_run, emu, work, job, total, a.nodes), warm))
     return results, total, emu_params
 
 
@@ -462,7 +494,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
     print(
         f"{'configuration':<14}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
-        f"{'rdr CPU':>7}  {'fs CPU':>6}  {'steal':>5}  notes"
+        f"{'rdr CPU':>7}  {'fs CPU':>6}  {'steal':>5}  {'touch':>6}  notes"
     )
     for r in results:
         base = lower.epoch_s if lower else [1.0] * epochs
@@ -477,7 +509,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         print(
             f"{r.config:<14}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
             f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {fs:>6}  {r.steal:5.1%}  "
-            f"{notes.strip(', ')}"
+            f"{r.touch_us:4.1f}us  {notes.strip(', ')}"
         )
     checks = targets(results, total, a)
     if checks:
