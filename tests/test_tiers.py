@@ -10,8 +10,10 @@ import os
 import random
 import subprocess
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -649,3 +651,38 @@ def test_build_tiers_from_config_and_clear_errors(tmp_path: Path) -> None:
     bad = [TierConfig(kind="directory", path=str(blocked / "d"), bytes=ByteSize(1 << 20))]
     with pytest.raises(ConfigError, match=r"tiers\.0\.path: cannot use"):
         build_tiers(bad, budget, FP, tmp_path)
+
+
+def test_a_put_overtaken_by_two_index_writes_survives_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put whose journal record is written while its task has not yet put the copy in the index,
+    overtaken by two index writes: the next open replays only the last two generations, so the
+    second write must wait for that put.  Before it did, the copy was removed at the next open."""
+    root = tmp_path / "tier"
+    tier = DirectoryTier(1, root, 8 << 20, 2, FP)
+    written, release = threading.Event(), threading.Event()
+    plain = tier._write
+
+    def held_write(entry: int, *rest: Any) -> tuple[BlockDigests, int]:
+        out = plain(entry, *rest)
+        if entry == 7:
+            written.set()  # the record is in the journal and the file has its final name
+            release.wait(10)
+        return out
+
+    monkeypatch.setattr(tier, "_write", held_write)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tier.put, 7, payload(7, 3000), src(payload(7, 3000), 1))
+            assert await trio.to_thread.run_sync(written.wait, 10)
+            assert await tier.persist(force=True)  # claims the next generation: 7's record is one before
+            nursery.start_soon(tier.persist, True)  # and the one after: 7's record would be two before
+            await trio.sleep(0.1)
+            release.set()
+
+    run(main)
+    tier.abandon()  # the crash: no close()
+    again = DirectoryTier(1, root, 8 << 20, 2, FP)
+    assert again.opened is not None and again.opened["warm"]
+    assert again.entries() == [7], again.opened
+    again.abandon()

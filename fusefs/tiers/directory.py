@@ -34,7 +34,9 @@ import fcntl
 import functools
 import logging
 import os
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,6 +76,8 @@ RESERVE_MARGIN = 8 << 10
 """The reserve holds the last index's size plus this much (rows added since then)."""
 JOURNAL_SWITCH_AT = 0.5
 """Write the index (and so start a fresh journal generation) once the journal is this full."""
+UNINDEXED_POLL = 0.001
+"""Seconds between looks, in an index write, for puts whose record predates the last switch (persist)."""
 
 
 def round_up(n: int, unit: int) -> int:
@@ -130,6 +134,10 @@ class DirectoryTier:
         self._closed = False
         self.drop_listeners: list[Callable[[int], None]] = []  # told of every entry this tier forgets
         self.journal: Journal | None = None
+        # Puts whose journal record is written and whose outcome is not in the index yet, per the
+        # record's generation (worker threads add, the put's own task takes away; see persist).
+        self._unindexed: Counter[int] = Counter()
+        self._unindexed_lock = threading.Lock()
         self._journal_note: str | None = None  # why the journal is not in use, for status
         self._journal_errors = 0
         self._lock_fd = self._claim_directory()
@@ -361,6 +369,7 @@ class DirectoryTier:
             return slot.ok
         slot = self._inflight[entry] = PutSlot()
         charge = 0  # reserved and not yet handed to the index or to an unlink
+        recorded: list[int] = []  # the generation of this put's journal record, once written
         try:
             while (gone := self._unlinking.get(entry)) is not None:
                 await gone.wait()  # the old file must be unlinked before the new one takes its name
@@ -377,7 +386,7 @@ class DirectoryTier:
                 want -= NAME_BYTES  # a name slot stays charged for the session
             charge = want
             try:
-                written, allocated = await self._write_journaled(entry, data, source, digests)
+                written, allocated = await self._write_journaled(entry, data, source, digests, recorded)
             except JournalFull as exc:
                 self._journal_failed(exc)
                 return False
@@ -406,18 +415,21 @@ class DirectoryTier:
         finally:
             if charge:
                 self.budget.release(charge)
+            if recorded:
+                with self._unindexed_lock:
+                    self._unindexed[recorded[0]] -= 1
             del self._inflight[entry]
             slot.done.set()
 
     def _write(
-        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None
+        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None, recorded: list[int]
     ) -> tuple[BlockDigests, int]:
         """Hash (if needed) and write one file, its journal record just before its rename; runs in a
-        worker thread."""
+        worker thread.  ``recorded`` gets the record's generation (see persist)."""
         if digests is None:
             digests = BlockDigests.of(data)
         final, tmp = file_path(self.path, entry), tmp_path(self.path, entry)
-        record = functools.partial(self._journal_add, Record(ADD, entry, source, digests))
+        record = functools.partial(self._journal_add, Record(ADD, entry, source, digests), recorded)
         try:
             allocated = write_atomic(final, tmp, data, self.clean_cache, record)
         except FileNotFoundError:  # a fan-out directory was removed under us
@@ -426,7 +438,7 @@ class DirectoryTier:
         return digests, allocated
 
     async def _write_journaled(
-        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None
+        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None, recorded: list[int]
     ) -> tuple[BlockDigests, int]:
         """``_write`` in a worker thread; when the journal is full, write the index (which starts a
         fresh generation) and try again, for as long as index writes succeed (each frees a journal)."""
@@ -434,15 +446,20 @@ class DirectoryTier:
             journal = self.journal
             gen = journal.gen if journal is not None else 0
             try:
-                return await trio.to_thread.run_sync(self._write, entry, data, source, digests, limiter=self.limiter)
+                return await trio.to_thread.run_sync(
+                    self._write, entry, data, source, digests, recorded, limiter=self.limiter
+                )
             except JournalFull:
                 if not await self.persist(switch_from=gen):
                     raise
 
-    def _journal_add(self, rec: Record) -> None:
+    def _journal_add(self, rec: Record, recorded: list[int]) -> None:
         """Worker thread: the record a copy needs before it may take its final name."""
         if self.journal is not None and self.journal.gen >= 1:
-            self.journal.append(rec)
+            gen = self.journal.append(rec)
+            with self._unindexed_lock:
+                self._unindexed[gen] += 1
+            recorded.append(gen)
 
     def _journal_failed(self, exc: Exception) -> None:
         """A put whose record could not be written: the copy is not kept (it would not survive a crash)."""
@@ -625,9 +642,17 @@ class DirectoryTier:
                     return True  # another write started a fresh generation meanwhile
             elif self._changes == self._saved_changes and not force:
                 return True
+            journal = self.journal
+            if journal is not None:
+                # The next open replays only the generation this index claims and the one before.
+                # A put with a record of the one before that must be in this export: wait for it.
+                # It is past its worker thread's record (it only renames and returns), so the wait
+                # is short; records of older generations cannot appear (only this lock's holder
+                # switches generations).
+                while self._unindexed_in(journal.gen - 1):
+                    await trio.sleep(UNINDEXED_POLL)
             changes = self._changes
             arrays = self._idx.export()
-            journal = self.journal
             gen = journal.gen + 1 if journal is not None else 1
             try:
                 await trio.to_thread.run_sync(self._save_index, arrays, gen, limiter=self.limiter)
@@ -642,6 +667,11 @@ class DirectoryTier:
             self._saved_changes = changes
             self._persisted_at = time.monotonic()
             return True
+
+    def _unindexed_in(self, gen: int) -> int:
+        """Puts with a record of generation ``gen`` whose outcome is not in the index yet."""
+        with self._unindexed_lock:
+            return self._unindexed[gen]
 
     def _spawn(self, fn: Callable[[], Awaitable[object]], what: str) -> None:
         self._background += 1

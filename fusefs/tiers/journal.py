@@ -14,8 +14,12 @@ Generations and the index: an index claims generation G only once it is safely r
 and only then does the journal switch to G (truncating nothing: file G % 2 is overwritten from its
 start, and the stale records after the new ones are of generation G - 2, where replay stops).  A
 record of G - 1 may postdate the index's export (a put in flight while it was taken), so opening
-replays G - 1 and then G over the index.  Records are last-writer-wins per entry, so replaying one
-the index already holds changes nothing.  A failed index write does not switch: records keep going
+replays G - 1 and then G over the index.  That covers every record only if the index claiming G
+was exported once no put with a record of G - 2 was still on its way into the index: a put whose
+continuation waited through two back-to-back index writes lost its copy at the next open (seen once
+in tests/test_faults.py, entry 250 of 300).  So an index write first waits for those puts
+(directory.py, ``persist``).  Records are last-writer-wins per entry, so replaying one the index
+already holds changes nothing.  A failed index write does not switch: records keep going
 to the current generation, which the last good index still covers.
 
 fsync policy: records are written with pwrite and never fsynced.  That survives the daemon's own
@@ -163,8 +167,9 @@ class Journal:
         with self._lock:
             self.gen, self.tail = gen, 0
 
-    def append(self, rec: Record) -> None:
-        """Write one record (blocking, any thread); JournalFull or OSError when it cannot."""
+    def append(self, rec: Record) -> int:
+        """Write one record (blocking, any thread) and return its generation; JournalFull or OSError
+        when it cannot."""
         with self._lock:
             if self.gen < 1:
                 raise JournalFull("journal not started")
@@ -177,6 +182,7 @@ class Journal:
                 done += os.pwrite(fd, data[done:], self.tail + done)
             self.tail += len(data)
             self.records += 1
+            return self.gen
 
     def fill(self) -> float:
         return self.tail / self.size if self.size else 1.0
