@@ -152,12 +152,15 @@ AnyTierStatus = MemoryTierStatus | DirectoryTierStatus
 class PutSlot:
     """One put in flight: later puts of the same entry wait for ``done`` and share ``ok``."""
 
-    __slots__ = ("done", "dropped", "ok")
+    __slots__ = ("done", "dropped", "journal_gen", "ok")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.ok = False
         self.dropped = False  # drop() arrived while the put was in flight: do not commit
+        # Directory tier: the journal's generation just before this put's record was appended (at
+        # most the record's own; set by the worker thread before the append).  See its persist().
+        self.journal_gen: int | None = None
 
 
 class Tier(Protocol):

@@ -34,9 +34,7 @@ import fcntl
 import functools
 import logging
 import os
-import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -134,10 +132,6 @@ class DirectoryTier:
         self._closed = False
         self.drop_listeners: list[Callable[[int], None]] = []  # told of every entry this tier forgets
         self.journal: Journal | None = None
-        # Puts whose journal record is written and whose outcome is not in the index yet, per the
-        # record's generation (worker threads add, the put's own task takes away; see persist).
-        self._unindexed: Counter[int] = Counter()
-        self._unindexed_lock = threading.Lock()
         self._journal_note: str | None = None  # why the journal is not in use, for status
         self._journal_errors = 0
         self._lock_fd = self._claim_directory()
@@ -369,7 +363,6 @@ class DirectoryTier:
             return slot.ok
         slot = self._inflight[entry] = PutSlot()
         charge = 0  # reserved and not yet handed to the index or to an unlink
-        recorded: list[int] = []  # the generation of this put's journal record, once written
         try:
             while (gone := self._unlinking.get(entry)) is not None:
                 await gone.wait()  # the old file must be unlinked before the new one takes its name
@@ -386,7 +379,7 @@ class DirectoryTier:
                 want -= NAME_BYTES  # a name slot stays charged for the session
             charge = want
             try:
-                written, allocated = await self._write_journaled(entry, data, source, digests, recorded)
+                written, allocated = await self._write_journaled(entry, data, source, digests, slot)
             except JournalFull as exc:
                 self._journal_failed(exc)
                 return False
@@ -415,21 +408,18 @@ class DirectoryTier:
         finally:
             if charge:
                 self.budget.release(charge)
-            if recorded:
-                with self._unindexed_lock:
-                    self._unindexed[recorded[0]] -= 1
             del self._inflight[entry]
             slot.done.set()
 
     def _write(
-        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None, recorded: list[int]
+        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None, slot: PutSlot
     ) -> tuple[BlockDigests, int]:
         """Hash (if needed) and write one file, its journal record just before its rename; runs in a
-        worker thread.  ``recorded`` gets the record's generation (see persist)."""
+        worker thread.  ``slot``: the put's, which notes the journal's generation (see persist)."""
         if digests is None:
             digests = BlockDigests.of(data)
         final, tmp = file_path(self.path, entry), tmp_path(self.path, entry)
-        record = functools.partial(self._journal_add, Record(ADD, entry, source, digests), recorded)
+        record = functools.partial(self._journal_add, Record(ADD, entry, source, digests), slot)
         try:
             allocated = write_atomic(final, tmp, data, self.clean_cache, record)
         except FileNotFoundError:  # a fan-out directory was removed under us
@@ -438,7 +428,7 @@ class DirectoryTier:
         return digests, allocated
 
     async def _write_journaled(
-        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None, recorded: list[int]
+        self, entry: int, data: bytes, source: SourceId, digests: BlockDigests | None, slot: PutSlot
     ) -> tuple[BlockDigests, int]:
         """``_write`` in a worker thread; when the journal is full, write the index (which starts a
         fresh generation) and try again, for as long as index writes succeed (each frees a journal)."""
@@ -447,19 +437,18 @@ class DirectoryTier:
             gen = journal.gen if journal is not None else 0
             try:
                 return await trio.to_thread.run_sync(
-                    self._write, entry, data, source, digests, recorded, limiter=self.limiter
+                    self._write, entry, data, source, digests, slot, limiter=self.limiter
                 )
             except JournalFull:
                 if not await self.persist(switch_from=gen):
                     raise
 
-    def _journal_add(self, rec: Record, recorded: list[int]) -> None:
-        """Worker thread: the record a copy needs before it may take its final name."""
+    def _journal_add(self, rec: Record, slot: PutSlot) -> None:
+        """Worker thread: the record a copy needs before it may take its final name.  The slot
+        notes the generation first, so a record of a generation is never without its note."""
         if self.journal is not None and self.journal.gen >= 1:
-            gen = self.journal.append(rec)
-            with self._unindexed_lock:
-                self._unindexed[gen] += 1
-            recorded.append(gen)
+            slot.journal_gen = self.journal.gen
+            self.journal.append(rec)
 
     def _journal_failed(self, exc: Exception) -> None:
         """A put whose record could not be written: the copy is not kept (it would not survive a crash)."""
@@ -647,9 +636,9 @@ class DirectoryTier:
                 # The next open replays only the generation this index claims and the one before.
                 # A put with a record of the one before that must be in this export: wait for it.
                 # It is past its worker thread's record (it only renames and returns), so the wait
-                # is short; records of older generations cannot appear (only this lock's holder
-                # switches generations).
-                while self._unindexed_in(journal.gen - 1):
+                # is short.  A note older than the journal's generation may belong to a record of
+                # the current one (a switch between note and append): waited for too, harmlessly.
+                while self._record_before(journal.gen):
                     await trio.sleep(UNINDEXED_POLL)
             changes = self._changes
             arrays = self._idx.export()
@@ -668,10 +657,9 @@ class DirectoryTier:
             self._persisted_at = time.monotonic()
             return True
 
-    def _unindexed_in(self, gen: int) -> int:
-        """Puts with a record of generation ``gen`` whose outcome is not in the index yet."""
-        with self._unindexed_lock:
-            return self._unindexed[gen]
+    def _record_before(self, gen: int) -> bool:
+        """Whether a put in flight (its outcome not in the index yet) may have a record older than ``gen``."""
+        return any(s.journal_gen is not None and s.journal_gen < gen for s in self._inflight.values())
 
     def _spawn(self, fn: Callable[[], Awaitable[object]], what: str) -> None:
         self._background += 1

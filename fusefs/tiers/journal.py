@@ -167,9 +167,8 @@ class Journal:
         with self._lock:
             self.gen, self.tail = gen, 0
 
-    def append(self, rec: Record) -> int:
-        """Write one record (blocking, any thread) and return its generation; JournalFull or OSError
-        when it cannot."""
+    def append(self, rec: Record) -> None:
+        """Write one record (blocking, any thread); JournalFull or OSError when it cannot."""
         with self._lock:
             if self.gen < 1:
                 raise JournalFull("journal not started")
@@ -182,7 +181,6 @@ class Journal:
                 done += os.pwrite(fd, data[done:], self.tail + done)
             self.tail += len(data)
             self.records += 1
-            return self.gen
 
     def fill(self) -> float:
         return self.tail / self.size if self.size else 1.0
