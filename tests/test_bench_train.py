@@ -96,3 +96,41 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     if "mergerfs" in by:
         assert by["mergerfs"]["pfs_bytes"] == 0  # the same copy, reused
     assert fuse_mounts(tmp_path) == []
+
+
+def test_rounds_measure_every_configuration_afresh(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--rounds 2: each round makes its own staging copy and its own seerfs mount, so the emulator counts the
+    dataset read again in each round (a round that reused the last one's copy or cache would read nothing),
+    and the results shown are the rounds' per-epoch medians with PFS bytes the larger round's."""
+    argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000"]
+    argv += ["--batch", "8", "--compute-ms", "1", "--configs", "lower bound,staging,seerfs+seed", "--rounds", "2"]
+    argv += ["--json", "--workdir", str(tmp_path)]
+    assert bench_train.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    total = doc["dataset_bytes"]
+    rounds = doc["rounds"]
+    assert [[r["config"] for r in runs] for runs in rounds] == [["lower bound", "staging", "seerfs+seed"]] * 2
+    for runs in rounds:
+        by = {r["config"]: r for r in runs}
+        assert by["staging"]["pfs_bytes"] == total and by["staging"]["extra_s"] > 0  # copied again
+        assert total <= by["seerfs+seed"]["pfs_bytes"] <= 1.05 * total  # a fresh mount: nothing carried over
+    for k, r in enumerate(doc["results"]):
+        per_round = [runs[k] for runs in rounds]
+        assert r["rounds"] == [p["epoch_s"] for p in per_round]
+        assert r["epoch_s"] == pytest.approx([(a + b) / 2 for a, b in zip(*r["rounds"], strict=True)])
+        assert r["pfs_bytes"] == max(p["pfs_bytes"] for p in per_round)
+    assert fuse_mounts(tmp_path) == []
+
+
+def test_the_later_epoch_target_is_judged_on_medians_and_names_the_worst_round() -> None:
+    """Three rounds where one round's epoch 1 ran 1.10x (a disturbed round): the median passes, and the
+    target's detail still shows that round's 1.10x, so a reader sees the spread behind the median."""
+    lower = bench_train.combined([bench_train.Result("lower bound", [5.0, 4.0, 4.0]) for _ in range(3)])
+    runs = [bench_train.Result("seerfs+seed", [8.0, 4.4 if k == 1 else 4.08, 4.04]) for k in range(3)]
+    seed = bench_train.combined(runs)
+    assert seed.epoch_s == [8.0, 4.08, 4.04] and seed.rounds == [r.epoch_s for r in runs]
+    _name, ok, detail = bench_train.later_epochs_target("", seed, lower)
+    assert ok is True, detail
+    assert detail.startswith("1.020x, 1.010x") and "3 rounds" in detail and "1.100x" in detail, detail
+    one = bench_train.combined(runs[1:2])
+    assert one is runs[1] and bench_train.later_epochs_target("", one, lower)[1] is False
