@@ -119,6 +119,7 @@ def test_rounds_measure_every_configuration_afresh(tmp_path: Path, capsys: pytes
         assert r["rounds"] == [p["epoch_s"] for p in per_round]
         assert r["epoch_s"] == pytest.approx([(a + b) / 2 for a, b in zip(*r["rounds"], strict=True)])
         assert r["pfs_bytes"] == max(p["pfs_bytes"] for p in per_round)
+        assert r["round_steal"] == [p["steal"] for p in per_round] and r["steal"] == max(r["round_steal"])
     assert fuse_mounts(tmp_path) == []
 
 

@@ -98,6 +98,7 @@ class Result:
     note: str = ""
     status_text: str = ""  # seerfs: `seerfs status MOUNT` after the run, before unmounting
     rounds: list[list[float]] = field(default_factory=list)  # --rounds: each round's epoch_s, in order
+    round_steal: list[float] = field(default_factory=list)  # --rounds: each round's steal
 
     @property
     def total_s(self) -> float:
@@ -261,6 +262,7 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
         pid = int(status(mnt)["pid"])
         result = timed_readers(name, mnt, replace(job, write_seed=seeded), d / "run", servers=[pid])
         doc = status(mnt)
+        (d / "status.json").write_text(json.dumps(doc, indent=1))  # kept with --workdir, for a second look
         result.status_text = seerfs("status", str(mnt)).stdout
     finally:
         seerfs("umount", str(mnt), timeout=120)
@@ -301,6 +303,8 @@ def seerfs_nodes_run(emu: RunningEmulator, work: Path, job: Job, total: int, nod
         pids = [int(status(m)["pid"]) for m in mnts]
         result = timed_readers(f"seerfs+seed x{nodes}", roots, replace(job, write_seed=True), d / "run", servers=pids)
         docs = [status(m) for m in mnts]
+        for node, doc in enumerate(docs):
+            (d / f"status-node{node}.json").write_text(json.dumps(doc, indent=1))  # kept with --workdir
     for doc in docs:
         for k, v in opens_by_source(doc["reads"]).items():
             result.sources[k] = result.sources.get(k, 0) + v
@@ -451,6 +455,7 @@ def combined(runs: Sequence[Result]) -> Result:
         fs_cpu=med(fs) if fs else None,
         hit_rate=min(rates) if rates else None,
         rounds=[list(r.epoch_s) for r in runs],
+        round_steal=[r.steal for r in runs],
     )
 
 
@@ -567,11 +572,15 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
             f"{r.touch_us:4.1f}us  {notes.strip(', ')}"
         )
     if lower is not None and lower.rounds:
-        print(f"\nevery round's epochs as ratios to that round's lower bound (the table: medians of {a.rounds})")
+        print(
+            f"\nevery round's epochs as ratios to that round's lower bound, and its CPU steal "
+            f"(the table: medians of {a.rounds})"
+        )
         for r in results:
             if r.rounds:
                 cells = "  |  ".join(
-                    " ".join(f"{x:4.2f}" for x in round_ratios(r, lower, k)) for k in range(len(r.rounds))
+                    " ".join(f"{x:4.2f}" for x in round_ratios(r, lower, k)) + f" (steal {r.round_steal[k]:.1%})"
+                    for k in range(len(r.rounds))
                 )
                 print(f"  {r.config:<14}  {cells}")
     checks = targets(results, total, a)
@@ -668,7 +677,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--show-status", action="store_true", help="print `seerfs status` of the seerfs and seerfs+seed mounts"
     )
-    p.add_argument("--workdir", help="scratch directory (default: a temp dir, removed)")
+    p.add_argument(
+        "--workdir",
+        help="scratch directory, kept afterwards with each seerfs mount's final status (status*.json) "
+        "(default: a temp dir, removed)",
+    )
     return p
 
 
