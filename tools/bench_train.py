@@ -331,9 +331,14 @@ def run_direct(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
     return timed_readers("direct", emu.mountpoint, job, work / "direct")
 
 
+def staged_dir(work: Path) -> Path:
+    """Where :func:`local_copy` puts the dataset's local copy under ``work``."""
+    return work / "staged"
+
+
 def local_copy(emu: RunningEmulator, work: Path) -> tuple[Path, float]:
-    """The dataset copied from the emulated PFS to local disk (once per run), and the seconds the copy took."""
-    local = work / "staged"
+    """The dataset copied from the emulated PFS to local disk (once per round), and the seconds the copy took."""
+    local = staged_dir(work)
     if local.exists():
         return local, 0.0
     t = time.monotonic()
@@ -424,7 +429,7 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
                 results.append(measured(emu, partial(seerfs_nodes_run, emu, rwork, job, total, a.nodes), warm))
             rounds.append(results)
             if rwork is not work:
-                shutil.rmtree(rwork / "staged", ignore_errors=True)  # the next round copies anew
+                shutil.rmtree(staged_dir(rwork), ignore_errors=True)  # the next round copies anew
     return rounds, total, emu_params
 
 
@@ -685,6 +690,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def result_json(r: Result) -> dict[str, Any]:
+    """One result as --json prints it: every field, and the total."""
+    return {**vars(r), "total_s": r.total_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -712,11 +722,9 @@ def main(argv: list[str] | None = None) -> int:
                     "parameters": vars(a),
                     "emulator": emu_params,
                     "dataset_bytes": total,
-                    "results": [{**vars(r), "total_s": r.total_s} for r in results],
+                    "results": [result_json(r) for r in results],
                     "targets": targets(results, total, a),
-                    "rounds": [[{**vars(r), "total_s": r.total_s} for r in runs] for runs in rounds]
-                    if a.rounds > 1
-                    else [],
+                    "rounds": [[result_json(r) for r in runs] for runs in rounds] if a.rounds > 1 else [],
                 },
                 indent=1,
             )
