@@ -5,7 +5,9 @@ set_epoch, ranks kept in step by a gloo barrier per batch (what the allreduce of
 does), and a compute step that sleeps (it stands for GPU time, so it uses no CPU).  With
 ``digests`` every sample's bytes are checked against digests computed beforehand from the backing
 store, so the check itself reads nothing that could be cached.  Writes a JSON result next to
-``out``: per epoch its seconds and the time spent waiting for batches.
+``out``: per epoch its seconds, the time spent waiting for batches and where the rest went (the
+compute sleeps as slept, the barrier, and each batch waited for over 20 ms: the first batch of
+each loader, whose fresh workers read it file by file while the rank waits, shows there).
 
 usage: python -m tools.train_reader SPEC.json RANK   (SPEC: see tools.jobs.Job)
 """
@@ -38,6 +40,7 @@ def raw_timed(path: str) -> tuple[bytes, float]:
 
 
 SIZES: dict[str, int] = {}  # in_memory runs: each sample's size, taken before training
+SLOW_BATCH_S = 0.02  # a batch waited for longer than this is listed by number in the epoch's record
 
 
 def from_memory(path: str) -> bytes:
@@ -150,18 +153,27 @@ def main() -> int:
     read_times: list[float] = []
     cpu0 = _cpu_seconds()
 
+    parts: dict[str, Any] = {}
+
     def consume(dataset: Any, batches: Any, indices: list[int] | None) -> float:
-        """Read every batch; ``indices``: the sampler's order (None: the items carry their index)."""
+        """Read every batch; ``indices``: the sampler's order (None: the items carry their index).
+
+        Besides the wait it returns, it adds to ``parts`` where the rest of the time went: the
+        compute sleeps as slept (a busy host wakes a sleeper late), the barrier (the other ranks'
+        lateness) and each batch waited for over :data:`SLOW_BATCH_S` (its number and seconds)."""
         waited = 0.0
         it = iter(batches)
         pos = 0
+        number = 0
         while True:
             t0 = time.monotonic()
             try:
                 batch = next(it)
             except StopIteration:
                 break
-            waited += time.monotonic() - t0
+            wait = time.monotonic() - t0
+            waited += wait
+            reads_before = len(read_times)
             for item in batch:
                 if indices is None:
                     index, (sample, _label) = item
@@ -178,10 +190,19 @@ def main() -> int:
                 pos += 1
                 result["samples"] += 1
                 result["bytes"] += len(data)
+            if wait > SLOW_BATCH_S:  # with time_reads, also its files' slowest and summed open+read
+                reads = read_times[reads_before:]
+                slow = [number, round(wait, 4)] + ([round(max(reads), 4), round(sum(reads), 4)] if reads else [])
+                parts.setdefault("slow", []).append(slow)
+            number += 1
+            t1 = time.monotonic()
             if spec.get("compute_s"):
                 time.sleep(spec["compute_s"] * len(batch))  # per sample, like GPU time per image
+            t2 = time.monotonic()
             if sync:
                 dist.barrier()
+            parts["sleep_s"] = parts.get("sleep_s", 0.0) + t2 - t1
+            parts["barrier_s"] = parts.get("barrier_s", 0.0) + time.monotonic() - t2
         return waited
 
     result["setup_s"] = time.monotonic() - started  # seed written (if asked) to the first epoch's start
@@ -194,6 +215,7 @@ def main() -> int:
         if sampler is not None:
             sampler.set_epoch(epoch)
         before = len(read_times)
+        parts.clear()
         waited = consume(train, loader, list(sampler) if sampler is not None else None)
         if val_loader is not None:
             waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
@@ -205,6 +227,7 @@ def main() -> int:
                 "wait_s": waited,
                 "read_s": sum(read_times[before:]),
                 "counts_before": counts_before,
+                **parts,
             }
         )
         result["wait_s"] += waited
