@@ -35,17 +35,26 @@ def first_epochs(plan: Plan, upto: int) -> dict[int, int]:
     return first
 
 
-def next_epoch_reads(plan: Plan, node: int, epoch: int) -> tuple[I64, I64]:
+def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tuple[I64, I64]:
     """(entries, ready_at) for ``node`` in job epoch ``epoch + 1``.
 
     ``entries``: what ``node`` opens in epoch ``epoch + 1`` and none of its ranks opens in
     ``epoch``, each once, in the order it opens them.  ``ready_at``: for each, the position of
     ``epoch`` (in a rank's stream) from which to fetch it: where another rank first reads it in
     ``epoch`` when the job reads its dataset for the first time then; else (it was read in an
-    earlier epoch: its holder has it now) its share of the first ``SPREAD`` of the epoch, the
-    first -1 (at once).  Files no node holds in its tiers (the plan gives them no owner), and
-    files of a dataset first read in ``epoch`` that nobody reads then, are left out: nobody could
-    serve them from a copy.
+    earlier epoch: its holder has it now) its share of the first ``SPREAD`` of the epoch after
+    its first ``hold_off`` positions, the first at ``hold_off - 1``.
+
+    Files no node holds in its tiers (the plan gives them no owner), and files of a dataset first
+    read in ``epoch`` that nobody reads then, are left out: nobody could serve them from a copy.
+
+    ``hold_off``: the positions a rank's DataLoader reads in its first moments (the daemon passes
+    the cursor's window: twice the batches its workers keep in flight).  Each epoch starts with
+    fresh workers reading their first batches one file after another while the rank waits for
+    them.  Peer transfers released then took 30-45 ms of each daemon's trio thread in the epoch's
+    first 200 ms, beside 30-40 ms of FUSE requests (tools/bench_train --nodes 2), and the first
+    batch of every later epoch came 40-80 ms later than without seerfs: most of what those epochs
+    cost over one node.  At most half the spread is held off, so a short epoch leaves the lane room.
     """
     js = plan.job_streams()
     ahead = js.node_stream(epoch + 1, node)
@@ -71,5 +80,7 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int) -> tuple[I64, I64]:
     held_now = np.flatnonzero(ready < 0)
     if held_now.shape[0]:
         span = int(SPREAD * min(now.length(int(r)) for r in mine))
-        ready[held_now] = np.arange(held_now.shape[0], dtype=np.int64) * span // held_now.shape[0] - 1
+        start = min(max(0, hold_off), span // 2)
+        spread = np.arange(held_now.shape[0], dtype=np.int64) * (span - start) // held_now.shape[0]
+        ready[held_now] = start + spread - 1
     return entries, ready

@@ -278,6 +278,26 @@ def test_next_epoch_reads_are_what_the_node_reads_then_and_not_now(
     assert later[len(later) // 2] == len(later) // 2 * span // len(later) - 1
 
 
+def test_the_lane_holds_off_while_the_loaders_start(two_nodes: tuple[Plan, npt.NDArray[np.int64]]) -> None:
+    """A later epoch's held files are released only once the ranks are ``hold_off`` positions in
+    (past their DataLoaders' first batches), in the same order and within the same share of the
+    epoch; a hold-off longer than half that share is cut to half, so the lane keeps room."""
+    plan = two_nodes[0]
+    js = plan.job_streams()
+    mine = js.shape.ranks_of_node(0)
+    span = int(SPREAD * min(js.epoch_map(1).length(r) for r in mine))
+    entries, at_once = next_epoch_reads(plan, 0, 1)
+    held_entries, held = next_epoch_reads(plan, 0, 1, hold_off=span // 4)
+    assert held_entries.tolist() == entries.tolist()
+    assert held[0] == span // 4 - 1 and (np.diff(held) >= 0).all() and held[-1] < span - 1
+    assert (held >= at_once).all() and (held > at_once).any()
+    _entries, capped = next_epoch_reads(plan, 0, 1, hold_off=10 * span)
+    assert capped[0] == span // 2 - 1 and capped[-1] < span - 1
+    # The first epoch's files are released where their holders read them: no hold-off there.
+    _entries, first = next_epoch_reads(plan, 0, 0)
+    assert next_epoch_reads(plan, 0, 0, hold_off=span // 4)[1].tolist() == first.tolist()
+
+
 def tracking(s: Setup, position: int, epoch: int = 0, order: Sequence[int] = ()) -> list[Instruction]:
     # A partial cursor section on purpose: the next-epoch lane reads only rank_positions from it.
     status = cast(CursorStatus, {"rank_positions": {"0": [epoch, position]}})

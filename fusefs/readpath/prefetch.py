@@ -545,7 +545,12 @@ class Prefetcher:
                 self._lanes_for = {k for k in self._lanes_for if k[0] == key[0] and k[2] >= view.epoch} | {key}
                 try:
                     entries, ready = await trio.to_thread.run_sync(
-                        next_epoch_reads, plan, view.node, epoch, limiter=self._cursor_lock
+                        next_epoch_reads,
+                        plan,
+                        view.node,
+                        epoch,
+                        policy.settings.loader_start,
+                        limiter=self._cursor_lock,
                     )
                 except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
                     log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, epoch, exc)
