@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +61,7 @@ from fusefs.readpath.policy import (
     entries_due,
 )
 from fusefs.tiers import Budget
+from placement.cursor import CursorStatus
 from placement.plan import Plan
 
 FILES = 16
@@ -137,6 +138,7 @@ class Setup:
         threads: int = 2,
         tiers: Sequence[Held] | None = None,
         reactive: int = 4_000,
+        loader_start: int = 0,
     ) -> None:
         self.plan = plan
         self.sizes = sizes
@@ -148,6 +150,7 @@ class Setup:
             threads,
             tuple(2 for _ in self.tiers),
             tuple(reactive for _ in self.tiers),
+            loader_start=loader_start,
         )
         self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
         self.budget.reclaim = self.policy.reclaim
@@ -569,6 +572,42 @@ def test_fills_keep_pace_with_the_readers_opens_and_run_at_full_speed_once_they_
     assert fills(s.do(FillDone(order[1], 0, "stored", gen))) == order[2:3]  # two opens: one fill
     assert fills(s.do(Tick())) == []  # the tick saw opens: still paced
     assert fills(s.do(Tick())) == order[3:4]  # no open for a tick: the free slot is taken at once
+
+
+def test_fills_leave_the_start_of_each_epoch_to_the_readers_loaders(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """Every epoch starts with fresh DataLoader workers reading their first batches one file after
+    another while the ranks wait: no fill starts while this node's ranks are in the first
+    ``loader_start`` positions of their epoch, and the credit their opens earned is spent after.
+    Never more than a quarter of a rank's epoch, so that a short epoch still fills while read."""
+    plan = one_node[0]
+    quarter = max(seg.length for seg in plan.segments(0)) // plan.shape.ranks_per_node // 4
+    assert quarter >= 2
+    s = Setup(*one_node, loader_start=10 * quarter)  # two fill slots; the hold is cut to the quarter
+    s.follow()
+    objs, _due = s.plan.fill_order(0)
+    order = [int(e) for e in s.plan.objects.obj_entry[objs]]
+    gen = s.policy.generation
+
+    def at(position: int, epoch: int = 0) -> list[int]:
+        status = cast(CursorStatus, {"rank_positions": {"0": [epoch, position]}})
+        view = CursorView("tracking", 0, epoch, {}, (), status)
+        return [i.entry for i in s.do(ViewPublished(view, [], gen)) if isinstance(i, Fill)]
+
+    assert at(0) == order[:2]  # no reader yet: every slot, wherever the view says they are
+    for _ in range(4):
+        s.do(Opened(order[-1]))  # the loaders start: a full credit earned
+    for entry in order[:2]:
+        assert [i for i in s.do(FillDone(entry, 0, "stored", gen)) if isinstance(i, Fill)] == []
+    assert at(quarter - 1) == []  # still in the loaders' first batches
+    assert at(quarter) == order[2:4]  # past them: the credit is spent
+    for entry in order[2:4]:
+        s.do(FillDone(entry, 0, "stored", gen))
+    s.do(Opened(order[-1]))
+    s.do(Opened(order[-1]))
+    assert at(1, epoch=1) == []  # the next epoch's loaders start: fills wait again
+    assert at(quarter + 1, epoch=1) == order[4:5]
 
 
 def reading_while_filling(

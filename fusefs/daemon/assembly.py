@@ -60,7 +60,7 @@ from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Pyfuse3Kernel, Staging
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
-from placement.cursor import DatasetState
+from placement.cursor import CursorSettings, DatasetState
 from placement.plan import plan_inputs
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,7 @@ def build_readpath(
         stage_threads=max(1, cfg.prefetch.threads),
         fill_threads=tuple(max(1, t.threads) for t in cfg.tiers),
         reactive_capacities=tuple(t["bytes"] for t in planning_config(cfg)["tiers"]),
+        loader_start=CursorSettings.for_job(cfg.job.batch_size, cfg.job.num_workers, cfg.job.prefetch_factor).window,
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
     staging = Staging(policy, kernel if kernel is not None else Pyfuse3Kernel(snapshot.tree.path))

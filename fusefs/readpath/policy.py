@@ -618,6 +618,9 @@ class PolicySettings:
     fill_threads: tuple[int, ...] = ()  # fills in flight per tier at most
     reactive_capacities: tuple[int, ...] = ()  # bytes per tier the reactive policy may keep
     next_threads: int = 4  # next-epoch stages in flight at most (local tiers and peers only)
+    # Positions of each epoch its DataLoaders read in their first moments, which tier fills and the
+    # next-epoch lane leave to the readers (see _pump_fill; the cursor's window, CursorSettings).
+    loader_start: int = 0
 
 
 # ---------------------------------------------------------------------------------------- the policy
@@ -666,6 +669,7 @@ class ReadPolicy:
         self._fill_credit = math.inf  # fills that may start now: unbounded while no reader reads
         self._opens_since_tick = 0
         self._fill_until_for: tuple[int, int | None] | None = None  # (epoch, _fill_until's answer)
+        self._fill_hold = 0  # positions of an epoch fills leave to the loaders' start (_pump_fill)
         self.filled_node: int | None = None
         self.peers_down: set[int] = set()
         # The group (owners while no plan is trusted) and the next epoch's pages
@@ -804,6 +808,7 @@ class ReadPolicy:
         self.filled_node = None
         self._fill = None
         self._fill_until_for = None
+        self._fill_hold = 0
         self._stage_of, self._stage_pos = None, 0
         presume: int | None = None
         if plan is None:
@@ -811,6 +816,10 @@ class ReadPolicy:
             self._adopt_into_reactive()
             self._settle_window()
         else:
+            # At most a quarter of a rank's first read of its epoch: an epoch shorter than a few
+            # loader starts still fills while it is read.
+            per_rank = max((seg.length for seg in plan.segments(0)), default=0) // plan.shape.ranks_per_node
+            self._fill_hold = min(self.settings.loader_start, per_rank // 4)
             self.entry_gid = np.full(self.sizes.shape[0], -1, np.int32)
             gids = np.arange(plan.files, dtype=np.int64)
             entries = plan.entry_of(gids).astype(np.int64)
@@ -1246,10 +1255,22 @@ class ReadPolicy:
         after the next epoch waits until that epoch is the next one: each epoch then carries only
         the transfers the next one needs (about 500 of 2,000 files per node in epoch 1 of the
         two-node benchmark, not all 800 still missing), and the rest run when readers stop.
+
+        Nor do fills start while this node's ranks are in the first ``loader_start`` positions of
+        their epoch (at most a quarter of it): every epoch begins with fresh DataLoader workers reading their first batches
+        one file after another while the ranks wait, and the burst of opens then earned a burst of
+        fills (about 100 peer transfers in 250 ms per node on two nodes) that took the trio thread
+        those opens were waiting on.  The credit stays, capped, for when the readers are past it.
         """
         run = self._fill
         if run is None or run.waiting or self._staging_now:
             return
+        if (
+            self._fill_credit != math.inf
+            and self.mode == "predicting"
+            and self._lane_position(self.view.epoch) < self._fill_hold
+        ):
+            return  # the readers' loaders are starting: fills wait for them (opens pump again)
         reactive = self.mode == "reactive"
         n = run.entries.shape[0]
         # Only a followed plan's epochs say what is due when (under a mismatch the view's epoch is not
