@@ -1257,10 +1257,11 @@ class ReadPolicy:
         two-node benchmark, not all 800 still missing), and the rest run when readers stop.
 
         Nor do fills start while this node's ranks are in the first ``loader_start`` positions of
-        their epoch (at most a quarter of it): every epoch begins with fresh DataLoader workers reading their first batches
-        one file after another while the ranks wait, and the burst of opens then earned a burst of
-        fills (about 100 peer transfers in 250 ms per node on two nodes) that took the trio thread
-        those opens were waiting on.  The credit stays, capped, for when the readers are past it.
+        their epoch (at most a quarter of it): every epoch begins with fresh DataLoader workers
+        reading their first batches one file after another while the ranks wait, and the burst of
+        opens then earned a burst of fills (about 100 peer transfers in 250 ms per node on two
+        nodes) that took the trio thread those opens were waiting on.  The credit stays, capped, for
+        when the readers are past it.
         """
         run = self._fill
         if run is None or run.waiting or self._staging_now:
