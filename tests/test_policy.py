@@ -608,6 +608,13 @@ def test_fills_leave_the_start_of_each_epoch_to_the_readers_loaders(
     s.do(Opened(order[-1]))
     assert at(1, epoch=1) == []  # the next epoch's loaders start: fills wait again
     assert at(quarter + 1, epoch=1) == order[4:5]
+    assert at(0, epoch=2) == []
+    s.do(Opened(order[-1]))
+    assert [i for i in s.do(Opened(order[-1])) if isinstance(i, Fill)] == []  # earned, a slot free: held
+    # A view that places no rank in its epoch (none has opened a file of it yet) holds nothing back:
+    # a hold nothing could end would stop the fills for good.
+    unplaced = CursorView("tracking", 0, 3, {}, (), cast(CursorStatus, {"rank_positions": {"0": [2, 0]}}))
+    assert [i.entry for i in s.do(ViewPublished(unplaced, [], gen)) if isinstance(i, Fill)] == order[5:6]
 
 
 def reading_while_filling(

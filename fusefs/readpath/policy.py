@@ -1266,12 +1266,8 @@ class ReadPolicy:
         run = self._fill
         if run is None or run.waiting or self._staging_now:
             return
-        if (
-            self._fill_credit != math.inf
-            and self.mode == "predicting"
-            and self._lane_position(self.view.epoch) < self._fill_hold
-        ):
-            return  # the readers' loaders are starting: fills wait for them (opens pump again)
+        if self._fill_credit != math.inf and self.mode == "predicting" and self._loaders_starting():
+            return  # fills wait for the readers' first batches (their opens pump again)
         reactive = self.mode == "reactive"
         n = run.entries.shape[0]
         # Only a followed plan's epochs say what is due when (under a mismatch the view's epoch is not
@@ -1578,12 +1574,21 @@ class ReadPolicy:
         self._lane = run
         self._pump()
 
-    def _lane_position(self, epoch: int) -> int:
-        """How far this node's ranks got in job epoch ``epoch`` (the slowest one), from the cursor's view."""
+    def _rank_lows(self, epoch: int) -> list[int]:
+        """Where each of this node's ranks in job epoch ``epoch`` is, from the cursor's view."""
         status = self.view.status
         positions = status["rank_positions"] if status is not None else {}
-        lows = [int(low) for job_epoch, low in positions.values() if job_epoch == epoch]
-        return min(lows) if lows else 0
+        return [int(low) for job_epoch, low in positions.values() if job_epoch == epoch]
+
+    def _loaders_starting(self) -> bool:
+        """This node's ranks are in the first ``_fill_hold`` positions of the view's epoch.  False
+        while no rank is known to be in it: a hold that nothing can end would stop fills for good."""
+        lows = self._rank_lows(self.view.epoch)
+        return bool(lows) and min(lows) < self._fill_hold
+
+    def _lane_position(self, epoch: int) -> int:
+        """How far this node's ranks got in job epoch ``epoch`` (the slowest one), from the cursor's view."""
+        return min(self._rank_lows(epoch), default=0)
 
     def _pump_lane(self, lane: _NextRun | None) -> None:
         """Push the next epoch's files this node does not hold into the page cache before it starts.
