@@ -259,6 +259,21 @@ def torchrun(script: str, nprocs: int, args: list[str], timeout: float = 300) ->
         raise AssertionError(f"{script} {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-4000:]}")
 
 
+def hung(mnt: Path) -> str:
+    """What a job that did not finish left behind: the mount's status and its daemon's threads (py-spy
+    dump, where installed), so that a hang seen once can be told apart from a slow host."""
+    try:
+        doc = status(mnt)
+    except Exception as exc:  # the daemon may be what hangs
+        return f"status unreadable: {exc}"
+    spy = Path(sys.executable).parent / "py-spy"
+    stacks = ""
+    if spy.exists():
+        dump = subprocess.run([str(spy), "dump", "--pid", str(doc["pid"])], capture_output=True, text=True, timeout=30)
+        stacks = dump.stdout[-6000:] or dump.stderr[-2000:]
+    return json.dumps(status_fields(doc), indent=1, default=str)[-6000:] + "\n" + stacks
+
+
 def run_client(
     tmp: Path,
     source: Source,
@@ -286,7 +301,10 @@ def run_client(
         if seed is not None:  # the job script: echo SEED > MOUNT/.control/seed, before the training starts
             (mnt / ".control" / "seed").write_text(f"{seed}\n")
             wait_plan(mnt, seed)
-        torchrun(script, nprocs, ["--data", str(mnt), "--out", str(out), *args])
+        try:
+            torchrun(script, nprocs, ["--data", str(mnt), "--out", str(out), *args])
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"{label}: {script} did not finish in {exc.timeout:.0f} s\n{hung(mnt)}") from exc
         final = status_fields(status(mnt))
         counters = emu.counters()
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
