@@ -51,10 +51,11 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tu
     ``hold_off``: the positions a rank's DataLoader reads in its first moments (the daemon passes
     the cursor's window: twice the batches its workers keep in flight).  Each epoch starts with
     fresh workers reading their first batches one file after another while the rank waits for
-    them.  Peer transfers released then took 30-45 ms of each daemon's trio thread in the epoch's
-    first 200 ms, beside 30-40 ms of FUSE requests (tools/bench_train --nodes 2), and the first
-    batch of every later epoch came 40-80 ms later than without seerfs: most of what those epochs
-    cost over one node.  At most half the spread is held off, so a short epoch leaves the lane room.
+    them, and peer transfers then take the trio thread their opens wait on: tier fills did, 30-45
+    ms of each daemon's first 200 ms of every later epoch on two nodes (tools/bench_train --nodes
+    2; they now wait the same way, ``ReadPolicy._pump_fill``).  There the lane moved few files,
+    most next-epoch files being the fills' memory-tier replicas; on a node without a memory tier
+    the lane moves them all.  At most half the spread is held off, so a short epoch leaves room.
     """
     js = plan.job_streams()
     ahead = js.node_stream(epoch + 1, node)
