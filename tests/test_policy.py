@@ -176,6 +176,14 @@ class Setup:
         return sorted(self.files, key=self.size)
 
 
+def tracking(s: Setup, position: int, epoch: int = 0, order: Sequence[int] = ()) -> list[Instruction]:
+    """Publish a view of rank 0 at ``position`` of job epoch ``epoch``, ``order`` due next."""
+    # A partial cursor section on purpose: the lane and the fills' hold read only rank_positions.
+    status = cast(CursorStatus, {"rank_positions": {"0": [epoch, position]}})
+    view = CursorView("tracking", 0, epoch, entries_due(order), s.policy.stage_list(list(order)), status)
+    return s.do(ViewPublished(view, [], s.policy.generation))
+
+
 def staged(out: list[Instruction]) -> list[int]:
     return [i.entry for i in out if isinstance(i, Stage)]
 
@@ -590,16 +598,17 @@ def test_fills_leave_the_start_of_each_epoch_to_the_readers_loaders(
     order = [int(e) for e in s.plan.objects.obj_entry[objs]]
     gen = s.policy.generation
 
+    def fills(out: list[Instruction]) -> list[int]:
+        return [i.entry for i in out if isinstance(i, Fill)]
+
     def at(position: int, epoch: int = 0) -> list[int]:
-        status = cast(CursorStatus, {"rank_positions": {"0": [epoch, position]}})
-        view = CursorView("tracking", 0, epoch, {}, (), status)
-        return [i.entry for i in s.do(ViewPublished(view, [], gen)) if isinstance(i, Fill)]
+        return fills(tracking(s, position, epoch))
 
     assert at(0) == order[:2]  # no reader yet: every slot, wherever the view says they are
     for _ in range(4):
         s.do(Opened(order[-1]))  # the loaders start: a full credit earned
     for entry in order[:2]:
-        assert [i for i in s.do(FillDone(entry, 0, "stored", gen)) if isinstance(i, Fill)] == []
+        assert fills(s.do(FillDone(entry, 0, "stored", gen))) == []
     assert at(quarter - 1) == []  # still in the loaders' first batches
     assert at(quarter) == order[2:4]  # past them: the credit is spent
     for entry in order[2:4]:
@@ -610,11 +619,11 @@ def test_fills_leave_the_start_of_each_epoch_to_the_readers_loaders(
     assert at(quarter + 1, epoch=1) == order[4:5]
     assert at(0, epoch=2) == []
     s.do(Opened(order[-1]))
-    assert [i for i in s.do(Opened(order[-1])) if isinstance(i, Fill)] == []  # earned, a slot free: held
+    assert fills(s.do(Opened(order[-1]))) == []  # earned, a slot free: held
     # A view that places no rank in its epoch (none has opened a file of it yet) holds nothing back:
     # a hold nothing could end would stop the fills for good.
     unplaced = CursorView("tracking", 0, 3, {}, (), cast(CursorStatus, {"rank_positions": {"0": [2, 0]}}))
-    assert [i.entry for i in s.do(ViewPublished(unplaced, [], gen)) if isinstance(i, Fill)] == order[5:6]
+    assert fills(s.do(ViewPublished(unplaced, [], gen))) == order[5:6]
 
 
 def reading_while_filling(

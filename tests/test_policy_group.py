@@ -8,13 +8,10 @@ and the next epoch's reads are the pure functions the daemon uses (:mod:`placeme
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import cast
-
 import numpy as np
 import numpy.typing as npt
 import pytest
-from test_policy import Held, Setup, build, make_tree, staged
+from test_policy import Held, Setup, build, make_tree, staged, tracking
 
 from fusefs.readpath.policy import (
     CursorView,
@@ -38,9 +35,7 @@ from fusefs.readpath.policy import (
     StageNext,
     UsePages,
     ViewPublished,
-    entries_due,
 )
-from placement.cursor import CursorStatus
 from placement.nextepoch import SPREAD, next_epoch_reads
 from placement.owners import member_seed, owner, owners
 from placement.plan import Plan
@@ -296,13 +291,6 @@ def test_the_lane_holds_off_while_the_loaders_start(two_nodes: tuple[Plan, npt.N
     # The first epoch's files are released where their holders read them: no hold-off there.
     _entries, first = next_epoch_reads(plan, 0, 0)
     assert next_epoch_reads(plan, 0, 0, hold_off=span // 4)[1].tolist() == first.tolist()
-
-
-def tracking(s: Setup, position: int, epoch: int = 0, order: Sequence[int] = ()) -> list[Instruction]:
-    # A partial cursor section on purpose: the next-epoch lane reads only rank_positions from it.
-    status = cast(CursorStatus, {"rank_positions": {"0": [epoch, position]}})
-    view = CursorView("tracking", 0, epoch, entries_due(order), s.policy.stage_list(list(order)), status)
-    return s.do(ViewPublished(view, [], s.policy.generation))
 
 
 def lane(s: Setup) -> tuple[list[int], list[int]]:
