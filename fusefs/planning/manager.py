@@ -6,6 +6,10 @@ Concurrency rules:
 * ``plan`` is replaced in one assignment on the trio thread; readers take a local reference and
   keep using that plan object for the whole of their step.
 * Loading a saved plan (memory maps) runs in a thread; building never runs in the daemon.
+* At most one stand-by worker: ``_standby`` is taken (set to None) in the same step as the planning
+  task writes its request, so a stand-by serves one plan; the keeping task starts the next one
+  only when none waits and no plan is being built, and kills the one waiting when the daemon
+  stops.  A worker whose daemon died reads the end of its input and exits.
 
 A cached plan is used only after its digest checks (:func:`fusefs.planning.store.load_plan`); one
 that fails is deleted, named in status (``cache_refused``) and planned again.  No error of the cache
@@ -38,6 +42,8 @@ from placement.statusfields import gauge, info, state, text
 log = logging.getLogger(__name__)
 
 KEEP_PLANS = 4
+STANDBY_AFTER = 30.0
+"""Seconds after a plan built while a job runs before the next stand-by plan worker starts."""
 LAST_BUILD = "last_build.json"
 """How long the last plan built under this plans directory took, for how many files: the remaining
 time of the next build is estimated from it (status ``progress.plan.eta_s``)."""
@@ -100,6 +106,8 @@ class PlanManager:
         self.progress = Progress("plan", "files")
         self._wanted: int | None = None
         self._wakeup = trio.Event()
+        self._standby: trio.Process | None = None  # a worker started and waiting for its request
+        self._standby_wanted = trio.Event()
 
     def request(self, seed: int) -> None:
         """Plan for ``seed`` (cancelling a plan in progress for another seed)."""
@@ -109,15 +117,17 @@ class PlanManager:
         self._wakeup.set()
 
     async def run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            seed = self._wanted
-            assert seed is not None
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._plan, seed, nursery.cancel_scope)
-                await self._wakeup.wait()  # a newer seed: abandon this plan
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as standby:
+            standby.start_soon(self._keep_standby)
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                seed = self._wanted
+                assert seed is not None
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._plan, seed, nursery.cancel_scope)
+                    await self._wakeup.wait()  # a newer seed: abandon this plan
+                    nursery.cancel_scope.cancel()
 
     async def _plan(self, seed: int, scope: trio.CancelScope) -> None:
         self.state, self.seed, self.phase, self.message = "planning", seed, "starting", None
@@ -156,6 +166,7 @@ class PlanManager:
         except OSError as exc:
             log.warning("cannot prune old plans in %s: %s", self.plans_dir, exc.strerror or exc)
         self._notify(plan)
+        self._standby_wanted.set()
 
     def _notify(self, plan: Plan | None) -> None:
         for listener in list(self.listeners):
@@ -174,21 +185,8 @@ class PlanManager:
 
     async def _build(self, seed: int, out: Path) -> Plan:
         out.parent.mkdir(parents=True, exist_ok=True)
-        request = out.with_suffix(".request.json")
-        try:
-            request.write_text(
-                json.dumps({"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)})
-            )
-        except OSError:
-            request.unlink(missing_ok=True)  # a partial request would only take more of a full disk
-            raise
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "fusefs.planning.worker", str(request)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        request = {"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)}
+        proc = await self._worker_for(json.dumps(request).encode() + b"\n")
         last: dict[str, Any] = {}
         stderr: bytes = b""
         try:
@@ -203,16 +201,16 @@ class PlanManager:
                         last = json.loads(line)
                     except ValueError:
                         continue
+                    if last.get("phase") == "standing by":
+                        continue
                     self.phase = str(last.get("phase", ""))
                     self._follow(seed, last)
             stderr = bytes(await proc.stderr.receive_some(65536))
             code = await proc.wait()
         finally:
             if proc.returncode is None:
-                proc.kill()
                 with trio.CancelScope(shield=True):
-                    await proc.wait()
-            request.unlink(missing_ok=True)
+                    await _stop(proc)
         if code != 0 or last.get("phase") != "done":
             shutil.rmtree(out, ignore_errors=True)  # columns written before the failure: space, no use
             reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
@@ -223,6 +221,48 @@ class PlanManager:
             raise PlanFailed(str(exc)) from None
         self._record_build(time.monotonic() - self.started, plan.files)
         return plan
+
+    async def _worker_for(self, request: bytes) -> trio.Process:
+        """The stand-by worker if one is waiting (else a new one), given ``request``: the caller owns it."""
+        proc, self._standby = self._standby, None
+        for fresh in (proc is None, True):
+            if fresh:
+                proc = await _start_worker()
+            assert proc is not None and proc.stdin is not None
+            try:
+                await proc.stdin.send_all(request)
+                await proc.stdin.aclose()
+                return proc
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await _stop(proc)  # a stand-by that died while waiting: start one that did not
+            except BaseException:  # cancelled (a newer seed): the caller never got it to stop
+                with trio.CancelScope(shield=True):
+                    await _stop(proc)
+                raise
+        raise PlanFailed("the plan worker closed its input before taking the request")
+
+    async def _keep_standby(self) -> None:
+        """Keep one plan worker started and waiting for a request (see :mod:`fusefs.planning.worker`).
+
+        One starts after each plan made: at once after the mount's first (no job runs yet), and
+        :data:`STANDBY_AFTER` seconds after a later one, which a written or found seed started while
+        the job's ranks were starting: that is the moment a Python start on their cores costs
+        most, and a second seed that soon is rare (it starts a worker as it comes, no slower).
+        """
+        delay = 0.0
+        try:
+            while True:
+                await self._standby_wanted.wait()
+                self._standby_wanted = trio.Event()
+                await trio.sleep(delay)
+                delay = STANDBY_AFTER
+                if self._standby is None and self.state != "planning":  # else the plan's end asks again
+                    self._standby = await _start_worker()
+        finally:
+            proc, self._standby = self._standby, None
+            if proc is not None:
+                with trio.CancelScope(shield=True):
+                    await _stop(proc)
 
     def _last_build(self) -> tuple[float, int] | None:
         """(seconds, files) of the last plan built under this directory, if one was."""
@@ -273,6 +313,23 @@ class PlanManager:
             "nodes": int(ready.summary()["nodes"]) if ready is not None else None,
             "files": ready.files if ready is not None else None,
         }
+
+
+async def _start_worker() -> trio.Process:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    return await trio.lowlevel.open_process(
+        [sys.executable, "-m", "fusefs.planning.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+async def _stop(proc: trio.Process) -> None:
+    if proc.returncode is None:
+        proc.kill()
+    await proc.wait()
 
 
 class PlanFailed(Exception):

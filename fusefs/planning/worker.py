@@ -1,10 +1,16 @@
-"""Subprocess that builds a plan: ``python -m fusefs.planning.worker REQUEST.json``.
+"""Subprocess that builds a plan: ``python -m fusefs.planning.worker``, the request on stdin.
 
 Planning is seconds of numpy that would hold the GIL and stall the FUSE loop, so the daemon runs it
-here (ARCHITECTURE.md, "Processes").  The request names the persisted snapshot, the config mapping,
-the seed, the list/order files and the output directory.  Progress goes to stdout as JSON lines;
-the last line is ``{"phase": "done", ...}`` or ``{"phase": "failed", "error": "..."}`` (one line a
-user can read).
+here (ARCHITECTURE.md, "Processes").  The request is one JSON line on stdin naming the persisted
+snapshot, the config mapping, the seed and the output directory.  Progress goes to stdout as JSON
+lines; the last line is ``{"phase": "done", ...}`` or ``{"phase": "failed", "error": "..."}`` (one
+line a user can read).
+
+The worker imports everything and says ``standing by`` *before* it reads the request: the daemon
+keeps one started ahead of need (:mod:`fusefs.planning.manager`), so a seed written as the job's
+ranks start costs the ~50 ms of planning, not the ~0.4 s CPU of a Python start and numpy's import
+on the cores the ranks are starting on.  End of stdin before a request (the daemon stopped, or died)
+ends the worker quietly.
 """
 
 from __future__ import annotations
@@ -13,10 +19,9 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, Literal
 
-WorkerPhase = Literal["loading snapshot", "planning", "saving", "done", "failed"]
+WorkerPhase = Literal["standing by", "loading snapshot", "planning", "saving", "done", "failed"]
 """The ``phase`` of each line the plan worker prints (the manager waits for ``done``)."""
 
 
@@ -29,19 +34,26 @@ TORCH_WORTH_IT = 300_000  # files from which planning with torch beats importing
 PLAN_NICE = 10
 
 
-def main(argv: list[str]) -> int:
-    from fusefs.errors import SeerfsError
-
+def main() -> int:
     # Planning is background work: the FUSE loop serving the job's opens must win every CPU race.
     os.nice(PLAN_NICE)
 
-    request = json.loads(Path(argv[0]).read_text())
-    try:
-        from fusefs.meta.snapshot import Snapshot
-        from fusefs.planning.inputs import build_plan
-        from fusefs.planning.store import save_plan
-        from placement.randperm import Backend
+    from pathlib import Path
 
+    from fusefs.errors import SeerfsError
+    from fusefs.meta.snapshot import Snapshot
+    from fusefs.planning.inputs import build_plan
+    from fusefs.planning.store import save_plan
+    from placement.randperm import Backend
+
+    say("standing by")
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # no request: the daemon let this worker go
+    global T0
+    T0 = time.monotonic()  # phase times count from the request, not from the stand-by
+    try:
+        request = json.loads(line)
         say("loading snapshot")
         snapshot = Snapshot.load(Path(request["snapshot"]))
         config = request["config"]
@@ -61,4 +73,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The stand-by plan worker: started ahead of a seed, it serves one plan and never outlives its daemon.
+
+Which processes exist is read from ``/proc`` (parent pid and command line of every process), never
+from seerfs.  That the stand-by built the plan: while the seed was planned, a sampler listing the
+daemon's children every 2 ms saw no other plan worker (a new one lives 0.2 s at least: a Python
+start and numpy's import), and the stand-by exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from mounting import force_unmount, mounted, status, wait_for
+
+WORKER = "fusefs.planning.worker"
+
+
+def plan_workers(parent: int) -> set[int]:
+    """Pids of plan workers whose parent is ``parent`` (1 or a subreaper once that parent died)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited while we looked
+        if WORKER.encode() in argv and ppid == parent:
+            found.add(int(entry))
+    return found
+
+
+def children(parent: int) -> set[int]:
+    """The direct children of ``parent``, from each of its threads' ``children`` list (the thread
+    that forked is the parent a child is listed under)."""
+    found: set[int] = set()
+    try:
+        tids = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                found.update(int(x) for x in fh.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def is_plan_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return WORKER.encode() in fh.read().split(b"\0")
+    except OSError:
+        return False  # gone before its command line was read: it lived under 2 ms, no Python start
+
+
+class WorkerSampler:
+    """Every plan worker ``parent`` had while the block ran, sampled every 2 ms."""
+
+    def __init__(self, parent: int) -> None:
+        self.parent, self.seen, self._stop = parent, set[int](), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        # Every time, not once per pid: a child between fork and exec still shows its parent's command.
+        self.seen |= {pid for pid in children(self.parent) - self.seen if is_plan_worker(pid)}
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self._sample()
+
+    def __enter__(self) -> WorkerSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped (a killed daemon's children are reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    for c in range(3):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(40):
+            (src / f"c{c}" / f"{i}.jpg").write_bytes(os.urandom(1000 + i))
+    return src
+
+
+def standby_of(mnt: Path) -> tuple[int, int]:
+    """(daemon pid, the one stand-by worker's pid), once the first plan is ready and a stand-by waits."""
+    pid = int(status(mnt)["pid"])
+    wait_for(lambda: status(mnt)["plan"]["state"] == "ready", 60, "the mount's first plan")
+    workers = wait_for(lambda: plan_workers(pid), 30, "a stand-by plan worker after the first plan")
+    assert len(workers) == 1, workers  # one, not one per plan
+    return pid, workers.pop()
+
+
+@pytest.mark.mount
+def test_a_written_seed_is_planned_by_the_worker_started_ahead(source: Path, mountpoint: Path, cache_dir: Path) -> None:
+    with mounted(source, mountpoint, cache_dir=cache_dir):
+        pid, standby = standby_of(mountpoint)
+        with WorkerSampler(pid) as sampler:
+            (mountpoint / ".control" / "seed").write_text("5\n")
+            doc = wait_for(
+                lambda: (d := status(mountpoint))["plan"]["seed"] == 5 and d["plan"]["state"] == "ready" and d,
+                60,
+                "the plan for seed 5",
+            )
+        assert not doc["plan"]["reused"]  # built, not loaded: some worker ran for it
+        assert sampler.seen == {standby}, f"plan workers while seed 5 was planned: {sampler.seen}, stand-by {standby}"
+        wait_for(lambda: not alive(standby), 10, "the stand-by to exit after its one plan")
+        assert plan_workers(pid) == set()  # the next stand-by waits STANDBY_AFTER; no fresh worker lingers
+
+
+@pytest.mark.mount
+def test_unmounting_stops_the_waiting_worker(source: Path, mountpoint: Path, cache_dir: Path) -> None:
+    with mounted(source, mountpoint, cache_dir=cache_dir):
+        _pid, standby = standby_of(mountpoint)
+        assert alive(standby)
+    wait_for(lambda: not alive(standby), 10, "the stand-by to be stopped with its daemon")
+
+
+@pytest.mark.mount
+def test_a_killed_daemon_leaves_no_worker_behind(source: Path, mountpoint: Path, cache_dir: Path) -> None:
+    """SIGKILL runs no cleanup: the worker reads the end of its input (the daemon's end of the pipe
+    closed with the daemon) and exits by itself."""
+    with mounted(source, mountpoint, cache_dir=cache_dir):
+        pid, standby = standby_of(mountpoint)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not alive(standby), 10, "the orphaned stand-by to exit")
+        finally:
+            force_unmount(mountpoint)
+
+
+def run_worker(stdin: bytes) -> tuple[int, list[dict[str, object]]]:
+    res = subprocess.run([sys.executable, "-m", WORKER], input=stdin, capture_output=True, timeout=120)
+    return res.returncode, [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def test_a_worker_given_no_request_exits_quietly() -> None:
+    code, lines = run_worker(b"")
+    assert code == 0 and [x["phase"] for x in lines] == ["standing by"]
+
+
+BAD_REQUESTS = [b"not json\n", b'{"seed": 1}\n', b'{"snapshot": "/nonexistent", "seed": 1}\n']
+
+
+@pytest.mark.parametrize("request_line", BAD_REQUESTS)
+def test_a_bad_request_fails_with_one_line(request_line: bytes) -> None:
+    code, lines = run_worker(request_line)
+    assert code == 1 and lines[-1]["phase"] == "failed", lines
+    error = lines[-1]["error"]
+    assert isinstance(error, str) and error and "\n" not in error
