@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from faults.procs import alive
 from mounting import force_unmount, mounted, status, wait_for
 
 WORKER = "fusefs.planning.worker"
@@ -88,15 +89,6 @@ class WorkerSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped (a killed daemon's children are reaped by init)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
