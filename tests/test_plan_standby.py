@@ -1,7 +1,7 @@
 """The stand-by plan worker: started ahead of a seed, it serves one plan and never outlives its daemon.
 
-Which processes exist is read from ``/proc`` (parent pid and command line of every process), never
-from seerfs.  That the stand-by built the plan: while the seed was planned, a sampler listing the
+Which processes exist is read from ``/proc`` (the daemon's threads' children and their command
+lines), never from seerfs.  That the stand-by built the plan: while the seed was planned, a sampler listing the
 daemon's children every 2 ms saw no other plan worker (a new one lives 0.2 s at least: a Python
 start and numpy's import), and the stand-by exited.
 """
@@ -21,24 +21,6 @@ from faults.procs import alive
 from mounting import force_unmount, mounted, status, wait_for
 
 WORKER = "fusefs.planning.worker"
-
-
-def plan_workers(parent: int) -> set[int]:
-    """Pids of plan workers whose parent is ``parent`` (1 or a subreaper once that parent died)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # exited while we looked
-        if WORKER.encode() in argv and ppid == parent:
-            found.add(int(entry))
-    return found
 
 
 def children(parent: int) -> set[int]:
@@ -66,6 +48,10 @@ def is_plan_worker(pid: int) -> bool:
         return False  # gone before its command line was read: it lived under 2 ms, no Python start
 
 
+def plan_workers(parent: int) -> set[int]:
+    return {pid for pid in children(parent) if is_plan_worker(pid)}
+
+
 class WorkerSampler:
     """Every plan worker ``parent`` had while the block ran, sampled every 2 ms."""
 
@@ -75,7 +61,7 @@ class WorkerSampler:
 
     def _sample(self) -> None:
         # Every time, not once per pid: a child between fork and exec still shows its parent's command.
-        self.seen |= {pid for pid in children(self.parent) - self.seen if is_plan_worker(pid)}
+        self.seen |= plan_workers(self.parent)
 
     def _run(self) -> None:
         while not self._stop.wait(0.002):

@@ -45,9 +45,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict
@@ -56,6 +53,7 @@ import trio
 
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState
+from fusefs.planning.workerproc import failure_reason, start_worker, stop_worker
 from placement.cursor import FALSE_LOCK, DatasetState
 from placement.discovery import epoch_in_plan
 from placement.statusfields import counter, gauge, info, state, text
@@ -290,14 +288,7 @@ class SeedDiscovery:
         self.state, self.result, self.setup, self.progress = "preparing", None, {}, {}
         self.started_at = self.seconds = None
         self.message = None
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "fusefs.planning.search_worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        proc = await start_worker("fusefs.planning.search_worker")
         last: dict[str, Any] = {}
         try:
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -308,13 +299,9 @@ class SeedDiscovery:
             stderr = bytes(await proc.stderr.receive_some(65536))
             code = await proc.wait()
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+            await stop_worker(proc)
         if last.get("phase") != "done":
-            reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
-            raise SearchFailed(reason if isinstance(reason, str) else reason[0])
+            raise SearchFailed(failure_reason(last, stderr, code))
         self._finished(last)
 
     async def _feed(self, stdin: trio.abc.SendStream) -> None:

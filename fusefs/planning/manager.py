@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +32,7 @@ import trio
 from fusefs.config import Config
 from fusefs.planning.inputs import plan_key, planning_config
 from fusefs.planning.store import load_plan
+from fusefs.planning.workerproc import failure_reason, start_worker, stop_worker
 from fusefs.progress import Progress
 from placement.plan import Plan
 from placement.statusfields import gauge, info, state, text
@@ -42,6 +40,7 @@ from placement.statusfields import gauge, info, state, text
 log = logging.getLogger(__name__)
 
 KEEP_PLANS = 4
+WORKER = "fusefs.planning.worker"
 STANDBY_AFTER = 30.0
 """Seconds after a plan built while a job runs before the next stand-by plan worker starts."""
 LAST_BUILD = "last_build.json"
@@ -208,13 +207,10 @@ class PlanManager:
             stderr = bytes(await proc.stderr.receive_some(65536))
             code = await proc.wait()
         finally:
-            if proc.returncode is None:
-                with trio.CancelScope(shield=True):
-                    await _stop(proc)
+            await stop_worker(proc)
         if code != 0 or last.get("phase") != "done":
             shutil.rmtree(out, ignore_errors=True)  # columns written before the failure: space, no use
-            reason = last.get("error") or stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
-            raise PlanFailed(reason if isinstance(reason, str) else reason[0])
+            raise PlanFailed(failure_reason(last, stderr, code))
         try:
             plan = await trio.to_thread.run_sync(load_daemon_plan, out)
         except ValueError as exc:
@@ -227,17 +223,16 @@ class PlanManager:
         proc, self._standby = self._standby, None
         for fresh in (proc is None, True):
             if fresh:
-                proc = await _start_worker()
+                proc = await start_worker(WORKER)
             assert proc is not None and proc.stdin is not None
             try:
                 await proc.stdin.send_all(request)
                 await proc.stdin.aclose()
                 return proc
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                await _stop(proc)  # a stand-by that died while waiting: start one that did not
+                await stop_worker(proc)  # a stand-by that died while waiting: start one that did not
             except BaseException:  # cancelled (a newer seed): the caller never got it to stop
-                with trio.CancelScope(shield=True):
-                    await _stop(proc)
+                await stop_worker(proc)
                 raise
         raise PlanFailed("the plan worker closed its input before taking the request")
 
@@ -257,12 +252,11 @@ class PlanManager:
                 await trio.sleep(delay)
                 delay = STANDBY_AFTER
                 if self._standby is None and self.state != "planning":  # else the plan's end asks again
-                    self._standby = await _start_worker()
+                    self._standby = await start_worker(WORKER)
         finally:
             proc, self._standby = self._standby, None
             if proc is not None:
-                with trio.CancelScope(shield=True):
-                    await _stop(proc)
+                await stop_worker(proc)
 
     def _last_build(self) -> tuple[float, int] | None:
         """(seconds, files) of the last plan built under this directory, if one was."""
@@ -313,23 +307,6 @@ class PlanManager:
             "nodes": int(ready.summary()["nodes"]) if ready is not None else None,
             "files": ready.files if ready is not None else None,
         }
-
-
-async def _start_worker() -> trio.Process:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    return await trio.lowlevel.open_process(
-        [sys.executable, "-m", "fusefs.planning.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-
-
-async def _stop(proc: trio.Process) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    await proc.wait()
 
 
 class PlanFailed(Exception):
