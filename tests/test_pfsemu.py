@@ -321,19 +321,27 @@ def test_read_latency_bounds_small_reads(backing: Path) -> None:
 @requires_fuse
 @pytest.mark.mount
 def test_metadata_latency_delays_each_lookup(tmp_path: Path) -> None:
-    """--meta-latency-ms delays every lookup the kernel sends (here one per new name)."""
-    names = [f"n{i:02d}" for i in range(30)]
+    """--meta-latency-ms delays every lookup the kernel sends (here one per new name).
+
+    Like the other latency tests, a second try (on names not looked up yet: the kernel caches the
+    first ones) absorbs a load spike: the full CI set on a slow two-core host once measured 4.6 ms.
+    """
+    names = [f"n{i:02d}" for i in range(60)]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
     with running_pfsemu(tmp_path, meta_latency_ms=4, open_latency_ms=0) as e:
         e.reset()  # no listing first: readdirplus would hand the kernel every entry without a lookup
-        times = []
-        for name in names:
-            t = time.perf_counter()
-            os.stat(e.mountpoint / name)
-            times.append(time.perf_counter() - t)
-        assert abs(sorted(times)[len(times) // 2] / 0.004 - 1) <= TOL, times
-        assert e.counters().meta_ops >= len(names)
+        for attempt in range(2):
+            times = []
+            for name in names[30 * attempt : 30 * (attempt + 1)]:
+                t = time.perf_counter()
+                os.stat(e.mountpoint / name)
+                times.append(time.perf_counter() - t)
+            median = sorted(times)[len(times) // 2]
+            if abs(median / 0.004 - 1) <= TOL:
+                break
+        assert abs(median / 0.004 - 1) <= TOL, (times, os.getloadavg())
+        assert e.counters().meta_ops >= 30 * (attempt + 1)
 
 
 @requires_fuse
