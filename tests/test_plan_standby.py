@@ -1,9 +1,9 @@
 """The stand-by plan worker: started ahead of a seed, it serves one plan and never outlives its daemon.
 
 Which processes exist is read from ``/proc`` (the daemon's threads' children and their command
-lines), never from seerfs.  That the stand-by built the plan: while the seed was planned, a sampler listing the
-daemon's children every 2 ms saw no other plan worker (a new one lives 0.2 s at least: a Python
-start and numpy's import), and the stand-by exited.
+lines), never from seerfs.  That the stand-by built the plan: while the seed was planned, a sampler
+listing the daemon's children every 2 ms saw no other plan worker (a new one lives 0.2 s at least:
+a Python start and numpy's import), and the stand-by exited.
 """
 
 from __future__ import annotations
