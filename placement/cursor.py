@@ -1271,7 +1271,10 @@ class NodeCursor:
                 ):
                     # A loop that left its epoch early reads the same order again (accelerate).
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
-        if len(dc.variants) > 1 and any(t.high < t.length for t in dc.tracks):
+        if len(dc.variants) > 1 and (
+            any(t.high < t.length for t in dc.tracks)
+            or (dc.variant != 0 and dc.variants[0].length > dc.tracks[0].length)
+        ):
             padding = self._end_padding(dc, i, build)
             if padding is not False:
                 return padding
@@ -1328,10 +1331,19 @@ class NodeCursor:
         taking such a re-read for the start of the next pass instead would learn a wrong mode
         (``repeat``) and count an epoch too many.  A genuine next pass starts only once the node's
         ranks opened their whole pass (their steps are in lockstep), which is what ``_find`` asks
-        before calling this.  When the followed variant read ``i`` already in this pass and another
-        variant reads ``i`` twice in it, the second time in a local rank's last batch, the cursor
-        follows that variant from its last window on (the tracks' remaining opens are that window's)
-        and places the open there.
+        before calling this.  A lock on another variant than the configured one (a few opens fit a
+        DistributedSampler's sample-wise sharding of accelerate's permutation more tightly) ends its
+        tracks at 252 positions per rank where accelerate's pass has 256: when the other local
+        rank's padding batch is opened last, every track has ended before it comes, and its re-reads
+        are still taken for the configured sampler's padding (seen in a real accelerate run: a wrong
+        ``repeat`` mode, then 15-22 of 512 opens unpredicted in each later epoch, and an epoch
+        counted twice per pass).  Not the other way round: after the configured sampler's whole
+        pass, a re-read of a file another variant pads with is the next pass's first open (a
+        DistributedSampler's epochs of 300 files: 12 of 60 worker interleavings took it for padding).
+        When the followed variant read ``i`` already in this pass and another variant reads ``i``
+        twice in it, the second time in a local rank's last batch, the cursor follows that variant
+        from its last window on (the tracks' remaining opens are that window's) and places the open
+        there.
         """
         tracks = dc.tracks
         epoch = tracks[0].epoch
@@ -1347,15 +1359,18 @@ class NodeCursor:
         if not any(p < t.low or p in t.consumed for t in tracks for p in here.positions(i, t.rank)):
             return False
         batch = self.shape.batch_size
+        done = all(t.high >= t.length for t in tracks)
         for v, streams in enumerate(dc.variants):
             if v == dc.variant or dc.shared[v] or dc.varies[v] != dc.varies[dc.variant]:
                 continue
+            length = streams.length
+            if done and (v != 0 or length <= tracks[0].length):
+                continue  # see the docstring: only the configured sampler's padding outlasts the pass
             idx = self.index(dc, v, epoch, build)
             if idx is None:
                 return _NEED
             if idx.repeated is None or not idx.repeated[i]:
                 continue
-            length = streams.length
             for t in tracks:
                 ends = [p for p in idx.positions(i, t.rank) if p >= length - batch]
                 if not ends:

@@ -326,6 +326,33 @@ def test_a_presumption_confirmed_by_accelerates_other_variant_keeps_its_hits(ran
     assert status["hits"] == status["opens"] == len(opens), (status["hits"], status["opens"])
 
 
+@pytest.mark.parametrize("interleaving", [5, 6, 7])
+def test_a_lock_on_the_shorter_variant_still_takes_accelerates_end_padding(interleaving: int) -> None:
+    """The presumption confirmed by the DistributedSampler variant, as above, has the cursor follow
+    252 positions per rank where accelerate reads 256: when the other local rank's padding batch
+    (the epoch's first samples again) is opened after this rank's last real batch, both tracks have
+    ended before it comes.  Those re-reads are accelerate's padding, not a new pass: every later
+    epoch is predicted in full and counted once, with set_epoch's ``advance`` mode (taken for a new
+    pass of the same order, they set ``repeat`` and left 15-22 of 512 opens per epoch unpredicted
+    in a real two-process run)."""
+    n, b, seed, world = 503, 8, 7, 2
+    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(interleaving))
+    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in loop.ranks}
+    epochs = list(accelerate_epochs(loaders, [None] * 3))
+    for job_epoch, rows in enumerate(epochs):
+        loop.stretch(f"epoch {job_epoch}", job_epoch, 0, rows)
+    first = list(epochs[0][0][b : 2 * b - 1])  # rank 0's second batch, opened before any other
+    epoch0 = loop.opens[: len(loop.opens) // 3]
+    opens = first + [g for g in epoch0 if g not in first] + loop.opens[len(epoch0) :]
+    model = build_sampler("accelerate", n, seed=seed, world_size=world, batch_size=b)
+    cur = NodeCursor(job(model, JobShape(world, 2, b, drop_last=False)), settings(b))
+    cur.presume(0, 0)
+    hits = replay(cur, opens)
+    assert all(hits), [i for i, h in enumerate(hits) if not h][:10]
+    assert [row["epoch"] for row in cur.status()["history"]] == [0, 1, 2]
+    assert cur.datasets[0].mode == "advance"
+
+
 def test_cursor_predicts_accelerate_default_from_the_generator_seed() -> None:
     """A job that writes rank 0's synchronized_generator.initial_seed(): predicted in every epoch."""
     n, b, world = 503, 8, 2
