@@ -1220,11 +1220,11 @@ class NodeCursor:
         in_place = dc.in_place
         repeats = dc.repeats[dc.variant]
         first = dc.tracks[0].index
-        if first is not None and not first.shared:
+        if first is not None and not first.shared and all(u.index is first for u in dc.tracks):
             # A DistributedSampler file belongs to one rank: straight to its track (no loop over all).
             r = int(first.rank_of[i])
             t = dc.by_rank.get(r)
-            if t is not None and t.index is first and (first.repeated is None or not first.repeated[i]):
+            if t is not None and (first.repeated is None or not first.repeated[i]):
                 pos = int(first.pos_of[i])
                 if in_place and t.segment != segment and pos < t.low and pos < window:
                     return (t.slot, pos, (t.epoch, t.job_epoch + 1, first))
@@ -1235,6 +1235,14 @@ class NodeCursor:
         prev: PassIndex | None = None
         r = p = -1
         repeated = shared = False
+        # Ranks in different passes (one started its next epoch, another still reads its last or
+        # broken-off one): a file may fit several tracks, and the track it comes next in is the one
+        # it belongs to.  Taken by the first track that fit, a broken-off loader's last in-flight
+        # files, opened after the other rank began its next epoch, landed up to a window ahead in
+        # that epoch and pushed the track's progress there; it then left the epoch early, and up
+        # to 28 opens of the next plain epoch went unpredicted (replays of that order).
+        near: Placement | None = None
+        near_ahead = 0
         for t in dc.tracks:
             idx = t.index
             if idx is None:
@@ -1259,9 +1267,14 @@ class NodeCursor:
             for pos in candidates:
                 if in_place and t.segment != segment and pos < t.low and pos < window:
                     # An interrupted or finished pass of an order that does not change: a new pass.
-                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
+                    return near or (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
                 if t.low <= pos < t.high + window and pos not in t.consumed:
-                    return (t.slot, pos, None)
+                    if shared:
+                        return (t.slot, pos, None)
+                    ahead = max(0, pos - t.high)
+                    if near is None or ahead < near_ahead:
+                        near, near_ahead = (t.slot, pos, None), ahead
+                    continue
                 if (
                     repeats
                     and not repeated
@@ -1270,7 +1283,9 @@ class NodeCursor:
                     and not t.finished(window)
                 ):
                     # A loop that left its epoch early reads the same order again (accelerate).
-                    return (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
+                    return near or (t.slot, pos, (t.epoch, t.job_epoch + 1, idx))
+        if near is not None:
+            return near
         if len(dc.variants) > 1 and (
             any(t.high < t.length for t in dc.tracks)
             or (dc.variant != 0 and dc.variants[0].length > dc.tracks[0].length)

@@ -398,6 +398,35 @@ def test_an_early_break_ends_the_epoch() -> None:
     check_epochs(cur, skip=lambda e: e == 2)  # 9 batches per rank read in all: 2 of them are 22%
 
 
+def test_a_broken_off_loaders_late_opens_stay_in_their_epoch() -> None:
+    """Both ranks break out of epoch 1 early; rank 0's new workers open the first batch of epoch 2
+    while rank 1's old workers still open their last in-flight files of epoch 1 (its iterator shuts
+    them down on its own time).  Those files belong to rank 1's broken-off pass, not to rank 0's new
+    one, where a window from its start would take a third of them by chance: taken there, they
+    pushed rank 0's progress up to a window ahead and it left epoch 2 early: 12 of these 20 orders
+    missed 1-23 opens of epoch 2, and 3 of them 11-28 opens of the plain epoch 3."""
+    n, b = 503, 8
+    inflight = WORKERS * PREFETCH
+    for seed in range(20):
+        rng = random.Random(seed)
+        loop = Loop(world=2, per_node=2, node=0, batch=b, rng=rng)
+        training(loop, n, seed=4, epochs=range(1))
+        broken = [loader_opens(torch_rank_order(n, 2, r, 4, 1)[: (20 + inflight) * b], b, rng) for r in (0, 1)]
+        late, broken[1] = broken[1][-16:], broken[1][:-16]
+        loop.breaks.append((len(loop.opens), "epoch 1 (broken off)"))
+        loop.opens += interleave(broken, b, rng)
+        nxt = [loader_opens(torch_rank_order(n, 2, r, 4, 2), b, rng) for r in (0, 1)]
+        loop.breaks.append((len(loop.opens), "epoch 2, rank 1's last files of epoch 1 among its first"))
+        loop.opens += nxt[0][:b] + late + interleave([nxt[0][b:], nxt[1]], b, rng)
+        training(loop, n, seed=4, epochs=range(3, 4))
+        cur = NodeCursor(plan(n, 4, 2, 2, b, epochs=4), settings(b))
+        cur.presume(0, 0)
+        hits = replay(cur, loop.opens)
+        check_breaks(loop, hits)
+        assert all(hits[loop.breaks[-1][0] :]), (seed, "epoch 3 not predicted in full")
+        assert cur.epoch == 3, seed
+
+
 # ----------------------------------------------------------------------------------- validation
 
 
