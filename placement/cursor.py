@@ -1374,18 +1374,17 @@ class NodeCursor:
         if not any(p < t.low or p in t.consumed for t in tracks for p in here.positions(i, t.rank)):
             return False
         batch = self.shape.batch_size
+        # Every track ended: _find asks only when the configured variant's pass is the longer one.
         done = all(t.high >= t.length for t in tracks)
         for v, streams in enumerate(dc.variants):
-            if v == dc.variant or dc.shared[v] or dc.varies[v] != dc.varies[dc.variant]:
+            if v == dc.variant or dc.shared[v] or dc.varies[v] != dc.varies[dc.variant] or (done and v != 0):
                 continue
-            length = streams.length
-            if done and (v != 0 or length <= tracks[0].length):
-                continue  # see the docstring: only the configured sampler's padding outlasts the pass
             idx = self.index(dc, v, epoch, build)
             if idx is None:
                 return _NEED
             if idx.repeated is None or not idx.repeated[i]:
                 continue
+            length = streams.length
             for t in tracks:
                 ends = [p for p in idx.positions(i, t.rank) if p >= length - batch]
                 if not ends:
