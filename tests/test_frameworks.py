@@ -300,6 +300,25 @@ def test_cursor_follows_accelerate_seedable_with_a_broken_epoch(declared: str, w
     assert cur.epoch == 4 and lead["sampler_epoch"] == 3  # five passes, the broken one read twice
 
 
+def replay_presumed_accelerate(rank: int, batch: int, interleaving: int, epochs: int) -> tuple[NodeCursor, list[bool]]:
+    """accelerate's seedable sampler, two processes on this node, the seed written before the job
+    (the daemon presumes the start of epoch 0), and 7 opens of local rank ``rank``'s batch ``batch``
+    (not the first) before any other: the cursor after ``epochs`` epochs, and which opens it predicted."""
+    n, b, seed, world = 503, 8, 7, 2
+    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(interleaving))
+    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in loop.ranks}
+    passes = list(accelerate_epochs(loaders, [None] * epochs))
+    for job_epoch, rows in enumerate(passes):
+        loop.stretch(f"epoch {job_epoch}", job_epoch, 0, rows)
+    first = list(passes[0][rank][batch * b : batch * b + 7])  # dataset indices are the plan's gids here
+    epoch0 = loop.opens[: len(loop.opens) // epochs]
+    opens = first + [g for g in epoch0 if g not in first] + loop.opens[len(epoch0) :]
+    model = build_sampler("accelerate", n, seed=seed, world_size=world, batch_size=b)
+    cur = NodeCursor(job(model, JobShape(world, 2, b, drop_last=False), epochs=epochs), settings(b))
+    cur.presume(0, 0)
+    return cur, replay(cur, opens)
+
+
 @pytest.mark.parametrize(("rank", "batch"), [(0, 1), (1, 1), (0, 3), (1, 2)])
 def test_a_presumption_confirmed_by_accelerates_other_variant_keeps_its_hits(rank: int, batch: int) -> None:
     """accelerate's seedable sampler, two processes on this node, seed written before the job: the
@@ -308,22 +327,10 @@ def test_a_presumption_confirmed_by_accelerates_other_variant_keeps_its_hits(ran
     pass's start more tightly than batch-wise, and the cursor locks on that; it must not withdraw
     the presumption's hits for it, since those opens were predicted and staged (they were: 505 of
     512 opens of epoch 0 credited in a real-client run, 100% predicted at open time)."""
-    n, b, seed, world = 503, 8, 7, 2
-    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(2))
-    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in loop.ranks}
-    epochs = list(accelerate_epochs(loaders, [None] * 2))
-    for job_epoch, rows in enumerate(epochs):
-        loop.stretch(f"epoch {job_epoch}", job_epoch, 0, rows)
-    first = list(epochs[0][rank][batch * b : batch * b + 7])  # dataset indices are the plan's gids here
-    epoch0 = loop.opens[: len(loop.opens) // 2]
-    opens = first + [g for g in epoch0 if g not in first] + loop.opens[len(epoch0) :]
-    model = build_sampler("accelerate", n, seed=seed, world_size=world, batch_size=b)
-    cur = NodeCursor(job(model, JobShape(world, 2, b, drop_last=False), epochs=2), settings(b))
-    cur.presume(0, 0)
-    hits = replay(cur, opens)
+    cur, hits = replay_presumed_accelerate(rank, batch, interleaving=2, epochs=2)
     status = cur.status()
     assert all(hits), [i for i, h in enumerate(hits) if not h][:10]
-    assert status["hits"] == status["opens"] == len(opens), (status["hits"], status["opens"])
+    assert status["hits"] == status["opens"] == len(hits), (status["hits"], status["opens"])
 
 
 @pytest.mark.parametrize("interleaving", [5, 6, 7])
@@ -335,19 +342,7 @@ def test_a_lock_on_the_shorter_variant_still_takes_accelerates_end_padding(inter
     epoch is predicted in full and counted once, with set_epoch's ``advance`` mode (taken for a new
     pass of the same order, they set ``repeat`` and left 15-22 of 512 opens per epoch unpredicted
     in a real two-process run)."""
-    n, b, seed, world = 503, 8, 7, 2
-    loop = Loop(world=world, per_node=2, node=0, batch=b, rng=random.Random(interleaving))
-    loaders = {r: prepared(n, b, world, r, use_seedable_sampler=True, data_seed=seed) for r in loop.ranks}
-    epochs = list(accelerate_epochs(loaders, [None] * 3))
-    for job_epoch, rows in enumerate(epochs):
-        loop.stretch(f"epoch {job_epoch}", job_epoch, 0, rows)
-    first = list(epochs[0][0][b : 2 * b - 1])  # rank 0's second batch, opened before any other
-    epoch0 = loop.opens[: len(loop.opens) // 3]
-    opens = first + [g for g in epoch0 if g not in first] + loop.opens[len(epoch0) :]
-    model = build_sampler("accelerate", n, seed=seed, world_size=world, batch_size=b)
-    cur = NodeCursor(job(model, JobShape(world, 2, b, drop_last=False)), settings(b))
-    cur.presume(0, 0)
-    hits = replay(cur, opens)
+    cur, hits = replay_presumed_accelerate(0, 1, interleaving, epochs=3)  # rank 0's second batch first
     assert all(hits), [i for i, h in enumerate(hits) if not h][:10]
     assert [row["epoch"] for row in cur.status()["history"]] == [0, 1, 2]
     assert cur.datasets[0].mode == "advance"
