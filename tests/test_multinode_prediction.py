@@ -129,11 +129,34 @@ def run_job(
     return Outcome(results, docs, stats.bytes, twice, poller)
 
 
+def peer_evidence(docs: list[dict[str, Any]]) -> str:
+    """What each node's status says of its peers, for a failure message: a node reads the PFS itself
+    when its peer did not answer within peers.timeout (or was marked down), and asks the holders of
+    earlier regimes before that (held asks, hits).  Evidence for reading a failure, never a pass."""
+    parts = []
+    for k, d in enumerate(docs):
+        g = d["group"]
+        links = [
+            f"{m['label']}: timeouts {m['timeouts']}, down {m['times_down']}x, refused while down "
+            f"{m['refused_down']}, slowest answer {m['max_seconds']}s"
+            for m in g.get("members", [])
+            if m.get("state") != "self"
+        ]
+        seed = d.get("seed") or {}
+        parts.append(
+            f"node {k}: held asks {g.get('held_asks')}, hits {g.get('held_hits')}; seed {seed.get('value')} "
+            f"({seed.get('origin')}); " + "; ".join(links)
+        )
+    return " | ".join(parts)
+
+
 def check_bytes(out: Outcome, total: int) -> None:
     assert all(not r["bad"] for r in out.results), [r["bad"][:3] for r in out.results]
     assert all(r["samples"] > 0 for r in out.results)
     ratio = out.pfs_bytes / total
-    assert ratio <= 1.05, f"PFS served {ratio:.3f}x the dataset; read more than once: {out.twice[:10]}"
+    assert ratio <= 1.05, (
+        f"PFS served {ratio:.3f}x the dataset; read more than once: {out.twice[:10]}; {peer_evidence(out.docs)}"
+    )
 
 
 def new_next_epoch(job: Job, rank: int, epoch: int) -> set[int]:
@@ -170,7 +193,9 @@ def test_the_pfs_serves_each_file_once_whatever_the_seed(
     check_bytes(out, source[2])
     # Stricter than the bytes bound: a change of regime (a wrong seed refuted, the right one found)
     # used to cost a second read of 0.3-3.6% of the files, within 1.05x.
-    assert not out.twice, f"{len(out.twice)} files read from the PFS more than once, e.g. {out.twice[:10]}"
+    assert not out.twice, (
+        f"{len(out.twice)} files read from the PFS more than once, e.g. {out.twice[:10]}; {peer_evidence(out.docs)}"
+    )
     if written == SEED:
         assert modes == ["predicting", "predicting"], modes
     else:
