@@ -6,6 +6,9 @@ killed while ranks 0 and 1 read; they must finish with the source's bytes, no re
 peers.timeout plus one PFS read, and node 2 marked down.  Then the stopped daemon is continued (the
 killed one mounted again): it must be up again on the others within peers.retry_down_after, its own
 rank must read right bytes, and the others must fetch from it again.
+
+Two members each stopped in turn while the other reads mark each other down; state notes must still
+cross, so both are served peer to peer again long before peers.retry_down_after.
 """
 
 from __future__ import annotations
@@ -134,3 +137,68 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
     assert slowest <= TIMEOUT + 0.5, slowest
     assert served_again > 0, "the peers never fetched from node 2 again"
     assert TIMEOUT - 0.1 <= silent_closed_after <= TIMEOUT + 1.5, silent_closed_after
+
+
+def notes_served(mnt: Path) -> int:
+    """State notes this node's data port answered (its peers' notes that reached it)."""
+    return int(status(mnt)["group"]["server"]["requests"].get("note", 0))
+
+
+def test_two_members_that_each_marked_the_other_down_hear_from_each_other_again(tmp_path: Path) -> None:
+    """Each member stopped in turn while the other reads: node 0 marks node 1 down, then node 1 marks
+    node 0 down, so neither would talk to the other until peers.retry_down_after (120 s here) if a
+    down verdict stopped state notes too: both would read the PFS for what the other holds.  Notes
+    must cross both ways within a few state rounds of both running, and the next epoch must be served
+    peer to peer again, with right bytes throughout."""
+    backing = tmp_path / "pfs"
+    make_source(backing, 160, 0, mean_size=8000)
+    manifest = Manifest.of(backing)
+    with running_pfsemu(backing) as emu:
+        nodes = Nodes(
+            emu.mountpoint,
+            tmp_path,
+            2,
+            {"timeout": TIMEOUT, "retry_down_after": 120.0, "down_after": 1},
+            {
+                "tiers": [{"kind": "memory", "bytes": int(manifest.total_bytes * 0.6)}],
+                "prefetch": {"lookahead_bytes": "256KiB"},
+                "job": {"world_size": 2, "ranks_per_node": 1, "epochs": 6, "batch_size": 8},
+            },
+        )
+        with nodes.running() as mnts, ranks(nodes, manifest, tmp_path) as readers:
+            write_seed(mnts[0], SEED)
+            wait_seed(mnts, SEED)
+            for m in mnts:
+                wait_plan(m, SEED)
+            results = [epoch(readers, 0)]  # tiers filled, each node serving the other
+            pids = [int(status(m)["pid"]) for m in mnts]
+            addresses = ["127.0.0.1:", "127.0.0.2:"]
+            for stopped, reader in ((1, 0), (0, 1)):  # node 0 sees 1 down, then node 1 sees 0 down
+                os.kill(pids[stopped], signal.SIGSTOP)
+                try:
+                    readers[reader].start(1, SEED)
+                    wait_for(
+                        partial(lambda k, a: member_state(mnts[k], a) == "down", reader, addresses[stopped]),
+                        60,
+                        f"node {reader} marks node {stopped} down",
+                    )
+                    results.append([readers[reader].result()])
+                finally:
+                    os.kill(pids[stopped], signal.SIGCONT)
+            back = time.monotonic()
+            notes = [notes_served(m) for m in mnts]
+            wait_for(
+                lambda: all(notes_served(m) > n for m, n in zip(mnts, notes, strict=True)),
+                20,
+                "a state note crossing each way after both marked the other down",
+            )
+            heard_after = time.monotonic() - back
+            served = [served_to_peers(m) for m in mnts]
+            results.append(epoch(readers, 2))
+            served_again = [served_to_peers(m) - s for m, s in zip(mnts, served, strict=True)]
+            states = [member_state(mnts[k], addresses[1 - k]) for k in (0, 1)]
+    for r in results:
+        right(r)
+    print(f"notes crossed both ways {heard_after:.1f}s after both ran; epoch 2 served {served_again}; states {states}")
+    assert states == ["up", "up"], states
+    assert all(n > 0 for n in served_again), f"a node never fetched from the other again: {served_again}"

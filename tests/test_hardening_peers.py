@@ -353,6 +353,47 @@ def test_down_probe_and_up_follow_trios_clock() -> None:
     trio.run(main, clock=clock)
 
 
+def test_a_down_peer_still_gets_state_notes_and_an_answer_lets_the_next_fetch_probe_at_once() -> None:
+    """Notes are the group's liveness: after a stall both members saw as the other's, each has the
+    other down, and if a down verdict stopped notes too, neither would hear from the other until
+    retry_down_after (both reading the PFS for what the other holds).  On a MockClock that never
+    moves: a note to a down peer that refuses fails and leaves the verdict's wait as it was; once
+    a server listens, a note reaches it (counted by the server) and is answered, the peer stays down
+    (a note is no data probe), and the next fetch is that probe, at once, and brings it up."""
+    clock = trio.testing.MockClock()
+    files = Files()
+    with socket.socket() as probe:  # a port nothing listens on (yet)
+        probe.bind((HOST, 0))
+        port = probe.getsockname()[1]
+
+    async def main() -> None:
+        peer = client(port, down_after=1, retry_down_after=30.0)
+        ident = file_id(1, 10_000)
+        assert await peer.fetch(0, 1, DIGEST, ident) is None
+        assert peer.state == "down"
+        assert await peer.note(b"state") is None  # still refused: no answer, and no probe earned
+        assert peer.state == "down" and peer.counters.failures == 2
+        with pytest.raises(PeerDown):
+            await peer.fetch(0, 1, DIGEST, ident)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, port))
+        sock.listen(16)
+        server = PeerServer(TOKEN, files, notes=lambda body: b"mine:" + body)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: server.serve(HOST, port, sock=sock, task_status=task_status))
+            assert await peer.note(b"state") == b"mine:state"
+            assert server.requests["note"] == 1
+            assert peer.state == "down"  # alive, yet only a data request decides "up"
+            requests = peer.counters.requests
+            assert await peer.fetch(0, 1, DIGEST, ident) == files.data[1]  # the probe, with no clock moved
+            assert peer.counters.requests == requests + 1 and peer.state == "up"
+            nursery.cancel_scope.cancel()
+        await peer.aclose()
+
+    trio.run(main, clock=clock)
+
+
 def test_the_peer_client_reads_no_clock_but_trios() -> None:
     """Health must follow the clock trio runs on: no time.monotonic/time.time in the client."""
     from pathlib import Path

@@ -6,7 +6,8 @@ peer that crashed or hung must never stop this node.  Every fetch is bounded by 
 and the transfer; anything short of a verified answer by then is "fall back to the PFS now".  After
 ``down_after`` consecutive failures the peer is down: fetches raise :class:`PeerDown` at once,
 without touching the network, until ``retry_down_after`` seconds have passed; then one fetch is let
-through as a probe and its outcome decides.
+through as a probe and its outcome decides.  State notes still go to a down peer (:meth:`PeerClient.note`):
+an answer, like a note heard from it, lets the next fetch probe at once.
 
 Every time here is trio's clock (``trio.current_time()``), never the wall or monotonic clock
 directly, so health runs on a test's MockClock exactly as in the daemon.
@@ -263,8 +264,15 @@ class PeerClient:
         return None
 
     async def note(self, body: bytes) -> bytes | None:
-        """Tell the peer a state note; its own note back, or None when the exchange failed."""
-        outcome = await self._exchange(lambda rid: Note(rid, body))
+        """Tell the peer a state note; its own note back, or None when the exchange failed.
+
+        Sent while the peer is down too, unlike every other request: notes are how two members learn
+        the other is alive again.  After a stall that each side saw as the other's (both timed out
+        the other's requests), neither would send the other a note until ``retry_down_after``, so
+        neither's :meth:`heard_from` would fire, and both would read the PFS for everything the
+        other holds until then.  An answered note to a down peer never marks it up by itself: it
+        lets the next request probe it at once, as a note heard from it does."""
+        outcome = await self._exchange(lambda rid: Note(rid, body), liveness=True)
         return outcome.body if isinstance(outcome, Note) else None
 
     async def ping(self) -> float | None:
@@ -364,8 +372,13 @@ class PeerClient:
 
     # ------------------------------------------------------------------ one exchange
 
-    async def _exchange(self, make: Callable[[int], Get | Ping | Note]) -> Received | Pong | Note | None:
-        probe = self._admit()
+    async def _exchange(
+        self, make: Callable[[int], Get | Ping | Note], *, liveness: bool = False
+    ) -> Received | Pong | Note | None:
+        """One request under the deadline; ``liveness``: a note, let through while the peer is down
+        (see :meth:`note`) without being its probe."""
+        past_down = liveness and self._down_since is not None and not self._closed
+        probe = False if past_down else self._admit()
         t0 = trio.current_time()
         deadline = t0 + self.timeout
         slot = False
@@ -373,7 +386,7 @@ class PeerClient:
             with trio.move_on_at(deadline) as scope:
                 async with self._limiter:
                     slot = True
-                    if not probe and self._down_since is not None:
+                    if not probe and not past_down and self._down_since is not None:
                         self.counters.refused_down += 1
                         raise PeerDown(f"peer {self.node} ({self.address}) went down: {self.last_error}")
                     self.counters.requests += 1
@@ -401,7 +414,10 @@ class PeerClient:
         finally:
             if probe:
                 self._probing = False
-        self._succeeded()
+        if past_down and self._down_since is not None:
+            self.heard_from()  # alive: the next request probes (a data request decides "up")
+        else:
+            self._succeeded()
         if isinstance(reply, Pong | Note):
             return reply
         return self._count_reply(reply, received, trio.current_time() - t0)

@@ -247,6 +247,7 @@ class PeerGroup:
         self.notes_unknown = 0  # well-formed notes from no current member (not yet scanned, or gone)
         self.held_asks = 0
         self.held_hits = 0
+        self._telling_down: set[MemberKey] = set()  # down members a note is on its way to (_tell_all)
         self._plan_nodes: dict[str, dict[int, MemberKey]] = {}  # plan digest -> training node -> member
         self.last_bad_note = ""
         # Answer before the asker gives up: it then still has time for its PFS fallback.
@@ -584,9 +585,22 @@ class PeerGroup:
             self._nursery.start_soon(self._tell_all)  # spread it now, not at the next state round
 
     async def _tell_all(self) -> None:
+        """Tell every member this node's state.  A member marked down is told too (its answer lifts
+        the verdict's wait: PeerClient.note), but in the background, one note at a time: a hung one
+        must not hold up this round's notes to the others."""
         async with trio.open_nursery() as nursery:
             for key, client in list(self.clients.items()):
-                nursery.start_soon(self._tell, key, client)
+                if client.state != "down":
+                    nursery.start_soon(self._tell, key, client)
+                elif key not in self._telling_down and self._nursery is not None:
+                    self._telling_down.add(key)
+                    self._nursery.start_soon(self._tell_down, key, client)
+
+    async def _tell_down(self, key: MemberKey, client: PeerClient) -> None:
+        try:
+            await self._tell(key, client)
+        finally:
+            self._telling_down.discard(key)
 
     async def _tell(self, key: MemberKey, client: PeerClient) -> None:
         try:
