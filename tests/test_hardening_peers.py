@@ -387,7 +387,7 @@ def test_a_down_peer_still_gets_state_notes_and_an_answer_lets_the_next_fetch_pr
             assert peer.state == "down"  # alive, yet only a data request decides "up"
             requests = peer.counters.requests
             assert await peer.fetch(0, 1, DIGEST, ident) == files.data[1]  # the probe, with no clock moved
-            assert peer.counters.requests == requests + 1 and peer.state == "up"
+            assert peer.counters.requests == requests + 1 and peer.status()["state"] == "up"
             nursery.cancel_scope.cancel()
         await peer.aclose()
 
