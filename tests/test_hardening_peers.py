@@ -353,13 +353,13 @@ def test_down_probe_and_up_follow_trios_clock() -> None:
     trio.run(main, clock=clock)
 
 
-def test_a_down_peer_still_gets_state_notes_and_an_answer_lets_the_next_fetch_probe_at_once() -> None:
+def test_a_down_peer_still_gets_state_notes_and_an_answered_one_marks_it_up() -> None:
     """Notes are the group's liveness: after a stall both members saw as the other's, each has the
     other down, and if a down verdict stopped notes too, neither would hear from the other until
     retry_down_after (both reading the PFS for what the other holds).  On a MockClock that never
     moves: a note to a down peer that refuses fails and leaves the verdict's wait as it was; once
-    a server listens, a note reaches it (counted by the server) and is answered, the peer stays down
-    (a note is no data probe), and the next fetch is that probe, at once, and brings it up."""
+    a server listens, a note reaches it (counted by the server), is answered and marks the peer up,
+    and the next fetch goes to it at once."""
     clock = trio.testing.MockClock()
     files = Files()
     with socket.socket() as probe:  # a port nothing listens on (yet)
@@ -384,10 +384,10 @@ def test_a_down_peer_still_gets_state_notes_and_an_answer_lets_the_next_fetch_pr
             await nursery.start(lambda task_status: server.serve(HOST, port, sock=sock, task_status=task_status))
             assert await peer.note(b"state") == b"mine:state"
             assert server.requests["note"] == 1
-            assert peer.state == "down"  # alive, yet only a data request decides "up"
+            assert peer.status()["state"] == "up"
             requests = peer.counters.requests
-            assert await peer.fetch(0, 1, DIGEST, ident) == files.data[1]  # the probe, with no clock moved
-            assert peer.counters.requests == requests + 1 and peer.status()["state"] == "up"
+            assert await peer.fetch(0, 1, DIGEST, ident) == files.data[1]  # with no clock moved
+            assert peer.counters.requests == requests + 1
             nursery.cancel_scope.cancel()
         await peer.aclose()
 

@@ -6,8 +6,9 @@ peer that crashed or hung must never stop this node.  Every fetch is bounded by 
 and the transfer; anything short of a verified answer by then is "fall back to the PFS now".  After
 ``down_after`` consecutive failures the peer is down: fetches raise :class:`PeerDown` at once,
 without touching the network, until ``retry_down_after`` seconds have passed; then one fetch is let
-through as a probe and its outcome decides.  State notes still go to a down peer (:meth:`PeerClient.note`):
-an answer, like a note heard from it, lets the next fetch probe at once.
+through as a probe and its outcome decides.  State notes still go to a down peer
+(:meth:`PeerClient.note`), and an answered one marks it up; a note heard from it lets the next
+fetch probe at once.
 
 Every time here is trio's clock (``trio.current_time()``), never the wall or monotonic clock
 directly, so health runs on a test's MockClock exactly as in the daemon.
@@ -270,8 +271,9 @@ class PeerClient:
         the other is alive again.  After a stall that each side saw as the other's (both timed out
         the other's requests), neither would send the other a note until ``retry_down_after``, so
         neither's :meth:`heard_from` would fire, and both would read the PFS for everything the
-        other holds until then.  An answered note to a down peer never marks it up by itself: it
-        lets the next request probe it at once, as a note heard from it does."""
+        other holds until then.  An answered note is an exchange with the peer's data port like any
+        other (same connection, handshake and deadline): it marks the peer up.  A failed one while
+        down only counts (no log line, no new wait: a dead peer is told every state round)."""
         outcome = await self._exchange(lambda rid: Note(rid, body), liveness=True)
         return outcome.body if isinstance(outcome, Note) else None
 
@@ -376,7 +378,7 @@ class PeerClient:
         self, make: Callable[[int], Get | Ping | Note], *, liveness: bool = False
     ) -> Received | Pong | Note | None:
         """One request under the deadline; ``liveness``: a note, let through while the peer is down
-        (see :meth:`note`) without being its probe."""
+        (see :meth:`note`); its failure then changes nothing but the counters."""
         past_down = liveness and self._down_since is not None and not self._closed
         probe = False if past_down else self._admit()
         t0 = trio.current_time()
@@ -414,10 +416,7 @@ class PeerClient:
         finally:
             if probe:
                 self._probing = False
-        if past_down and self._down_since is not None:
-            self.heard_from()  # alive: the next request probes (a data request decides "up")
-        else:
-            self._succeeded()
+        self._succeeded()
         if isinstance(reply, Pong | Note):
             return reply
         return self._count_reply(reply, received, trio.current_time() - t0)
