@@ -144,6 +144,7 @@ def notes_served(mnt: Path) -> int:
     return int(status(mnt)["group"]["server"]["requests"].get("note", 0))
 
 
+@pytest.mark.slow  # 22 s of real daemons; the client half runs in CI on trio's MockClock (test_hardening_peers.py)
 def test_two_members_that_each_marked_the_other_down_hear_from_each_other_again(tmp_path: Path) -> None:
     """Each member stopped in turn while the other reads: node 0 marks node 1 down, then node 1 marks
     node 0 down, so neither would talk to the other until peers.retry_down_after (120 s here) if a
