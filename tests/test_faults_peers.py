@@ -17,6 +17,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,32 @@ def epoch(readers: list[Rank], n: int, which: list[int] | None = None) -> list[d
     return [r.result() for r in chosen]
 
 
+def group(source: Path, work: Path, manifest: Manifest, n: int, *, retry: float, tier_share: float) -> Nodes:
+    """``n`` nodes, one rank each, peers down after one failure and probed again after ``retry`` s."""
+    return Nodes(
+        source,
+        work,
+        n,
+        {"timeout": TIMEOUT, "retry_down_after": retry, "down_after": 1},
+        {
+            "tiers": [{"kind": "memory", "bytes": int(manifest.total_bytes * tier_share)}],
+            "prefetch": {"lookahead_bytes": "256KiB"},
+            "job": {"world_size": n, "ranks_per_node": 1, "epochs": 6, "batch_size": 8},
+        },
+    )
+
+
+@contextmanager
+def seeded(nodes: Nodes, manifest: Manifest, work: Path) -> Iterator[tuple[list[Path], list[Rank]]]:
+    """The nodes mounted, SEED written and planned on every one, and their ranks ready."""
+    with nodes.running() as mnts, ranks(nodes, manifest, work) as readers:
+        write_seed(mnts[0], SEED)
+        wait_seed(mnts, SEED)
+        for m in mnts:
+            wait_plan(m, SEED)
+        yield mnts, readers
+
+
 def right(results: list[dict[str, Any]]) -> None:
     for r in results:
         assert r["bad_count"] == 0 and r["error_count"] == 0, r
@@ -67,22 +95,8 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
     make_source(backing, 240, 0, mean_size=8000)
     manifest = Manifest.of(backing)
     with running_pfsemu(backing) as emu:
-        nodes = Nodes(
-            emu.mountpoint,
-            tmp_path,
-            3,
-            {"timeout": TIMEOUT, "retry_down_after": RETRY, "down_after": 1},
-            {
-                "tiers": [{"kind": "memory", "bytes": int(manifest.total_bytes * 0.4)}],
-                "prefetch": {"lookahead_bytes": "256KiB"},
-                "job": {"world_size": 3, "ranks_per_node": 1, "epochs": 6, "batch_size": 8},
-            },
-        )
-        with nodes.running() as mnts, ranks(nodes, manifest, tmp_path) as readers:
-            write_seed(mnts[0], SEED)
-            wait_seed(mnts, SEED)
-            for m in mnts:
-                wait_plan(m, SEED)
+        nodes = group(emu.mountpoint, tmp_path, manifest, 3, retry=RETRY, tier_share=0.4)
+        with seeded(nodes, manifest, tmp_path) as (mnts, readers):
             right(epoch(readers, 0))  # tiers filled, node 2 serving its peers
             victim = int(status(mnts[2])["pid"])
             served_before = served_to_peers(mnts[2])
@@ -155,22 +169,8 @@ def test_two_members_that_each_marked_the_other_down_hear_from_each_other_again(
     make_source(backing, 160, 0, mean_size=8000)
     manifest = Manifest.of(backing)
     with running_pfsemu(backing) as emu:
-        nodes = Nodes(
-            emu.mountpoint,
-            tmp_path,
-            2,
-            {"timeout": TIMEOUT, "retry_down_after": 120.0, "down_after": 1},
-            {
-                "tiers": [{"kind": "memory", "bytes": int(manifest.total_bytes * 0.6)}],
-                "prefetch": {"lookahead_bytes": "256KiB"},
-                "job": {"world_size": 2, "ranks_per_node": 1, "epochs": 6, "batch_size": 8},
-            },
-        )
-        with nodes.running() as mnts, ranks(nodes, manifest, tmp_path) as readers:
-            write_seed(mnts[0], SEED)
-            wait_seed(mnts, SEED)
-            for m in mnts:
-                wait_plan(m, SEED)
+        nodes = group(emu.mountpoint, tmp_path, manifest, 2, retry=120.0, tier_share=0.6)
+        with seeded(nodes, manifest, tmp_path) as (mnts, readers):
             results = [epoch(readers, 0)]  # tiers filled, each node serving the other
             pids = [int(status(m)["pid"]) for m in mnts]
             addresses = ["127.0.0.1:", "127.0.0.2:"]

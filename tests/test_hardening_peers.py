@@ -298,6 +298,22 @@ def test_a_reply_for_another_file_is_refused_by_the_requester() -> None:
 # ---------------------------------------------------------------- health on trio's clock
 
 
+def unused_port() -> int:
+    """A port nothing listens on (yet): bound once, then released."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+def listening_on(port: int) -> socket.socket:
+    """A listening socket on ``port`` (a server coming back where a client marked it down)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, port))
+    sock.listen(16)
+    return sock
+
+
 def test_down_probe_and_up_follow_trios_clock() -> None:
     """Run on a MockClock that only moves when the test says: a peer whose port refuses is down
     after down_after failures, refused without network until retry_down_after has passed on that
@@ -305,9 +321,7 @@ def test_down_probe_and_up_follow_trios_clock() -> None:
     from a down peer lets the next request probe at once."""
     clock = trio.testing.MockClock()
     files = Files()
-    with socket.socket() as probe:  # a port nothing listens on (yet)
-        probe.bind((HOST, 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
 
     async def main() -> None:
         peer = client(port, down_after=2, retry_down_after=30.0)
@@ -325,10 +339,7 @@ def test_down_probe_and_up_follow_trios_clock() -> None:
         assert peer.counters.failures == 3 and peer.counters.times_down == 1
         with pytest.raises(PeerDown):
             await peer.fetch(0, 1, DIGEST, ident)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((HOST, port))
-        sock.listen(16)
+        sock = listening_on(port)
         server = PeerServer(TOKEN, files)
         async with trio.open_nursery() as nursery:
             await nursery.start(lambda task_status: server.serve(HOST, port, sock=sock, task_status=task_status))
@@ -362,9 +373,7 @@ def test_a_down_peer_still_gets_state_notes_and_an_answered_one_marks_it_up() ->
     and the next fetch goes to it at once."""
     clock = trio.testing.MockClock()
     files = Files()
-    with socket.socket() as probe:  # a port nothing listens on (yet)
-        probe.bind((HOST, 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
 
     async def main() -> None:
         peer = client(port, down_after=1, retry_down_after=30.0)
@@ -375,10 +384,7 @@ def test_a_down_peer_still_gets_state_notes_and_an_answered_one_marks_it_up() ->
         assert peer.state == "down" and peer.counters.failures == 2
         with pytest.raises(PeerDown):
             await peer.fetch(0, 1, DIGEST, ident)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((HOST, port))
-        sock.listen(16)
+        sock = listening_on(port)
         server = PeerServer(TOKEN, files, notes=lambda body: b"mine:" + body)
         async with trio.open_nursery() as nursery:
             await nursery.start(lambda task_status: server.serve(HOST, port, sock=sock, task_status=task_status))
