@@ -41,13 +41,15 @@ RETRY = 3.0  # peers.retry_down_after
 SEED = 5
 
 
-def is_state(mnt: Path, state: str) -> bool:
-    """Whether the mount at ``mnt`` sees node 2 (127.0.0.3) in ``state``."""
-    return member_state(mnt, "127.0.0.3:") == state
+def is_state(nodes: Nodes, k: int, node: int, state: str) -> bool:
+    """Whether node ``k`` sees node ``node`` in ``state``."""
+    return member_state(nodes.mnt(k), f"{nodes.host(node)}:") == state
 
 
-def served_to_peers(mnt: Path) -> int:
-    return int(status(mnt)["group"]["server"]["requests"].get("ok", 0))
+def served(mnt: Path, kind: str = "ok") -> int:
+    """Requests of ``kind`` this node's data port answered: "ok" (files served to its peers), "note"
+    (its peers' state notes that reached it)."""
+    return int(status(mnt)["group"]["server"]["requests"].get(kind, 0))
 
 
 def epoch(readers: list[Rank], n: int, which: list[int] | None = None) -> list[dict[str, Any]]:
@@ -99,12 +101,12 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
         with seeded(nodes, manifest, tmp_path) as (mnts, readers):
             right(epoch(readers, 0))  # tiers filled, node 2 serving its peers
             victim = int(status(mnts[2])["pid"])
-            served_before = served_to_peers(mnts[2])
+            served_before = served(mnts[2])
             assert served_before > 0, "node 2 must serve its peers before the fault for the test to mean anything"
 
             # The data port's handshake deadline follows peers.timeout: a silent stranger is closed then.
             port = int(status(mnts[0])["group"]["server"]["port"])
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
+            with socket.create_connection((nodes.host(0), port), timeout=10) as stranger:
                 t0 = time.monotonic()
                 assert stranger.recv(1) == b""
                 silent_closed_after = time.monotonic() - t0
@@ -122,7 +124,7 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
                 survivors = [r.result() for r in readers[:2]]
                 epoch_s = time.monotonic() - harmed
                 for k in (0, 1):
-                    wait_for(partial(is_state, mnts[k], "down"), 60, f"node {k}: 2 down")
+                    wait_for(partial(is_state, nodes, k, 2, "down"), 60, f"node {k}: 2 down")
             finally:
                 if how == "stop":
                     os.kill(victim, signal.SIGCONT)
@@ -132,12 +134,12 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
                 nodes.wait(2)
                 wait_seed(mnts, SEED)
                 wait_plan(mnts[2], SEED)
-            served_after = served_to_peers(mnts[2])
+            served_after = served(mnts[2])
             for k in (0, 1):  # up again on both, within retry_down_after (plus slack for 2 loaded cores)
-                wait_for(partial(is_state, mnts[k], "up"), RETRY + 15, f"node {k}: 2 up")
+                wait_for(partial(is_state, nodes, k, 2, "up"), RETRY + 15, f"node {k}: 2 up")
             up_after = time.monotonic() - back
             later = [epoch(readers, n) for n in (2, 3)]
-            served_again = served_to_peers(mnts[2]) - served_after
+            served_again = served(mnts[2]) - served_after
     right(survivors)
     for results in later:
         right(results)
@@ -151,11 +153,6 @@ def test_a_peer_stopped_or_killed_mid_epoch_costs_no_byte_no_hang_and_comes_back
     assert slowest <= TIMEOUT + 0.5, slowest
     assert served_again > 0, "the peers never fetched from node 2 again"
     assert TIMEOUT - 0.1 <= silent_closed_after <= TIMEOUT + 1.5, silent_closed_after
-
-
-def notes_served(mnt: Path) -> int:
-    """State notes this node's data port answered (its peers' notes that reached it)."""
-    return int(status(mnt)["group"]["server"]["requests"].get("note", 0))
 
 
 @pytest.mark.slow  # 22 s of real daemons; the client half runs in CI on trio's MockClock (test_hardening_peers.py)
@@ -173,13 +170,12 @@ def test_two_members_that_each_marked_the_other_down_hear_from_each_other_again(
         with seeded(nodes, manifest, tmp_path) as (mnts, readers):
             results = [epoch(readers, 0)]  # tiers filled, each node serving the other
             pids = [int(status(m)["pid"]) for m in mnts]
-            addresses = ["127.0.0.1:", "127.0.0.2:"]
             for stopped, reader in ((1, 0), (0, 1)):  # node 0 sees 1 down, then node 1 sees 0 down
                 os.kill(pids[stopped], signal.SIGSTOP)
                 try:
                     readers[reader].start(1, SEED)
                     wait_for(
-                        partial(lambda k, a: member_state(mnts[k], a) == "down", reader, addresses[stopped]),
+                        partial(is_state, nodes, reader, stopped, "down"),
                         60,
                         f"node {reader} marks node {stopped} down",
                     )
@@ -187,17 +183,17 @@ def test_two_members_that_each_marked_the_other_down_hear_from_each_other_again(
                 finally:
                     os.kill(pids[stopped], signal.SIGCONT)
             back = time.monotonic()
-            notes = [notes_served(m) for m in mnts]
+            notes = [served(m, "note") for m in mnts]
             wait_for(
-                lambda: all(notes_served(m) > n for m, n in zip(mnts, notes, strict=True)),
+                lambda: all(served(m, "note") > n for m, n in zip(mnts, notes, strict=True)),
                 20,
                 "a state note crossing each way after both marked the other down",
             )
             heard_after = time.monotonic() - back
-            served = [served_to_peers(m) for m in mnts]
+            before = [served(m) for m in mnts]
             results.append(epoch(readers, 2))
-            served_again = [served_to_peers(m) - s for m, s in zip(mnts, served, strict=True)]
-            states = [member_state(mnts[k], addresses[1 - k]) for k in (0, 1)]
+            served_again = [served(m) - s for m, s in zip(mnts, before, strict=True)]
+            states = [member_state(mnts[k], f"{nodes.host(1 - k)}:") for k in (0, 1)]
     for r in results:
         right(r)
     print(f"notes crossed both ways {heard_after:.1f}s after both ran; epoch 2 served {served_again}; states {states}")

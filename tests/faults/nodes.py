@@ -42,6 +42,10 @@ class Nodes:
     def mnts(self) -> list[Path]:
         return [self.mnt(k) for k in range(self.n)]
 
+    def host(self, k: int) -> str:
+        """The loopback address node k binds its data port to."""
+        return f"127.0.0.{k + 1}"
+
     def config(self, k: int) -> Path:
         """Node k's config: the same on every node but for paths and the bind address."""
         sections = yaml.safe_load(yaml.safe_dump(self.sections).replace("@TIER@", str(self.tier(k))))
@@ -52,7 +56,7 @@ class Nodes:
                 "discovery": "rendezvous",
                 "rendezvous_dir": str(self.rendezvous),
                 "expect": self.n,
-                "bind": f"127.0.0.{k + 1}",
+                "bind": self.host(k),
                 **self.peers,
             },
             **sections,
@@ -91,7 +95,7 @@ class Nodes:
         """(label, data address) node k announces for itself."""
         doc = status(self.mnt(k))["group"]
         me = next(m for m in doc["members"] if m.get("state") == "self")
-        return str(me["label"]), f"127.0.0.{k + 1}:{doc['server']['port']}"
+        return str(me["label"]), f"{self.host(k)}:{doc['server']['port']}"
 
 
 def members(mnt: Path) -> list[dict[str, Any]]:
