@@ -98,6 +98,7 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     assert fuse_mounts(tmp_path) == []
 
 
+@pytest.mark.slow  # 50 s: two rounds of three configurations
 def test_rounds_measure_every_configuration_afresh(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--rounds 2: each round makes its own staging copy and its own seerfs mount, so the emulator counts the
     dataset read again in each round (a round that reused the last one's copy or cache would read nothing),

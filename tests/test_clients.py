@@ -651,39 +651,45 @@ def test_wrong_job_shape(tmp_path: Path, source: Source, verdict: Verdict) -> No
 # ---------------------------------------------------------------------------------------------- torchdata
 
 
-def test_stateful_dataloader_resume(tmp_path: Path, source: Source, verdict: Verdict) -> None:
-    """torchdata StatefulDataLoader: stopped after 19 batches of epoch 1 (152 of 252 samples per rank), resumed
-    from its state_dict on a fresh mount; the resumed run must be predicted and no slower than without a seed."""
+STATEFUL_ARGS = ["--sampler-seed", "7", "--stateful"]
+
+
+def stateful_first_part(tmp_path: Path, source: Source) -> Path:
+    """Run a StatefulDataLoader job straight on the source and stop it after 19 batches of epoch 1
+    (152 of 252 samples per rank); return the directory holding its state_dict.  Only the resumed
+    part is under test, so this part needs no mount."""
     part1 = tmp_path / "part1"
     part1.mkdir()
-    # The first part runs straight on the source: only the resumed part is under test.
-    torchrun(
-        "ddp_loop.py",
-        2,
-        [
-            "--data",
-            str(source.root),
-            "--out",
-            str(part1),
-            "--sampler-seed",
-            "7",
-            "--stateful",
-            "--stop-at",
-            "1:19",
-            "--compute-ms",
-            "0",
-        ],
-    )
+    args = [*STATEFUL_ARGS, "--data", str(source.root), "--out", str(part1), "--stop-at", "1:19", "--compute-ms", "0"]
+    torchrun("ddp_loop.py", 2, args)
+    return part1 / "state"
+
+
+def test_stateful_dataloader_resume(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """torchdata StatefulDataLoader resumed from a mid-epoch state_dict on a fresh mount: every byte right, the
+    rest of the epoch and the next one predicted, the PFS read once.  (Its wall time against the same resume
+    without a seed: the slow test below.)"""
     opts = seerfs_options(2, 3, val=False)
-    args = ["--sampler-seed", "7", "--stateful", "--resume-state", str(part1 / "state")]
+    args = [*STATEFUL_ARGS, "--resume-state", str(stateful_first_part(tmp_path, source))]
+    run = run_client(tmp_path, source, "seeded", "ddp_loop.py", 2, args, opts, seed=7)
+    verdict.bytes_identical(run, source)
+    first = [s for s in run.ranks[0]["samples"]]
+    verdict.check(len(first) == (252 - 152) + 252, f"rank 0 read {len(first)} samples after the resume, not 352")
+    verdict.predicted(run, resumed=("epoch1",))
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
+@pytest.mark.slow
+def test_stateful_dataloader_resume_is_no_slower_than_without_a_seed(
+    tmp_path: Path, source: Source, verdict: Verdict
+) -> None:
+    """The same resume, with and without the seed written, side by side: writing it costs no wall time."""
+    opts = seerfs_options(2, 3, val=False)
+    args = [*STATEFUL_ARGS, "--resume-state", str(stateful_first_part(tmp_path, source))]
     seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, args, opts, seed=7)
     for run in (*seeded_runs, *unseeded_runs):
         verdict.bytes_identical(run, source)
-    seeded = seeded_runs[0]
-    first = [s for s in seeded.ranks[0]["samples"]]
-    verdict.check(len(first) == (252 - 152) + 252, f"rank 0 read {len(first)} samples after the resume, not 352")
-    verdict.predicted(seeded, resumed=("epoch1",))
-    verdict.pfs_once(seeded, source)
     verdict.no_slower(seeded_runs, unseeded_runs)
     verdict.done(*seeded_runs, *unseeded_runs)
 
