@@ -585,9 +585,9 @@ class PeerGroup:
             self._nursery.start_soon(self._tell_all)  # spread it now, not at the next state round
 
     async def _tell_all(self) -> None:
-        """Tell every member this node's state.  A member marked down is told too (its answer lifts
-        the verdict's wait: PeerClient.note), but in the background, one note at a time: a hung one
-        must not hold up this round's notes to the others."""
+        """Tell every member this node's state.  A member marked down is told too (an answered note
+        marks it up: PeerClient.note), but in the background, one note at a time: a hung one must
+        not hold up this round's notes to the others."""
         async with trio.open_nursery() as nursery:
             for key, client in list(self.clients.items()):
                 if client.state != "down":
