@@ -673,8 +673,8 @@ def test_stateful_dataloader_resume(tmp_path: Path, source: Source, verdict: Ver
     args = [*STATEFUL_ARGS, "--resume-state", str(stateful_first_part(tmp_path, source))]
     run = run_client(tmp_path, source, "seeded", "ddp_loop.py", 2, args, opts, seed=7)
     verdict.bytes_identical(run, source)
-    first = [s for s in run.ranks[0]["samples"]]
-    verdict.check(len(first) == (252 - 152) + 252, f"rank 0 read {len(first)} samples after the resume, not 352")
+    n = len(run.ranks[0]["samples"])
+    verdict.check(n == (252 - 152) + 252, f"rank 0 read {n} samples after the resume, not 352")
     verdict.predicted(run, resumed=("epoch1",))
     verdict.pfs_once(run, source)
     verdict.done(run)
