@@ -98,6 +98,31 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     assert fuse_mounts(tmp_path) == []
 
 
+@pytest.mark.slow  # 40 s: seerfs on two nodes by mpirun, then the floor on two mounts
+@pytest.mark.mpi
+def test_nodes_add_the_floor_on_as_many_mounts_each_serving_its_own_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--nodes 2 with the pyfuse3 floor among the configurations adds "pyfuse3 floor x2": two floor
+    daemons over the one local copy (read from the PFS once, by the single floor), rank r reading
+    through mount r // ranks-per-node, so its epochs are what FUSE alone costs the two-node job."""
+    argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000"]
+    argv += ["--batch", "8", "--compute-ms", "1", "--configs", "lower bound,pyfuse3 floor", "--nodes", "2"]
+    argv += ["--json", "--workdir", str(tmp_path)]
+    assert bench_train.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["config"]: r for r in doc["results"]}
+    assert list(by) == ["lower bound", "pyfuse3 floor", "seerfs+seed x2", "pyfuse3 floor x2"]
+    assert by["pyfuse3 floor"]["pfs_bytes"] == doc["dataset_bytes"] and by["pyfuse3 floor x2"]["pfs_bytes"] == 0
+    assert len(by["pyfuse3 floor x2"]["epoch_s"]) == EPOCHS and by["pyfuse3 floor x2"]["fs_cpu"] > 0
+    spec = json.loads((tmp_path / "pyfuse3-floor-x2.spec.json").read_text())
+    assert spec["roots"] == [str(tmp_path / f"pyfuse3-floor-x2-mnt{k}") for k in (0, 1)]
+    for rank in (0, 1):  # each rank read its share of both datasets in every epoch, through its node's mount
+        record = json.loads((tmp_path / f"pyfuse3-floor-x2.rank{rank}.json").read_text())
+        assert record["samples"] == EPOCHS * (FILES + VAL) // 2 and record["bad"] == [], record
+    assert fuse_mounts(tmp_path) == []
+
+
 @pytest.mark.slow  # 50 s: two rounds of three configurations
 def test_rounds_measure_every_configuration_afresh(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--rounds 2: each round makes its own staging copy and its own seerfs mount, so the emulator counts the

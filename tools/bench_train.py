@@ -16,7 +16,11 @@ invocation, over:
   seerfs        seerfs over the emulated PFS, no seed written (it finds the seed from the first opens)
   seerfs+seed   seerfs with the job's sampler seed written to .control/seed
 
-and prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
+With ``--nodes N`` it also runs seerfs+seed on N nodes (N daemons launched by mpirun, sharing files
+over TCP) and, when the pyfuse3 floor is run, the floor on N mounts, world_size/N ranks on each: what
+FUSE and pyfuse3 alone cost the job spread over N daemons and page caches, the reference for N nodes.
+
+It prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
 rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to the lower bound, PFS bytes from the
 emulator's own counters as a multiple of the dataset, CPU use of the emulator, the readers and the FUSE
 daemons (seerfs's, all nodes together, or the other filesystem's: "fs CPU", a share of one core while the job ran), the
@@ -34,6 +38,7 @@ run's epochs move by a few percent from run to run, as much as a target's margin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import mmap
 import os
@@ -362,6 +367,23 @@ def run_reference(name: str, emu: RunningEmulator, work: Path, job: Job, src: Pa
         return timed_readers(name, mnt, job, work / name.replace(" ", "-"), servers=[proc.pid], note=note)
 
 
+def run_floor_nodes(emu: RunningEmulator, work: Path, job: Job, nodes: int) -> Result:
+    """The pyfuse3 floor on ``nodes`` mounts of the local copy, world_size/nodes ranks on each: what FUSE
+    and pyfuse3 alone cost the same job spread as seerfs+seed xN is, each mount with its own daemon and
+    page cache (a file another mount's ranks read before is read through FUSE again here)."""
+    local, copy_s = local_copy(emu, work)
+    per_node = job.world_size // nodes
+    name = f"pyfuse3 floor x{nodes}"
+    note = "over staging's local copy" + (" (made here: its PFS bytes)" if copy_s else "")
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(floorfs.foreground(floorfs.command(local, mnt), mnt, f"{name} node {k}"))
+            for k, mnt in enumerate(work / f"pyfuse3-floor-x{nodes}-mnt{k}" for k in range(nodes))
+        ]
+        roots = [work / f"pyfuse3-floor-x{nodes}-mnt{r // per_node}" for r in range(job.world_size)]
+        return timed_readers(name, roots, job, work / name.replace(" ", "-"), servers=[p.pid for p in procs], note=note)
+
+
 def run_rclone(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
     mnt, cache = work / "rclone-mnt", work / "rclone-cache"
     mnt.mkdir()
@@ -427,6 +449,9 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
             if a.nodes > 1:
                 print(f"bench_train: running seerfs+seed x{a.nodes}{tag}", file=sys.stderr)
                 results.append(measured(emu, partial(seerfs_nodes_run, emu, rwork, job, total, a.nodes), warm))
+                if "pyfuse3 floor" in configs:
+                    print(f"bench_train: running pyfuse3 floor x{a.nodes}{tag}", file=sys.stderr)
+                    results.append(measured(emu, partial(run_floor_nodes, emu, rwork, job, a.nodes), warm))
             rounds.append(results)
             if rwork is not work:
                 shutil.rmtree(staged_dir(rwork), ignore_errors=True)  # the next round copies anew
@@ -473,7 +498,7 @@ def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tu
     best_mbps = max(float(x.split(":")[1]) for x in a.curve.split(","))
     floor0 = max(lower.epoch_s[0], total / (best_mbps * 1e6))
     # Of the ways to train from the PFS: the lower bound reads nothing, the references a copy not counted.
-    ways = [r for r in results if r.config not in ("lower bound", *REFERENCES)]
+    ways = [r for r in results if r.config != "lower bound" and not r.config.startswith(REFERENCES)]
     fastest = min(ways, key=lambda r: r.total_s)
     return [
         (
@@ -557,8 +582,9 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     print(f"dataset: {a.files} train + {a.val_files} val files, {total / 1e6:.1f} MB\n")
     epochs = len(results[0].epoch_s)
     head = "  ".join(f"{'epoch ' + str(e):>15}" for e in range(epochs))
+    w = max(14, *(len(r.config) for r in results))
     print(
-        f"{'configuration':<14}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
+        f"{'configuration':<{w}}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
         f"{'rdr CPU':>7}  {'fs CPU':>6}  {'steal':>5}  {'touch':>6}  notes"
     )
     for r in results:
@@ -572,7 +598,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
             notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
         fs = "-" if r.fs_cpu is None else f"{r.fs_cpu:.0%}"
         print(
-            f"{r.config:<14}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
+            f"{r.config:<{w}}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
             f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {fs:>6}  {r.steal:5.1%}  "
             f"{r.touch_us:4.1f}us  {notes.strip(', ')}"
         )
@@ -587,7 +613,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
                     " ".join(f"{x:4.2f}" for x in round_ratios(r, lower, k)) + f" (steal {r.round_steal[k]:.1%})"
                     for k in range(len(r.rounds))
                 )
-                print(f"  {r.config:<14}  {cells}")
+                print(f"  {r.config:<{w}}  {cells}")
     checks = targets(results, total, a)
     if checks:
         defaults = {k: v for k, v in vars(build_parser().parse_args([])).items() if k in SIZING}
@@ -597,6 +623,10 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         )
         for name, ok, detail in checks:
             print(f"  [{'ok' if ok else 'MISSED'}] {name}: {detail}")
+    for r in results:
+        if lower is not None and r.config.startswith("pyfuse3 floor x"):
+            _name, _ok, detail = later_epochs_target("", r, lower)
+            print(f"  reference (no target), {r.config}: FUSE and pyfuse3 alone, later epochs {detail}")
 
 
 def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
@@ -668,7 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="also run seerfs+seed on N nodes: N daemons launched together by mpirun, each with its own "
-        "mountpoint and loopback address, world-size/N ranks on each (default 1: not run)",
+        "mountpoint and loopback address, world-size/N ranks on each; with the pyfuse3 floor among the "
+        "configurations also the floor on N mounts, one daemon each, as a reference (default 1: not run)",
     )
     p.add_argument(
         "--rounds",
