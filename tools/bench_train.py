@@ -623,10 +623,13 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         )
         for name, ok, detail in checks:
             print(f"  [{'ok' if ok else 'MISSED'}] {name}: {detail}")
-    for r in results:
-        if lower is not None and r.config.startswith("pyfuse3 floor x"):
-            _name, _ok, detail = later_epochs_target("", r, lower)
-            print(f"  reference (no target), {r.config}: FUSE and pyfuse3 alone, later epochs {detail}")
+    refs = [r for r in results if lower is not None and r.config.startswith("pyfuse3 floor x")]
+    if refs and not checks:
+        print()
+    for r in refs:
+        assert lower is not None
+        _name, _ok, detail = later_epochs_target("", r, lower)
+        print(f"  reference (no target), {r.config}: FUSE and pyfuse3 alone, later epochs {detail}")
 
 
 def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
