@@ -356,32 +356,27 @@ def run_staging(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result
     return timed_readers("staging", local, job, work / "staging", extra_s=copy_s, note=f"copy {copy_s:.1f}s")
 
 
-def run_reference(name: str, emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
-    """A reference filesystem (tools/floorfs.py) over the local copy; the copy is not counted."""
-    local, copy_s = local_copy(emu, work)
-    mnt = work / f"{name.replace(' ', '-')}-mnt"
-    cmd = floorfs.command(local, mnt) if name == "pyfuse3 floor" else floorfs.mergerfs_command(local, mnt)
-    assert cmd is not None  # run_all skips mergerfs when it is not installed
-    note = "over staging's local copy" + (" (made here: its PFS bytes)" if copy_s else "")
-    with floorfs.foreground(cmd, mnt, name) as proc:
-        return timed_readers(name, mnt, job, work / name.replace(" ", "-"), servers=[proc.pid], note=note)
+def run_reference(name: str, emu: RunningEmulator, work: Path, job: Job, src: Path, nodes: int = 1) -> Result:
+    """A reference filesystem (tools/floorfs.py) over the local copy; the copy is not counted.
 
-
-def run_floor_nodes(emu: RunningEmulator, work: Path, job: Job, nodes: int) -> Result:
-    """The pyfuse3 floor on ``nodes`` mounts of the local copy, world_size/nodes ranks on each: what FUSE
-    and pyfuse3 alone cost the same job spread as seerfs+seed xN is, each mount with its own daemon and
-    page cache (a file another mount's ranks read before is read through FUSE again here)."""
+    With ``nodes`` > 1 it runs on that many mounts, each with its own daemon and page cache, and
+    world_size/nodes ranks on each as seerfs+seed xN splits them: what FUSE alone costs the job spread
+    so (a file another mount's ranks read before is read through FUSE again)."""
     local, copy_s = local_copy(emu, work)
-    per_node = job.world_size // nodes
-    name = f"pyfuse3 floor x{nodes}"
+    label = name if nodes == 1 else f"{name} x{nodes}"
+    slug = label.replace(" ", "-")
+    mnts = [work / f"{slug}-mnt"] if nodes == 1 else [work / f"{slug}-mnt{k}" for k in range(nodes)]
     note = "over staging's local copy" + (" (made here: its PFS bytes)" if copy_s else "")
     with contextlib.ExitStack() as stack:
-        procs = [
-            stack.enter_context(floorfs.foreground(floorfs.command(local, mnt), mnt, f"{name} node {k}"))
-            for k, mnt in enumerate(work / f"pyfuse3-floor-x{nodes}-mnt{k}" for k in range(nodes))
-        ]
-        roots = [work / f"pyfuse3-floor-x{nodes}-mnt{r // per_node}" for r in range(job.world_size)]
-        return timed_readers(name, roots, job, work / name.replace(" ", "-"), servers=[p.pid for p in procs], note=note)
+        procs = []
+        for k, mnt in enumerate(mnts):
+            cmd = floorfs.command(local, mnt) if name == "pyfuse3 floor" else floorfs.mergerfs_command(local, mnt)
+            assert cmd is not None  # run_all skips mergerfs when it is not installed
+            what = label if nodes == 1 else f"{label} node {k}"
+            procs.append(stack.enter_context(floorfs.foreground(cmd, mnt, what)))
+        per_node = job.world_size // nodes
+        roots = mnts[0] if nodes == 1 else [mnts[r // per_node] for r in range(job.world_size)]
+        return timed_readers(label, roots, job, work / slug, servers=[p.pid for p in procs], note=note)
 
 
 def run_rclone(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result:
@@ -451,7 +446,8 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
                 results.append(measured(emu, partial(seerfs_nodes_run, emu, rwork, job, total, a.nodes), warm))
                 if "pyfuse3 floor" in configs:
                     print(f"bench_train: running pyfuse3 floor x{a.nodes}{tag}", file=sys.stderr)
-                    results.append(measured(emu, partial(run_floor_nodes, emu, rwork, job, a.nodes), warm))
+                    floor_nodes = partial(run_reference, "pyfuse3 floor", emu, rwork, job, src, nodes=a.nodes)
+                    results.append(measured(emu, floor_nodes, warm))
             rounds.append(results)
             if rwork is not work:
                 shutil.rmtree(staged_dir(rwork), ignore_errors=True)  # the next round copies anew
@@ -623,13 +619,13 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         )
         for name, ok, detail in checks:
             print(f"  [{'ok' if ok else 'MISSED'}] {name}: {detail}")
-    refs = [r for r in results if lower is not None and r.config.startswith("pyfuse3 floor x")]
-    if refs and not checks:
-        print()
-    for r in refs:
-        assert lower is not None
-        _name, _ok, detail = later_epochs_target("", r, lower)
-        print(f"  reference (no target), {r.config}: FUSE and pyfuse3 alone, later epochs {detail}")
+    refs = [r for r in results if r.config.startswith("pyfuse3 floor x")]
+    if lower is not None and refs:
+        if not checks:
+            print()
+        for r in refs:
+            detail = later_epochs_target("", r, lower)[2]
+            print(f"  reference (no target), {r.config}: FUSE and pyfuse3 alone, later epochs {detail}")
 
 
 def write_pngs(results: list[Result], total: int, out: Path) -> list[Path]:
