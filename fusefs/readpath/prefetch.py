@@ -100,7 +100,10 @@ log = logging.getLogger(__name__)
 
 VIEW_INTERVAL = 0.01  # seconds between view recomputations in the cursor thread, at most 100/s
 TICK_INTERVAL = 0.5  # seconds between retries of what waits for room freed outside the policy
-LANE_INTERVAL = 0.25  # seconds between looks for a new epoch whose next epoch's reads to compute (also woken by one)
+LANE_INTERVAL = 5.0
+"""Seconds between the lane loop's looks when nothing woke it.  A view that changed plan, state, node
+or epoch wakes it at once (:meth:`Prefetcher._view_changed`), so this is a safety net, not a poll:
+every timer wakeup of a daemon costs its trio thread about 0.5 ms on the benchmark's VM."""
 
 __all__ = ["CursorView", "Prefetcher"]
 
@@ -168,7 +171,8 @@ class Prefetcher:
         self.fill_fetches = 0
         self.next_fetches = 0
         self._lanes_for: set[tuple[int, int, int]] = set()  # (generation, node, epoch) of the NextEpochs made
-        self._epoch_seen: tuple[int, int] | None = None  # (generation, epoch) of the last view (a new one: lane)
+        self._view_seen: tuple[Any, ...] | None = None  # (generation, state, node, epoch) of the view last told
+        self.view_change_hooks: list[Callable[[], None]] = []  # told when that changes (the peer group's note)
         self._lane_wake = trio.Event()
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
@@ -267,6 +271,19 @@ class Prefetcher:
     def on_plan(self, plan: Plan | None) -> None:
         """A new plan (or a failed one): restart prediction from detection."""
         self._handle(PlanChanged(plan, self.seed_trusted()))
+        self._view_changed()
+
+    def _view_changed(self) -> None:
+        """Wake what follows the view (the next-epoch lane, the peer group's note) when what they read
+        of it changed: its plan, state, node or epoch.  Checked after every plan and view, so that
+        nobody polls for it: a poll is a timer wakeup, which costs more than the check."""
+        view = self.policy.view
+        key = (self.policy.generation, view.state, view.node, view.epoch)
+        if key != self._view_seen:
+            self._view_seen = key
+            self._lane_wake.set()  # a new epoch: its next-epoch lane at once
+            for hook in list(self.view_change_hooks):
+                hook()
 
     def seed_written(self, value: int) -> None:
         """The job wrote ``value``: when the plan followed was made for it as the assumed default,
@@ -429,9 +446,7 @@ class Prefetcher:
             placed = plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if batch else []
             previous = self.policy.view
             self._handle(ViewPublished(view, placed, generation))
-            if (self.policy.generation, self.policy.view.epoch) != self._epoch_seen:
-                self._epoch_seen = (self.policy.generation, self.policy.view.epoch)
-                self._lane_wake.set()  # a new epoch: its next-epoch lane at once, not up to LANE_INTERVAL later
+            self._view_changed()
             if self.policy.view is view and view.state != previous.state:
                 log.info(
                     "cursor: %s -> %s (node %s, epoch %s)%s",
@@ -532,8 +547,7 @@ class Prefetcher:
         while True:
             with trio.move_on_after(LANE_INTERVAL):
                 await self._lane_wake.wait()
-            # A wake set after this wait ended and before the new Event is lost: harmless, the view's
-            # epoch is read below and again LANE_INTERVAL later at most (both on the trio thread).
+            # Renewed before any await: a wake set while the lanes below are computed wakes the next look.
             self._lane_wake = trio.Event()
             policy, plan, view = self.policy, self.policy.plan, self.policy.view
             if plan is None or plan.nodes < 2 or policy.mode != "predicting" or view.node is None:

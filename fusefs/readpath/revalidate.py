@@ -61,7 +61,11 @@ from placement.statusfields import counter, gauge, text
 log = logging.getLogger(__name__)
 
 UNCHECKED, FRESH, CHANGED = 0, 1, 2
-TICK = 0.1  # seconds between batches of a background round
+TICK = 1.0
+"""Seconds between batches of a background round: one worker-thread hop a second, not ten.  Each
+wakeup of a daemon otherwise waiting costs its trio thread far more than the stats (about 0.5 ms on
+the benchmark's VM: the loop runs cold, then the hop); at 0.1 s the rounds alone used 1.4-2% of a
+core on every node, all job long (tools/RESULTS.md, "timer wakeups")."""
 AHEAD_YIELD_EVERY = 256  # entries the ahead loop looks at between checkpoints
 IDLE_SECONDS = 1.0
 """How often a node with nothing cached looks again."""
