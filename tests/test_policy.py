@@ -8,6 +8,7 @@ The budget is the daemon's own :class:`fusefs.tiers.Budget`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -335,6 +336,25 @@ def test_staged_files_leave_only_outside_the_horizon_or_once_consumed(
     assert b not in s.policy.pages
 
 
+def test_a_release_only_retires_and_the_next_view_stages_into_its_room(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """Every open ends in a release, and pumping on each cost the trio thread about 25 us an open:
+    a release retires its file at once (the books stay exact), and the view the cursor publishes
+    next (the cursor loop's next turn), stages what the freed room allows."""
+    s = Setup(*one_node, budget=2_000, window=2_000)
+    s.follow()
+    a, b, c = s.by_size()[:3]  # 1000, 1000 and 1250 bytes
+    s.do(Opened(c))
+    s.do(ReadThrough(c, s.size(c)))  # a reader pulls c's pages in: not reclaimable while it reads
+    assert staged(s.view([a, b])) == []  # a does not fit beside them
+    assert s.do(Released(c)) == []
+    assert c in s.policy.kept  # retired at once: kept pages, which staging may reclaim now
+    again = replace(s.policy.view, fresh=False)
+    out = s.do(ViewPublished(again, [], s.policy.generation))
+    assert dropped(out) == [c] and staged(out) == [a, b]
+
+
 def test_a_file_that_finds_no_room_stops_the_walk(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
     """The window is staged in order: when the next file does not fit, a later smaller one waits too."""
     s = Setup(*one_node, budget=4_000, window=4_000, threads=4)
@@ -629,8 +649,9 @@ def test_fills_leave_the_start_of_each_epoch_to_the_readers_loaders(
 def reading_while_filling(
     s: Setup, out: list[Instruction], rounds: int, outcome: Callable[[int], FillOutcome]
 ) -> tuple[list[int], list[Instruction]]:
-    """``rounds`` times: a reader opens and closes a file (the pump runs), and every fill started ends
-    with ``outcome(entry)``.  The fills started, in order, and every instruction the policy gave."""
+    """``rounds`` times: a reader opens and closes a file, the cursor's next turn publishes the view
+    again (the pump runs), and every fill started ends with ``outcome(entry)``.  The fills started,
+    in order, and every instruction the policy gave."""
     gen = s.policy.generation
     started: list[int] = []
     seen = list(out)
@@ -638,7 +659,7 @@ def reading_while_filling(
         fills = [i for i in out if isinstance(i, Fill)]
         started += [f.entry for f in fills]
         s.do(Opened(s.files[0]))
-        out = s.do(Released(s.files[0]))
+        out = s.do(Released(s.files[0])) + s.do(ViewPublished(replace(s.policy.view, fresh=False), [], gen))
         for f in fills:
             out += s.do(FillDone(f.entry, f.tier, outcome(f.entry), gen))
         seen += out
