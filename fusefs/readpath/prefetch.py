@@ -22,6 +22,12 @@ Concurrency rules:
   reports nothing: the policy has already given its room back.
 * A view carries the generation of the plan its cursor follows; the policy ignores views of a plan
   that was replaced while the worker thread computed them.
+* A release is handled at once (the policy retires the file: its books never lag the readers), but
+  the pump for the room it freed waits for the cursor loop's next turn, which :meth:`consumed` asks
+  for: one pump per turn, not per open.  Nothing that must happen by a reader's next request waits
+  on it; a stage starts 10-30 ms later.
+* Whatever follows the view (the lane, the peer group's note) is woken by :meth:`_view_changed`, on
+  the trio thread, right after the plan or view changed; none of them polls.
 * The memory tier's puts may ask the budget for room, and the budget asks the policy (:meth:`_reclaim`).
   Inside a policy step the drops it decides come back with that step's instructions; otherwise
   they are carried out at once.
