@@ -162,3 +162,42 @@ def test_a_tier_copy_is_checked_before_it_is_staged(tmp_path: Path, lane: bool) 
     serve(m, body)
     assert rv.stats["background"] == 0, rv.stats  # no round got there first: the staging path checked
     assert rv.is_changed(entry) and not ssd.contains(entry)
+
+
+def test_a_copy_whose_open_reads_kept_pages_is_not_stated_ahead_but_checked_before_it_is_read(
+    tmp_path: Path,
+) -> None:
+    """Two nodes' tier copies of files a peer sent were stat'ed ahead one by one (a worker-thread hop
+    and a PFS metadata request each) though the opens read the pages pushed with them.  A copy whose
+    pages are kept is now left alone ahead; the copy next to it without pages is stat'ed ahead as
+    before; and the skipped copy is still checked before anything reads it (here: its source changed,
+    so the read that falls back to it after the kernel dropped the pages fails with EIO)."""
+    root = tmp_path / "src"
+    files = make_source(root)
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "600"})
+    rv, policy = m.rp.revalidator, m.rp.policy
+    # No background round gets there first: both copies are replicas, and this is not their round.
+    rv.mine = lambda entries: np.zeros(entries.shape, np.bool_)
+    rv.replicas_every = lambda: 2
+    rv.rounds = 1
+    paged, bare = "c1/f3.jpg", "c1/f4.jpg"
+    memory = m.rp.tiers[0]
+
+    async def body() -> None:
+        for rel in (paged, bare):  # copies as a peer's bytes land: the snapshot's identity, not stat'ed here
+            assert await memory.put(m.entry(rel), files[rel], m.rp.reader.ids.of(m.entry(rel)))
+        # The pages a push of the same bytes left in the kernel, as the policy records them (kept).
+        policy.kept[m.entry(paged)] = len(files[paged])
+        rv.upcoming([m.entry(paged), m.entry(bare)])
+        await until(lambda: rv.stats["ahead"] >= 1 and rv._ahead_pos == 2)
+        await trio.sleep(0.05)  # room for a wrong second stat to land
+        assert rv.stats == {"ahead": 1, "open": 0, "background": 0}, rv.stats  # the bare copy only
+        assert int(rv.state[m.entry(paged)]) == 0  # unchecked: nothing read the copy yet
+        del policy.kept[m.entry(paged)]  # the kernel dropped the pages: the copy is what a read gets
+        (root / paged).write_bytes(os.urandom(len(files[paged]) + 3))
+        with pytest.raises(pyfuse3.FUSEError) as failed:
+            await m.read(paged)
+        assert failed.value.errno == errno.EIO
+
+    serve(m, body)
+    assert rv.stats["open"] == 1 and rv.is_changed(m.entry(paged)), rv.stats

@@ -7,7 +7,14 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
   mount matched.  Those stats run ahead of the readers, in the order the prefetcher predicts
   (:meth:`Revalidator.upcoming`); an open that gets there first stats the file itself, and so does
   staging a tier copy (a staged file is served without reaching the daemon again).  A read
-  from the PFS checks the identity on its own descriptor, which counts as that stat.
+  from the PFS checks the identity on its own descriptor, which counts as that stat.  A copy whose
+  file the page cache holds for its next open (kept or staged pages: :meth:`Staging.serves`) is not
+  stat'ed ahead: that open reads the pages, which were made from bytes this mount or the peer that
+  sent them checked, not the copy, and whatever reads the copy later checks it first (a read after
+  the kernel dropped the pages, a stage, a peer's request).  Two nodes' tier copies of files a peer
+  sent were stat'ed ahead one by one as each epoch's horizon reached them, though the opens read
+  their pages: 500 stats per node in epoch 1, each a worker-thread hop and a PFS metadata request,
+  on a host whose two cores the readers were waiting for (tools/bench_train --nodes 2).
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
   takes (cached files) / rate seconds, at least ``snapshot.revalidate_round_min_s`` (``min_round``): the
@@ -264,8 +271,8 @@ class Revalidator:
                     self._ahead_pos += 1
                     if self._ahead_pos % AHEAD_YIELD_EVERY == 0:
                         await trio.lowlevel.checkpoint()  # a long run of uncached ones: let requests in
-                    if int(self.state[entry]) != UNCHECKED or not self.cached(entry):
-                        continue
+                    if int(self.state[entry]) != UNCHECKED or not self.cached(entry) or self.staging.serves(entry):
+                        continue  # checked, no copy, or its open reads pages, not the copy (module docstring)
                     await slots.acquire()
                     nursery.start_soon(self._ahead_one, entry, slots)
 

@@ -265,6 +265,12 @@ class Staging:
         inode the kernel does not know costs nothing."""
         self.carry_out(self.policy.handle(SourceChanged(entry)))
 
+    def serves(self, entry: int) -> bool:
+        """Whether an open of ``entry`` now would be served from this node's pages (kept pages, or
+        a staged file's pages or bytes) rather than a tier copy."""
+        policy = self.policy
+        return entry in policy.kept or entry in policy.pages
+
     def cached_entries(self) -> list[int]:
         """Entries whose bytes this node holds here (staged, or pages in the page cache)."""
         return self.policy.held_entries()
