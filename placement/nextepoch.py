@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from placement.jobstreams import DatasetStreams
 from placement.plan import Plan
 
 I64 = npt.NDArray[np.int64]
@@ -23,6 +24,14 @@ I64 = npt.NDArray[np.int64]
 # the node needs them next epoch: at once, they made a burst of peer transfers that the readers'
 # opens waited behind at the epoch's start.
 SPREAD = 0.75
+
+# Epochs a lane carries from an epoch in which the job reads a dataset for the first time
+# (:func:`first_read`).  There the readers wait on the PFS, and the peer transfers that fetch what
+# a node reads later cost CPU nobody waits on; in a later epoch they take the trio thread the
+# readers' opens wait on.  With one epoch, epoch 1 of two nodes carried about 500 per
+# node (what epoch 2 reads and the node had not read yet), and was their slowest later epoch
+# (tools/bench_train --nodes 2, tools/RESULTS.md).  Each later epoch carries only the next one.
+AHEAD_FIRST = 2
 
 
 def first_epochs(plan: Plan, upto: int) -> dict[int, int]:
@@ -35,11 +44,21 @@ def first_epochs(plan: Plan, upto: int) -> dict[int, int]:
     return first
 
 
+def first_read(plan: Plan, epoch: int) -> list[DatasetStreams]:
+    """The datasets the job reads for the first time in job epoch ``epoch``.  While it reads one,
+    its readers wait on the PFS (each node reads its share from it once), and work a node does
+    for later epochs costs CPU nobody waits on."""
+    starts = first_epochs(plan, epoch)
+    return [d for d, _sampler_epoch in plan.job_streams().phases(epoch) if starts.get(d.offset) == epoch]
+
+
 def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tuple[I64, I64]:
-    """(entries, ready_at) for ``node`` in job epoch ``epoch + 1``.
+    """(entries, ready_at) for ``node`` in the epochs after job epoch ``epoch``: the lane of ``epoch``.
 
     ``entries``: what ``node`` opens in epoch ``epoch + 1`` and none of its ranks opens in
-    ``epoch``, each once, in the order it opens them.  ``ready_at``: for each, the position of
+    ``epoch``, each once, in the order it opens them; in an epoch in which the job reads a dataset
+    for the first time, followed by what it opens in epoch ``epoch + 2`` and opens in neither epoch
+    before, in the same order (:data:`AHEAD_FIRST`).  ``ready_at``: for each, the position of
     ``epoch`` (in a rank's stream) from which to fetch it: where another rank first reads it in
     ``epoch`` when the job reads its dataset for the first time then; else (it was read in an
     earlier epoch: its holder has it now) its share of the first ``SPREAD`` of the epoch after
@@ -58,7 +77,9 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tu
     the lane moves them all.  At most half the spread is held off, so a short epoch leaves room.
     """
     js = plan.job_streams()
-    ahead = js.node_stream(epoch + 1, node)
+    fresh = first_read(plan, epoch)
+    later = range(epoch + 1, epoch + 1 + (AHEAD_FIRST if fresh else 1))
+    ahead = np.concatenate([js.node_stream(e, node) for e in later])
     now = js.epoch_map(epoch)
     mine = np.asarray(js.shape.ranks_of_node(node), dtype=np.int64)
     gids = ahead[~np.isin(now.rank_of[ahead].astype(np.int64), mine)]
@@ -71,10 +92,8 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tu
     read_by = now.rank_of[gids].astype(np.int64)
     position = now.pos_of[gids].astype(np.int64)
     new_now = np.zeros(gids.shape[0], np.bool_)
-    starts = first_epochs(plan, epoch)
-    for d, _sampler_epoch in js.phases(epoch):
-        if starts.get(d.offset) == epoch:
-            new_now |= (gids >= d.offset) & (gids < d.offset + d.n)
+    for d in fresh:
+        new_now |= (gids >= d.offset) & (gids < d.offset + d.n)
     ready = np.where(new_now, position, -1).astype(np.int64)
     unread = new_now & (read_by < 0)  # read by nobody yet: no holder has it before the epoch starts
     entries, ready = entries[~unread], ready[~unread]

@@ -96,9 +96,10 @@ class TierView(Protocol):
 
 
 class NextEpochStatus(TypedDict):
-    """The lane that stages the next epoch's files this node does not read in this one."""
+    """The lane that stages the next epoch's files this node does not read in this one (from an
+    epoch that reads its dataset for the first time, the epoch after's too)."""
 
-    epoch: Annotated[int | None, gauge("the epoch they are for (null: no lane)")]
+    epoch: Annotated[int | None, gauge("the next epoch, the first they are for (null: no lane)")]
     files: Annotated[int, gauge("files in the lane")]
     released: Annotated[int, gauge("of those, released to stage (their holders have them)")]
     inflight: Annotated[int, gauge("stages in flight")]
@@ -181,6 +182,7 @@ class _NextRun:
     entries: npt.NDArray[np.int64]  # in the order this node reads them then
     ready_at: npt.NDArray[np.int64]  # position of this epoch from which the holder has each (-1: now)
     by_ready: npt.NDArray[np.int64]  # indices into entries, by ready_at
+    first_read: bool  # its epoch before reads a dataset for the first time (NextEpoch.first_read)
     released: int = 0  # how many of by_ready were released
     heap: list[int] = field(default_factory=list)  # released indices not staged yet (need order first)
     unreleased: set[int] = field(default_factory=set)  # not released yet: the window leaves them to it
@@ -358,6 +360,9 @@ class NextEpoch:
     epoch: int
     entries: npt.NDArray[np.int64]
     ready_at: npt.NDArray[np.int64]
+    # The epoch before reads a dataset for the first time (placement.nextepoch.first_read): its
+    # readers wait on the PFS, and the lane pushes memory-tier copies too (see _pump_lane).
+    first_read: bool = False
 
 
 @dataclass(slots=True)
@@ -1567,7 +1572,7 @@ class ReadPolicy:
         if ev.generation != self.generation:
             return
         order = np.argsort(ev.ready_at, kind="stable").astype(np.int64)
-        run = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order)
+        run = _NextRun(ev.generation, ev.node, ev.epoch, ev.entries, ev.ready_at, order, ev.first_read)
         run.unreleased = set(ev.entries.tolist())
         if ev.epoch > self.view.epoch + 1:
             # Computed an epoch ahead: it takes over when its epoch is next, so the window never
@@ -1613,7 +1618,10 @@ class ReadPolicy:
         (:meth:`stage_list`): an open serves them from RAM.  Pushing them ahead only moved that
         copy into the epoch before, in a burst: 500 such pushes per node made epoch 1 of two nodes
         4-8% slower (tools/bench_train --nodes 2), while serving them at their opens in epoch 2
-        cost nothing measurable there.
+        cost nothing measurable there.  Except in a lane from an epoch in which the job reads a
+        dataset for the first time (``first_read``): its readers wait on the PFS, so the copy
+        costs nobody's time there, and the next epoch's opens, the first batches of which read
+        the memory tier's earliest-due copies, find every file in the page cache.
         """
         if lane is None:
             return
@@ -1624,7 +1632,7 @@ class ReadPolicy:
                 or entry in self.pages
                 or entry in self.next_pages
                 or entry in self._staging_now
-                or any(t.contains(entry) for t in self.memory_tiers)
+                or (not lane.first_read and any(t.contains(entry) for t in self.memory_tiers))
             ):
                 heapq.heappop(lane.heap)
                 continue
