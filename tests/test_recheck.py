@@ -21,6 +21,7 @@ import pytest
 import trio
 from inprocess import assemble, make_source, serve, until
 
+from fusefs.readpath.opens import OpenFile
 from fusefs.readpath.policy import Stage, StageNext
 from placement import recheck
 
@@ -201,3 +202,29 @@ def test_a_copy_whose_open_reads_kept_pages_is_not_stated_ahead_but_checked_befo
 
     serve(m, body)
     assert rv.stats["open"] == 1 and rv.is_changed(m.entry(paged)), rv.stats
+
+
+def test_a_read_whose_pages_were_dropped_never_takes_a_peers_copy_of_a_file_seen_changed(tmp_path: Path) -> None:
+    """An open served from pushed pages reads through the daemon again once the kernel dropped them.
+    Its source was seen changed (here by that read's own check of the tier copy): the read fails
+    with EIO, and never takes the old bytes a peer still serves."""
+    root = tmp_path / "src"
+    files = make_source(root)
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "600"})
+    rel = "c1/f3.jpg"
+    entry = m.entry(rel)
+    old = files[rel]
+    m.peer.files[entry] = old  # the owner's copy, made before the change
+    (root / rel).write_bytes(os.urandom(len(old) + 5))
+    got: list[object] = []
+
+    async def body() -> None:
+        assert await m.rp.tiers[0].put(entry, old, m.rp.reader.ids.of(entry))
+        handle = OpenFile(entry, len(old), pushed=True)  # opened on pages the kernel has since dropped
+        try:
+            got.append(bytes(await m.rp.files.read(handle, 0, len(old))))
+        except pyfuse3.FUSEError as exc:
+            got.append(exc.errno)
+
+    serve(m, body)
+    assert got == [errno.EIO] and m.rp.revalidator.is_changed(entry)

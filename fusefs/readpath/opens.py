@@ -130,6 +130,9 @@ class CachedFiles:
             # Pushed pages the kernel dropped since (memory pressure): fetch the file again.
             try:
                 local = await self.fetcher.from_tiers(handle.entry)
+                if local is None and self.revalidator is not None and self.revalidator.is_changed(handle.entry):
+                    # Seen changed (perhaps just now, by from_tiers' check): never another node's old copy.
+                    raise StaleFile(self.revalidator.reason(handle.entry))
                 data = local.data if local is not None else await self.fetcher.for_request(handle.entry, why="reread")
             except (OSError, StaleFile) as exc:
                 raise self._io_error(handle.entry, exc) from None
