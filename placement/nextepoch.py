@@ -26,7 +26,7 @@ I64 = npt.NDArray[np.int64]
 SPREAD = 0.75
 
 # Epochs a lane carries from an epoch in which the job reads a dataset for the first time
-# (:func:`first_read`).  There the readers wait on the PFS, and the peer transfers that fetch what
+# (:func:`reads_first`).  There the readers wait on the PFS, and the peer transfers that fetch what
 # a node reads later cost CPU nobody waits on; in a later epoch they take the trio thread the
 # readers' opens wait on.  With one epoch, epoch 1 of two nodes carried about 500 per
 # node (what epoch 2 reads and the node had not read yet), and was their slowest later epoch
@@ -45,24 +45,30 @@ def first_epochs(plan: Plan, upto: int) -> dict[int, int]:
 
 
 def first_read(plan: Plan, epoch: int) -> list[DatasetStreams]:
-    """The datasets the job reads for the first time in job epoch ``epoch``.  While it reads one,
-    its readers wait on the PFS (each node reads its share from it once), and work a node does
-    for later epochs costs CPU nobody waits on."""
+    """The datasets the job reads for the first time in job epoch ``epoch``."""
     starts = first_epochs(plan, epoch)
     return [d for d, _sampler_epoch in plan.job_streams().phases(epoch) if starts.get(d.offset) == epoch]
+
+
+def reads_first(plan: Plan, epoch: int) -> bool:
+    """Whether job epoch ``epoch`` reads a training dataset (one that follows none) for the first
+    time.  Its readers then wait on the PFS (each node reads its share from it once), and work a
+    node does for later epochs costs CPU nobody waits on.  A validation set read for the first
+    time after some epochs does not count: the training reads of that epoch come from caches."""
+    return any(d.follows is None for d in first_read(plan, epoch))
 
 
 def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tuple[I64, I64]:
     """(entries, ready_at) for ``node`` in the epochs after job epoch ``epoch``: the lane of ``epoch``.
 
     ``entries``: what ``node`` opens in epoch ``epoch + 1`` and none of its ranks opens in
-    ``epoch``, each once, in the order it opens them; in an epoch in which the job reads a dataset
-    for the first time, followed by what it opens in epoch ``epoch + 2`` and opens in neither epoch
-    before, in the same order (:data:`AHEAD_FIRST`).  ``ready_at``: for each, the position of
-    ``epoch`` (in a rank's stream) from which to fetch it: where another rank first reads it in
-    ``epoch`` when the job reads its dataset for the first time then; else (it was read in an
-    earlier epoch: its holder has it now) its share of the first ``SPREAD`` of the epoch after
-    its first ``hold_off`` positions, the first at ``hold_off - 1``.
+    ``epoch``, each once, in the order it opens them; in an epoch in which the job reads a training
+    dataset for the first time (:func:`reads_first`), followed by what it opens in epoch ``epoch +
+    2`` and opens in neither epoch before, in the same order (:data:`AHEAD_FIRST`). ``ready_at``:
+    for each, the position of ``epoch`` (in a rank's stream) from which to fetch it: where another
+    rank first reads it in ``epoch`` when the job reads its dataset for the first time then; else
+    (it was read in an earlier epoch: its holder has it now) its share of the first ``SPREAD`` of
+    the epoch after its first ``hold_off`` positions, the first at ``hold_off - 1``.
 
     Files no node holds in its tiers (the plan gives them no owner), and files of a dataset first
     read in ``epoch`` that nobody reads then, are left out: nobody could serve them from a copy.
@@ -78,7 +84,7 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tu
     """
     js = plan.job_streams()
     fresh = first_read(plan, epoch)
-    later = range(epoch + 1, epoch + 1 + (AHEAD_FIRST if fresh else 1))
+    later = range(epoch + 1, epoch + 1 + (AHEAD_FIRST if any(d.follows is None for d in fresh) else 1))
     ahead = np.concatenate([js.node_stream(e, node) for e in later])
     now = js.epoch_map(epoch)
     mine = np.asarray(js.shape.ranks_of_node(node), dtype=np.int64)

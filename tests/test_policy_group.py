@@ -8,11 +8,16 @@ and the next epoch's reads are the pure functions the daemon uses (:mod:`placeme
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 import pytest
 from test_policy import Held, Setup, build, make_tree, staged, tracking
 
+from fusefs.config import load
+from fusefs.meta.snapshot import Snapshot
+from fusefs.planning.inputs import planning_config
 from fusefs.readpath.policy import (
     CursorView,
     DropCopy,
@@ -36,7 +41,7 @@ from fusefs.readpath.policy import (
     UsePages,
     ViewPublished,
 )
-from placement.nextepoch import SPREAD, next_epoch_reads
+from placement.nextepoch import SPREAD, first_read, next_epoch_reads, reads_first
 from placement.owners import member_seed, owner, owners
 from placement.plan import Plan
 
@@ -436,3 +441,27 @@ def test_a_lane_ends_when_the_readers_move_back_an_epoch(two_nodes: tuple[Plan, 
     held_back = int(later[-1])  # released last: not yet at position 0
     assert staged(tracking(s, 0, epoch=1, order=[held_back])) == []
     assert staged(tracking(s, 0, epoch=0, order=[held_back])) == [held_back] and s.policy._lane is None
+
+
+def test_only_a_training_datasets_first_epoch_carries_the_epoch_after_next(tmp_path: Path) -> None:
+    """A validation set first read after some epochs is read from the PFS, but that epoch's training
+    reads come from caches: only the training set's first epoch counts (``reads_first``, which
+    decides whether a lane carries the epoch after next and pushes memory-tier copies)."""
+    for part in ("train", "val"):
+        make_tree(tmp_path / "src" / part)
+    cfg = load(
+        None,
+        {
+            "datasets": "[{root: train}, {root: val, follows: train, every: 2}]",
+            "job.world_size": "2",
+            "job.epochs": "4",
+            "job.batch_size": "2",
+            "tiers": "[{kind: memory, bytes: 60000}]",
+        },
+    )
+    snap = Snapshot.scan(str(tmp_path / "src"), threads=1)
+    plan = Plan.build(snap.tree, planning_config(cfg), seed=0, backend="numpy", workers=1)
+    fresh = [[d.follows is None for d in first_read(plan, e)] for e in range(4)]
+    later = next(e for e in range(1, 4) if fresh[e])  # the validation set's first epoch
+    assert fresh[0] == [True] and fresh[later] == [False], fresh
+    assert reads_first(plan, 0) and not any(reads_first(plan, e) for e in range(1, 4))

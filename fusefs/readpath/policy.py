@@ -360,7 +360,7 @@ class NextEpoch:
     epoch: int
     entries: npt.NDArray[np.int64]
     ready_at: npt.NDArray[np.int64]
-    # The epoch before reads a dataset for the first time (placement.nextepoch.first_read): its
+    # The epoch before reads a training dataset for the first time (placement.nextepoch.reads_first): its
     # readers wait on the PFS, and the lane pushes memory-tier copies too (see _pump_lane).
     first_read: bool = False
 

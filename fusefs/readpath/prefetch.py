@@ -98,7 +98,7 @@ from fusefs.readpath.policy import (
 from fusefs.readpath.staging import Staging, StagingStatus
 from fusefs.tiers import Budget, Tier
 from placement.cursor import CursorSettings, CursorStatus, NodeCursor
-from placement.nextepoch import first_read, next_epoch_reads
+from placement.nextepoch import next_epoch_reads, reads_first
 from placement.plan import Plan
 from placement.statusfields import counter, gauge, state, text
 
@@ -585,7 +585,7 @@ class Prefetcher:
                 except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
                     log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, epoch, exc)
                     continue
-                first = bool(first_read(plan, epoch))
+                first = reads_first(plan, epoch)
                 self._handle(NextEpoch(key[0], key[1], epoch + 1, entries, ready, first))
 
     async def _stage_next_one(self, ins: StageNext) -> None:
