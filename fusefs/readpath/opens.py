@@ -104,8 +104,7 @@ class CachedFiles:
         local = await self.fetcher.from_tiers(entry)
         if local is not None:
             return OpenFile(entry, size, data=memoryview(local.data)), local.source
-        if self.revalidator is not None and self.revalidator.is_changed(entry):
-            raise StaleFile(self.revalidator.reason(entry))
+        self._refuse_changed(entry)
         running = self.fetcher.joinable(entry)
         if running is not None:
             try:
@@ -121,6 +120,12 @@ class CachedFiles:
         data = await self.fetcher.for_request(entry, keep_in=keep)
         return OpenFile(entry, size, data=memoryview(data)), "fetched"
 
+    def _refuse_changed(self, entry: int) -> None:
+        """Before fetching ``entry`` anew: a file seen changed fails, and never takes the old copy a
+        peer may still serve (the PFS read would check its identity, a peer's bytes are not)."""
+        if self.revalidator is not None and self.revalidator.is_changed(entry):
+            raise StaleFile(self.revalidator.reason(entry))
+
     async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
         if handle.read_back:
             raise pyfuse3.FUSEError(errno.EAGAIN)  # a page is not cached: the read back fails, never fetches
@@ -130,9 +135,8 @@ class CachedFiles:
             # Pushed pages the kernel dropped since (memory pressure): fetch the file again.
             try:
                 local = await self.fetcher.from_tiers(handle.entry)
-                if local is None and self.revalidator is not None and self.revalidator.is_changed(handle.entry):
-                    # Seen changed (perhaps just now, by from_tiers' check): never another node's old copy.
-                    raise StaleFile(self.revalidator.reason(handle.entry))
+                if local is None:
+                    self._refuse_changed(handle.entry)  # perhaps seen just now, by from_tiers' check
                 data = local.data if local is not None else await self.fetcher.for_request(handle.entry, why="reread")
             except (OSError, StaleFile) as exc:
                 raise self._io_error(handle.entry, exc) from None
