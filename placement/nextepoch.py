@@ -55,7 +55,12 @@ def reads_first(plan: Plan, epoch: int) -> bool:
     time.  Its readers then wait on the PFS (each node reads its share from it once), and work a
     node does for later epochs costs CPU nobody waits on.  A validation set read for the first
     time after some epochs does not count: the training reads of that epoch come from caches."""
-    return any(d.follows is None for d in first_read(plan, epoch))
+    return _starts_training(first_read(plan, epoch))
+
+
+def _starts_training(fresh: list[DatasetStreams]) -> bool:
+    """Whether the datasets first read in an epoch (:func:`first_read`) include a training one."""
+    return any(d.follows is None for d in fresh)
 
 
 def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tuple[I64, I64]:
@@ -84,7 +89,7 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tu
     """
     js = plan.job_streams()
     fresh = first_read(plan, epoch)
-    later = range(epoch + 1, epoch + 1 + (AHEAD_FIRST if any(d.follows is None for d in fresh) else 1))
+    later = range(epoch + 1, epoch + 1 + (AHEAD_FIRST if _starts_training(fresh) else 1))
     ahead = np.concatenate([js.node_stream(e, node) for e in later])
     now = js.epoch_map(epoch)
     mine = np.asarray(js.shape.ranks_of_node(node), dtype=np.int64)

@@ -41,6 +41,7 @@ from dataclasses import replace
 from typing import Annotated, Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 import trio
 
 from fusefs.config import Config
@@ -574,8 +575,8 @@ class Prefetcher:
                     continue
                 self._lanes_for = {k for k in self._lanes_for if k[0] == key[0] and k[2] >= view.epoch} | {key}
                 try:
-                    entries, ready = await trio.to_thread.run_sync(
-                        next_epoch_reads,
+                    entries, ready, first = await trio.to_thread.run_sync(
+                        _lane_reads,
                         plan,
                         view.node,
                         epoch,
@@ -585,7 +586,6 @@ class Prefetcher:
                 except (ValueError, IndexError) as exc:  # a node or epoch this plan cannot map
                     log.info("no next-epoch reads for node %s, epoch %s: %s", view.node, epoch, exc)
                     continue
-                first = reads_first(plan, epoch)
                 self._handle(NextEpoch(key[0], key[1], epoch + 1, entries, ready, first))
 
     async def _stage_next_one(self, ins: StageNext) -> None:
@@ -651,3 +651,12 @@ class Prefetcher:
             "horizon_files": self.horizon_files,
             "staging": self.staging.status(),
         }
+
+
+def _lane_reads(
+    plan: Plan, node: int, epoch: int, hold_off: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], bool]:
+    """The lane of ``epoch`` and whether that epoch first reads a training dataset (its
+    ``NextEpoch.first_read``): both walk the plan's epochs, so both run in the lane's worker thread."""
+    entries, ready = next_epoch_reads(plan, node, epoch, hold_off)
+    return entries, ready, reads_first(plan, epoch)
