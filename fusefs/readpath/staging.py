@@ -266,8 +266,9 @@ class Staging:
         self.carry_out(self.policy.handle(SourceChanged(entry)))
 
     def serves(self, entry: int) -> bool:
-        """Whether an open of ``entry`` now would be served from this node's pages (kept pages, or
-        a staged file's pages or bytes) rather than a tier copy."""
+        """Whether this node's pages have ``entry`` in hand: kept pages, or a file the window staged
+        or is staging, or one a reader has open.  Its next open then uses those pages (or, for a
+        stage in flight or an open file, whatever that fetch or open checked), not a tier copy."""
         policy = self.policy
         return entry in policy.kept or entry in policy.pages
 
