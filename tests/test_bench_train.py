@@ -84,6 +84,7 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     configs = ["pyfuse3 floor"] + (["mergerfs"] if shutil.which("mergerfs") else [])
     argv = ["--files", str(FILES), "--val-files", str(VAL), "--epochs", str(EPOCHS), "--mean-size", "20000"]
     argv += ["--batch", "8", "--compute-ms", "1", "--configs", ",".join(configs), "--json", "--workdir", str(tmp_path)]
+    argv += ["--read-times"]
     assert bench_train.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     by = {r["config"]: r for r in doc["results"]}
@@ -95,6 +96,14 @@ def test_reference_filesystems_read_the_local_copy_through_fuse(
     assert by["pyfuse3 floor"]["fs_cpu"] > 0
     if "mergerfs" in by:
         assert by["mergerfs"]["pfs_bytes"] == 0  # the same copy, reused
+    # --read-times: the loader workers timed every file of every epoch; the summary covers the later ones.
+    records = [json.loads((tmp_path / f"pyfuse3-floor.rank{rank}.json").read_text()) for rank in (0, 1)]
+    for record in records:
+        assert [len(e["reads_s"]) for e in record["epochs"]] == [(FILES + VAL) // 2] * EPOCHS
+    later = [t for record in records for e in record["epochs"][1:] for t in e["reads_s"]]
+    summary = by["pyfuse3 floor"]["read_ms"]
+    assert 0 < summary["p50"] <= summary["p90"] <= summary["p99"] <= summary["max"] == pytest.approx(1e3 * max(later))
+    assert summary["sum_s"] == pytest.approx(sum(later) / (2 * (EPOCHS - 1)))
     assert fuse_mounts(tmp_path) == []
 
 
@@ -161,3 +170,19 @@ def test_the_later_epoch_target_is_judged_on_medians_and_names_the_worst_round()
     assert detail.startswith("1.020x, 1.010x") and "3 rounds" in detail and "1.100x" in detail, detail
     one = bench_train.combined(runs[1:2])
     assert one is runs[1] and bench_train.later_epochs_target("", one, lower)[1] is False
+
+
+def test_read_times_leave_out_epoch_0_and_pool_every_rank() -> None:
+    """--read-times: epoch 0 (the PFS read, for every configuration but the lower bound) is left out,
+    the later epochs of all ranks are pooled for the percentiles, and the sum is per rank and epoch."""
+    ranks = [
+        {"epochs": [{"reads_s": [9.0] * 10}, {"reads_s": [0.001 * k for k in range(1, 51)]}]},
+        {"epochs": [{"reads_s": [9.0]}, {"reads_s": [0.001 * k for k in range(51, 101)]}]},
+    ]
+    summary = bench_train.read_time_summary(ranks)
+    assert summary["max"] == pytest.approx(100.0)  # ms: epoch 0's 9 s never counts
+    assert summary["p50"] == pytest.approx(51.0) and summary["p90"] == pytest.approx(91.0)
+    assert summary["p99"] == pytest.approx(100.0)
+    assert summary["sum_s"] == pytest.approx(sum(0.001 * k for k in range(1, 101)) / 2)
+    assert bench_train.read_time_summary([{"epochs": [{"reads_s": [1.0]}]}]) == {}  # one epoch: nothing later
+    assert bench_train.read_time_summary([{"epochs": [{}, {}]}]) == {}  # not timed (the lower bound)

@@ -65,7 +65,7 @@ from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
 from tools.procstat import process_cpu
 
-# The parameters the targets are set for; output options (--png, --json, --configs) do not count.
+# The parameters the targets are set for; output options (--png, --json, --configs, --read-times) do not count.
 SIZING = (
     "files",
     "val_files",
@@ -102,6 +102,7 @@ class Result:
     hit_rate: float | None = None
     note: str = ""
     status_text: str = ""  # seerfs: `seerfs status MOUNT` after the run, before unmounting
+    read_ms: dict[str, float] = field(default_factory=dict)  # --read-times: :func:`read_time_summary`
     rounds: list[list[float]] = field(default_factory=list)  # --rounds: each round's epoch_s, in order
     round_steal: list[float] = field(default_factory=list)  # --rounds: each round's steal
 
@@ -122,6 +123,26 @@ def reader_cpu(results: list[dict[str, Any]], wall: float) -> float:
     return float(max(r["cpu_s"] for r in results)) / max(wall, 1e-9)
 
 
+READ_PERCENTILES = (50, 90, 99)
+
+
+def read_time_summary(results: list[dict[str, Any]]) -> dict[str, float]:
+    """--read-times: every file's open+read (timed in the loader worker that read it) over the later
+    epochs of every rank: percentiles and the largest in ms, and their sum per rank and epoch in s.
+
+    Epoch 0 is left out: there every configuration but the lower bound waits on the PFS, and the
+    question is what serving a file costs once it is local (a page-cache hit through FUSE, a
+    memory-tier copy, a peer's) next to FUSE alone (the pyfuse3 floor)."""
+    times = sorted(t for r in results for e in r["epochs"][1:] for t in e.get("reads_s", []))
+    later = sum(max(0, len(r["epochs"]) - 1) for r in results)
+    if not times or not later:
+        return {}
+    out = {f"p{p}": 1e3 * times[min(len(times) - 1, len(times) * p // 100)] for p in READ_PERCENTILES}
+    out["max"] = 1e3 * times[-1]
+    out["sum_s"] = sum(times) / later
+    return out
+
+
 def timed_readers(
     config: str, root: Path | list[Path], job: Job, run_dir: Path, servers: Sequence[int] = (), **extra: Any
 ) -> Result:
@@ -140,6 +161,7 @@ def timed_readers(
         reader_cpu=reader_cpu(res, wall),
         fs_cpu=fs_cpu,
         setup_s=setup,
+        read_ms=read_time_summary(res) if job.time_reads else {},
         **extra,
     )
 
@@ -410,6 +432,7 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
         seed=a.seed,
         val=a.val_files > 0,
         compute_s=a.compute_ms / 1000,
+        time_reads=a.read_times,
     )
     runners: dict[str, Callable[[RunningEmulator, Path, Job, Path], Result]] = {
         "lower bound": run_lower,
@@ -457,7 +480,8 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
 def combined(runs: Sequence[Result]) -> Result:
     """One configuration over every round: times and CPU shares are the rounds' medians (an epoch's
     median taken per epoch), PFS bytes and steal the largest, the hit rate the lowest; where its
-    opens came from, its notes and status are the last round's.  One round: that round's result."""
+    opens came from, its notes, status and read times are the last round's.  One round: that round's
+    result."""
     if len(runs) == 1:
         return runs[0]
     last = runs[-1]
@@ -610,6 +634,14 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
                     for k in range(len(r.rounds))
                 )
                 print(f"  {r.config:<{w}}  {cells}")
+    timed = [r for r in results if r.read_ms]
+    if timed:
+        print("\neach file's open+read in the loader workers, later epochs, all ranks (--read-times)")
+        cols = "  ".join(f"{'p' + str(p) + ' ms':>7}" for p in READ_PERCENTILES)
+        print(f"  {'configuration':<{w}}  {cols}  {'max ms':>7}  {'sum per rank-epoch':>18}")
+        for r in timed:
+            cells = "  ".join(f"{r.read_ms['p' + str(p)]:7.2f}" for p in READ_PERCENTILES)
+            print(f"  {r.config:<{w}}  {cells}  {r.read_ms['max']:7.1f}  {r.read_ms['sum_s']:17.3f}s")
     checks = targets(results, total, a)
     if checks:
         defaults = {k: v for k, v in vars(build_parser().parse_args([])).items() if k in SIZING}
@@ -706,6 +738,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="run every configuration N times, in rounds; the table and the targets use each epoch's median "
         "and every round's epochs are printed below the table (default 1)",
+    )
+    p.add_argument(
+        "--read-times",
+        action="store_true",
+        help="also time every file's open+read in the loader workers and print, per configuration, their "
+        "percentiles over the later epochs (p50, p90, p99, max in ms) and their sum per rank and epoch: what "
+        "serving a local file costs each way, seerfs next to FUSE alone (the pyfuse3 floor), measured by the "
+        "readers, not the file systems",
     )
     p.add_argument("--png", metavar="DIR", help="write train_epochs.png and train_sources.png into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

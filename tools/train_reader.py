@@ -226,6 +226,8 @@ def main() -> int:
                 "seconds": time.monotonic() - t0,
                 "wait_s": waited,
                 "read_s": sum(read_times[before:]),
+                # With time_reads: each file's open+read, in the order the rank consumed them.
+                **({"reads_s": [round(x, 6) for x in read_times[before:]]} if spec.get("time_reads") else {}),
                 "counts_before": counts_before,
                 **parts,
             }
