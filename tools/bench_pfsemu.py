@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools import pfsemu
+from tools.quantiles import quantile
 
 TOLERANCE = 0.15
 
@@ -196,7 +197,7 @@ def measure_open_latency(
         configured_ms=configured,
         median_ms=statistics.median(times) * 1e3,
         mean_ms=statistics.fmean(times) * 1e3,
-        p90_ms=times[int(0.9 * (len(times) - 1))] * 1e3,
+        p90_ms=quantile(times, 0.9) * 1e3,
         samples=len(times),
     )
 

@@ -31,6 +31,7 @@ from tools.jobs import Job, make_source, run_readers, seerfs_config, wait_plan, 
 from tools.mounts import seerfs as run_seerfs
 from tools.mounts import status
 from tools.pfsemu import running as running_pfsemu
+from tools.quantiles import quantile
 
 
 def seerfs(*args: str) -> None:
@@ -155,7 +156,7 @@ def planning_latency(root: Path, cache: Path, work: Path) -> dict[str, Any]:
         "plan_digest": doc["plan"]["digest"],
         "opens": len(lat),
         "p50_ms": 1000 * statistics.median(lat),
-        "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))],
+        "p99_ms": 1000 * quantile(lat, 0.99),
         "max_ms": 1000 * lat[-1],
     }
 

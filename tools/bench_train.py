@@ -64,6 +64,7 @@ from tools.options import pick_configs
 from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
 from tools.procstat import process_cpu
+from tools.quantiles import quantile
 
 # The parameters the targets are set for; output options (--png, --json, --configs, --read-times) do not count.
 SIZING = (
@@ -123,7 +124,7 @@ def reader_cpu(results: list[dict[str, Any]], wall: float) -> float:
     return float(max(r["cpu_s"] for r in results)) / max(wall, 1e-9)
 
 
-READ_PERCENTILES = (50, 90, 99)
+READ_PERCENTILES = ("p50", "p90", "p99")
 
 
 def read_time_summary(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -134,13 +135,15 @@ def read_time_summary(results: list[dict[str, Any]]) -> dict[str, float]:
     question is what serving a file costs once it is local (a page-cache hit through FUSE, a
     memory-tier copy, a peer's) next to FUSE alone (the pyfuse3 floor)."""
     times = sorted(t for r in results for e in r["epochs"][1:] for t in e.get("reads_s", []))
-    later = sum(max(0, len(r["epochs"]) - 1) for r in results)
-    if not times or not later:
+    if not times:  # not timed (the lower bound reads nothing), or one epoch only
         return {}
-    out = {f"p{p}": 1e3 * times[min(len(times) - 1, len(times) * p // 100)] for p in READ_PERCENTILES}
-    out["max"] = 1e3 * times[-1]
-    out["sum_s"] = sum(times) / later
-    return out
+    return {
+        "p50": 1e3 * statistics.median(times),
+        "p90": 1e3 * quantile(times, 0.90),
+        "p99": 1e3 * quantile(times, 0.99),
+        "max": 1e3 * times[-1],
+        "sum_s": sum(times) / sum(len(r["epochs"]) - 1 for r in results),
+    }
 
 
 def timed_readers(
@@ -161,7 +164,7 @@ def timed_readers(
         reader_cpu=reader_cpu(res, wall),
         fs_cpu=fs_cpu,
         setup_s=setup,
-        read_ms=read_time_summary(res) if job.time_reads else {},
+        read_ms=read_time_summary(res),
         **extra,
     )
 
@@ -637,10 +640,10 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     timed = [r for r in results if r.read_ms]
     if timed:
         print("\neach file's open+read in the loader workers, later epochs, all ranks (--read-times)")
-        cols = "  ".join(f"{'p' + str(p) + ' ms':>7}" for p in READ_PERCENTILES)
+        cols = "  ".join(f"{p + ' ms':>7}" for p in READ_PERCENTILES)
         print(f"  {'configuration':<{w}}  {cols}  {'max ms':>7}  {'sum per rank-epoch':>18}")
         for r in timed:
-            cells = "  ".join(f"{r.read_ms['p' + str(p)]:7.2f}" for p in READ_PERCENTILES)
+            cells = "  ".join(f"{r.read_ms[p]:7.2f}" for p in READ_PERCENTILES)
             print(f"  {r.config:<{w}}  {cells}  {r.read_ms['max']:7.1f}  {r.read_ms['sum_s']:17.3f}s")
     checks = targets(results, total, a)
     if checks:

@@ -98,6 +98,7 @@ def main() -> int:
     from torch.utils.data import DataLoader, DistributedSampler
 
     from tools import torchvision_cpu
+    from tools.quantiles import quantile
 
     tv = torchvision_cpu.load()
     world = spec["world_size"]
@@ -237,7 +238,7 @@ def main() -> int:
     if read_times:
         read_times.sort()
         result["read_max_s"] = read_times[-1]
-        result["read_p99_s"] = read_times[int(0.99 * (len(read_times) - 1))]
+        result["read_p99_s"] = quantile(read_times, 0.99)
     if sync:
         dist.destroy_process_group()
     Path(spec["out"]).with_suffix(f".rank{rank}.json").write_text(json.dumps(result))
