@@ -94,7 +94,10 @@ def make_tree(root: Path) -> Path:
     return root
 
 
-def build(root: Path, nodes: int, epochs: int = 2) -> tuple[Plan, npt.NDArray[np.int64]]:
+def build(
+    root: Path, nodes: int, epochs: int = 2, overrides: dict[str, str] | None = None
+) -> tuple[Plan, npt.NDArray[np.int64]]:
+    """The plan of a ``nodes``-rank job over ``root`` (``overrides``: more config keys, e.g. datasets)."""
     snap = Snapshot.scan(str(root), threads=1)
     cfg = load(
         None,
@@ -104,6 +107,7 @@ def build(root: Path, nodes: int, epochs: int = 2) -> tuple[Plan, npt.NDArray[np
             "job.batch_size": "2",
             "tiers": "[{kind: memory, bytes: 60000}]",
             "prefetch.lookahead_bytes": "6000",
+            **(overrides or {}),
         },
     )
     plan = Plan.build(snap.tree, planning_config(cfg), seed=0, backend="numpy", workers=1)

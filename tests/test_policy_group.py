@@ -15,9 +15,6 @@ import numpy.typing as npt
 import pytest
 from test_policy import Held, Setup, build, make_tree, staged, tracking
 
-from fusefs.config import load
-from fusefs.meta.snapshot import Snapshot
-from fusefs.planning.inputs import planning_config
 from fusefs.readpath.policy import (
     CursorView,
     DropCopy,
@@ -449,18 +446,8 @@ def test_only_a_training_datasets_first_epoch_carries_the_epoch_after_next(tmp_p
     decides whether a lane carries the epoch after next and pushes memory-tier copies)."""
     for part in ("train", "val"):
         make_tree(tmp_path / "src" / part)
-    cfg = load(
-        None,
-        {
-            "datasets": "[{root: train}, {root: val, follows: train, every: 2}]",
-            "job.world_size": "2",
-            "job.epochs": "4",
-            "job.batch_size": "2",
-            "tiers": "[{kind: memory, bytes: 60000}]",
-        },
-    )
-    snap = Snapshot.scan(str(tmp_path / "src"), threads=1)
-    plan = Plan.build(snap.tree, planning_config(cfg), seed=0, backend="numpy", workers=1)
+    datasets = "[{root: train}, {root: val, follows: train, every: 2}]"
+    plan, _sizes = build(tmp_path / "src", 2, epochs=4, overrides={"datasets": datasets})
     fresh = [[d.follows is None for d in first_read(plan, e)] for e in range(4)]
     later = next(e for e in range(1, 4) if fresh[e])  # the validation set's first epoch
     assert fresh[0] == [True] and fresh[later] == [False], fresh
