@@ -143,7 +143,7 @@ def test_a_source_file_rewritten_after_it_was_cached_is_never_served_stale(node:
     reads as EIO at the latest one revalidation round (``revalidation.round_seconds``) after the change,
     never as new bytes under the old size, and a plain remount serves the new file, never the old one."""
     manifest = node.files(6)
-    node.configure(snapshot={"revalidate_round_min_s": 1})  # the default 30 s floor would only slow the test
+    node.configure(snapshot={"revalidate_round_min_s": 1})  # the default 300 s floor would only slow the test
     victim = sorted(manifest.files)[0]
     old = (node.src / victim).read_bytes()
     failures = []

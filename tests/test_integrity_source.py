@@ -66,7 +66,7 @@ def test_a_change_is_seen_while_mounted_and_a_remount_serves_the_new_content(tmp
     digests, _ = make_source(src, 40, 0, mean_size=3000)
     rels = sorted(digests)
     victim = rels[7]
-    # The default rate, rounds of at least a second (not the default 30 s): 40 files are checked every second.
+    # The default rate, rounds of at least a second (not the default 300 s): 40 files are checked every second.
     cfg = _config(tmp_path, snapshot="{revalidate_round_min_s: 1}")
     with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
         _fill_tier(mnt, src, rels, tmp_path / "ssd")

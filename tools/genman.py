@@ -285,18 +285,22 @@ def seerfs_yaml_5() -> str:
         ".PP",
         esc(
             f"The staleness bound is one round: cached files / snapshot.revalidate_per_s, and at least "
-            f"snapshot.revalidate_round_min_s ({min_round:g} s by default: a few thousand cached files are "
-            "not stat'ed every few seconds for the whole job, each stat a metadata request to the PFS).  "
+            f"snapshot.revalidate_round_min_s ({min_round:g} s by default, as long as rclone mount's "
+            "--dir-cache-time: a few thousand cached files are not stat'ed every few seconds for the "
+            "whole job, each stat a metadata request to the PFS).  "
             f"At the default {rate:g} stats per second per node, a node holding all {files:,} files of "
             f"ImageNet's training set checks each once every {files / rate:,.0f} s "
             f"({files / rate / 60:.1f} minutes); in a group of N nodes each file is checked by its owner, "
-            f"so about {files / rate:,.0f}/N s.  A replica held "
+            f"so about {files / rate:,.0f}/N s and at least {min_round:g} s.  A replica held "
             "by a node that does not own the file waits N-1 such rounds and one round of everything that node "
             f"holds: with 4 nodes each holding all {files:,} files, {3 * files / 4 / rate:,.0f} + "
             f"{files / rate:,.0f} = {(3 * files / 4 + files) / rate:,.0f} s.  A PFS client's "
             "own attribute cache adds to the bound: over NFS mounted with actimeo=60 a change becomes "
             "visible to stat up to 60 s later.  The rounds cost the PFS at most rate x nodes stats per second, and "
-            "(cached files / revalidate_round_min_s) per node where that is less."
+            "(cached files / revalidate_round_min_s) per node where that is less: a group holding all of "
+            f"ImageNet's training set sends its metadata server at most about {files / min_round:,.0f} stats per "
+            "second for the owners' checks however many nodes it has, plus 1/N of that for each further copy "
+            "of a file."
         ),
         ".SH CACHE INTEGRITY AND CRASHES",
         esc(PERSISTED),
