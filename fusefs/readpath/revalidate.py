@@ -23,7 +23,8 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
   metadata request to the PFS, and on the benchmark's two-core host a third of the daemon's CPU).
   At a 30 s floor two nodes still stat'ed about 100 files a second each, and the epoch a round fell
   in took 3-5% longer; spreading those stats out did not help, fewer did (tools/RESULTS.md,
-  "revalidation rounds").  Hence five minutes, rclone mount's --dir-cache-time.
+  "Training benchmark, 2026-11-30", both sections).  Hence five minutes, rclone mount's
+  --dir-cache-time.
   A round shorter than the floor spreads its stats evenly over it rather than bursting at full rate.
 * A change seen by any of these (or by a PFS read) makes the file CHANGED for the rest of the
   mount: its opens fail with EIO (the tree keeps the snapshot's sizes), its copies are dropped
