@@ -396,7 +396,12 @@ def assert_found(doc: dict[str, Any], job: Job, value: int, identifies: str = "s
     # last row: a plan replaced earlier numbers its own epochs, and the assumed seed 0's plan may have
     # locked on its epoch 5 when the job's seed is 5.)
     last = next(row for row in cursor["history"] if row["epoch"] == cursor["epoch"])
-    assert last["hits"] == last["opens"] > 0, cursor["history"]
+    # On failure, each dataset's counters too: which pass (training or validation) the miss fell in.
+    per_dataset = [
+        {k: d[k] for k in ("dataset", "opens", "hits", "strays", "locks", "lock_opens", "passes")}
+        for d in cursor["datasets"]
+    ]
+    assert last["hits"] == last["opens"] > 0, (cursor["history"], per_dataset)
 
 
 @pytest.mark.mount
