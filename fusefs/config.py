@@ -125,8 +125,8 @@ class SnapshotSettings:
     revalidate_round_min_s: float = doc(
         "shortest round in seconds: a round of fewer cached files than revalidate_per_s x this still takes "
         "this long, so a small cache is not stat'ed over and over (each stat is a PFS metadata request, and "
-        "every node of the job makes them: a group's rounds send the PFS about (dataset files / this) stats "
-        "per second once the rate no longer limits them) and spreads its stats evenly over this time; a change "
+        "every node of the job makes them: a group's rounds send the PFS about (files cached in the group / this) "
+        "stats per second once the rate no longer limits them) and spreads its stats evenly over this time; a change "
         "is seen within max(cached files / rate, this) seconds.  The default, five minutes, is rclone mount's "
         "--dir-cache-time",
         300.0,
