@@ -84,6 +84,9 @@ SIZING = (
 )
 CONFIGS = ("lower bound", "direct", "staging", "pyfuse3 floor", "mergerfs", "rclone", "seerfs", "seerfs+seed")
 REFERENCES = ("pyfuse3 floor", "mergerfs")  # over a local copy made beforehand: what FUSE costs, not a way to train
+# seerfs+seed's total against seerfs's without a seed: the two do the same reads, so their totals differ
+# by timing noise (0.5-1% between runs here); 3% is what the real-client tests allow the same comparison.
+SEED_COST = 1.03
 
 
 @dataclass
@@ -521,7 +524,10 @@ def targets(results: list[Result], total: int, a: argparse.Namespace) -> list[tu
     best_mbps = max(float(x.split(":")[1]) for x in a.curve.split(","))
     floor0 = max(lower.epoch_s[0], total / (best_mbps * 1e6))
     # Of the ways to train from the PFS: the lower bound reads nothing, the references a copy not counted.
-    ways = [r for r in results if r.config != "lower bound" and not r.config.startswith(REFERENCES)]
+    # seerfs without a seed is the same filesystem doing the same reads once it found the seed from two
+    # batches: it is judged against seerfs+seed by the targets of unseeded_targets, not by this one (where
+    # a 0.5% tie between the two decided the target by the coin of timing noise).
+    ways = [r for r in results if r.config not in ("lower bound", "seerfs") and not r.config.startswith(REFERENCES)]
     fastest = min(ways, key=lambda r: r.total_s)
     return [
         (
@@ -594,6 +600,11 @@ def unseeded_targets(none: Result | None, seed: Result, total: int) -> list[tupl
             "seerfs without a seed: PFS bytes 1.00x seerfs+seed's",
             none.pfs_bytes <= 1.005 * seed.pfs_bytes,
             f"{none.pfs_bytes / max(1, seed.pfs_bytes):.3f}x ({none.pfs_bytes / total:.3f}x the dataset)",
+        ),
+        (
+            f"writing the seed never costs time: seerfs+seed's total <= {SEED_COST:.2f}x seerfs's without one",
+            seed.total_s <= SEED_COST * none.total_s,
+            f"{seed.total_s / none.total_s:.3f}x",
         ),
     ]
 
