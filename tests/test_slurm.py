@@ -201,6 +201,9 @@ def job_output(files: JobFiles) -> str:
         return "(no job output)"
 
 
+WHY_NO_CURSOR = ("seed", "discovery", "plan", "group", "reads")  # the status sections a failure names
+
+
 def check_job(files: JobFiles, ds: Dataset, job: Job, emu: RunningEmulator, opens_from: list[dict[str, Any]]) -> None:
     """What every recipe test proves: all opens predicted, PFS read once, every byte right."""
     expected = expected_opens(job, len(ds.digests), 0)
@@ -212,6 +215,11 @@ def check_job(files: JobFiles, ds: Dataset, job: Job, emu: RunningEmulator, open
     opens = sum(d["reads"]["opens"] for d in opens_from)
     assert opens == expected, (opens, expected)
     cursors = [d["cursor"] for d in opens_from]
+    # A node whose cursor was reset after its last open (a new plan, nothing opened since) shows none.
+    assert all(c is not None for c in cursors), (
+        [{k: d.get(k) for k in WHY_NO_CURSOR} for d in opens_from],
+        job_output(files),  # the daemons' log lines: plans ready, cursor states
+    )
     assert sum(c["hits"] for c in cursors) == opens, cursors
     assert all(c["state"] == "tracking" and c["hit_rate"] == 1.0 and not c["mismatch"] for c in cursors), cursors
     pfs = emu.counters()
