@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,57 @@ def test_a_symlinked_class_is_one_cached_object_per_entry(tmp_path: Path) -> Non
             assert len(set(tiers[entries == e].tolist())) == 1  # one object, one tier, however reached
 
 
+WRITERS, ROUNDS = 4, 12
+
+
+def _save_and_load(plan: Plan, out: Path, start: Any, errors: Any) -> None:
+    """One daemon's plan worker and then the daemon itself, as a forked process (see the test below)."""
+    try:
+        start.wait()
+        save_plan(plan, out)
+        assert load_plan(out).digest == plan.digest
+    except BaseException as exc:  # reported by the parent, with what it was
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_daemons_sharing_a_cache_dir_save_the_same_plan_at_once_and_all_load_it(tree_dir: Path, tmp_path: Path) -> None:
+    """cache_dir defaults to ~/.cache/seerfs, which a cluster's nodes usually share, so the daemons of
+    one job write the same plan into the same directory at the same moment.  With fixed temporary
+    names there, one writer renamed away the file another had just written (ENOENT) and that node
+    predicted nothing; every writer must succeed, load the plan, and leave no temporary behind."""
+    import multiprocessing
+
+    plan = Plan.build(Snapshot.scan(str(tree_dir)).tree, plan_config(), seed=3)
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for k in range(ROUNDS):
+        out = tmp_path / "plans" / f"key{k}"
+        start = ctx.Barrier(WRITERS)
+        procs = [ctx.Process(target=_save_and_load, args=(plan, out, start, errors)) for _ in range(WRITERS)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(60)
+        assert [proc.exitcode for proc in procs] == [0] * WRITERS
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == [], f"{len(failures)} of {WRITERS * ROUNDS} writers failed: {failures[:3]}"
+    assert sorted(p.name for p in (tmp_path / "plans").iterdir()) == sorted(f"key{k}" for k in range(ROUNDS))
+
+
+def test_a_plan_directory_left_without_plan_json_is_replaced(tree_dir: Path, tmp_path: Path) -> None:
+    """A writer killed mid-way under the old layout left columns and no plan.json: the next save
+    replaces that directory rather than failing, or keeping columns of another plan."""
+    plan = Plan.build(Snapshot.scan(str(tree_dir)).tree, plan_config(), seed=3)
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "tier_of.npy").write_bytes(b"left by a killed writer")
+    save_plan(plan, out)
+    assert load_plan(out).digest == plan.digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+
+
 def test_save_load_roundtrip_is_memory_mapped_and_self_consistent(tree_dir: Path, tmp_path: Path) -> None:
     tree = Snapshot.scan(str(tree_dir)).tree
     plan = Plan.build(tree, plan_config(), seed=3)
@@ -283,6 +335,7 @@ def test_digest_covers_seed_budgets_and_layout_but_not_paths_or_model(tree_dir: 
 
 DIGEST_SCRIPT = """
 import sys
+import time
 if sys.argv[2] == "numpy":
     sys.modules["torch"] = None
 from fusefs.config import load
@@ -329,3 +382,23 @@ def test_unpredictable_or_incomplete_setups_raise_one_line(tree_dir: Path) -> No
         )
     with pytest.raises(ValueError, match="no files"):
         Plan.build(tree, plan_config(**{"datasets.0.extensions": "[.png]"}), seed=0)
+
+
+def test_pruning_keeps_the_newest_plans_and_a_writer_still_writing(tmp_path: Path) -> None:
+    """Old plans beyond KEEP_PLANS go, and so does a temporary directory left by a killed writer; a
+    temporary directory another daemon sharing the cache_dir is filling now stays."""
+    from fusefs.config import Config
+    from fusefs.planning.manager import KEEP_PLANS, STALE_WRITE_S, PlanManager
+
+    plans = tmp_path / "plans"
+    now = time.time()
+    ages = {f"key{k}": 100.0 * k for k in range(KEEP_PLANS + 2)}  # key0 the newest
+    ages |= {".key9.abc.tmp": 1.0, ".key8.def.tmp": STALE_WRITE_S + 60}
+    for name, age in ages.items():
+        (plans / name).mkdir(parents=True)
+        (plans / name / "plan.json").write_text("{}")
+        os.utime(plans / name, (now - age, now - age))
+    manager = PlanManager(tmp_path / "s.npz", "fp", Config(), plans)
+    manager._prune(keep=plans / "key5")
+    kept = sorted(p.name for p in plans.iterdir())
+    assert kept == sorted([".key9.abc.tmp", *(f"key{k}" for k in range(KEEP_PLANS - 1)), "key5"]), kept

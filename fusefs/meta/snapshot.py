@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,9 +331,12 @@ class Snapshot:
         meta = self._meta()
         columns = self.columns()
         meta["digest"] = persisted_digest(meta, columns)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        # A name no other writer has: daemons on several nodes may share cache_dir (the default is
+        # under $HOME) and persist the same source's snapshot at once, with the same process ids.
+        fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
         try:
-            with open(tmp, "wb") as fh:
+            with open(fd, "wb") as fh:
                 meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
                 arrays: dict[str, Any] = {"meta": meta_bytes, **columns}
                 np.savez(fh, **arrays)

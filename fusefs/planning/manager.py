@@ -40,6 +40,8 @@ from placement.statusfields import gauge, info, state, text
 log = logging.getLogger(__name__)
 
 KEEP_PLANS = 4
+STALE_WRITE_S = 600.0
+"""A plan's temporary directory untouched this long is a killed writer's (saving takes seconds)."""
 WORKER = "fusefs.planning.worker"
 STANDBY_AFTER = 30.0
 """Seconds after a plan built while a job runs before the next stand-by plan worker starts."""
@@ -209,7 +211,8 @@ class PlanManager:
         finally:
             await stop_worker(proc)
         if code != 0 or last.get("phase") != "done":
-            shutil.rmtree(out, ignore_errors=True)  # columns written before the failure: space, no use
+            # Nothing to remove: the worker wrote into its own temporary directory (removed by it, or,
+            # if it was killed, by _prune), and ``out``, if there, is another daemon's whole plan.
             raise PlanFailed(failure_reason(last, stderr, code))
         try:
             plan = await trio.to_thread.run_sync(load_daemon_plan, out)
@@ -285,12 +288,24 @@ class PlanManager:
             log.debug("%s not written: %s", LAST_BUILD, exc)
 
     def _prune(self, keep: Path) -> None:
-        dirs = sorted(
-            (p for p in self.plans_dir.iterdir() if p.is_dir() and p != keep),
-            key=lambda p: p.stat().st_mtime,
-            reverse=True,
-        )
-        for old in dirs[KEEP_PLANS - 1 :]:
+        """Keep the newest plans; remove temporary directories old enough to be a killed writer's
+        (a plan for a seed replaced meanwhile), never one a writer may still be filling."""
+        now = time.time()
+        plans: list[tuple[float, Path]] = []
+        for p in self.plans_dir.iterdir():
+            try:
+                if not p.is_dir() or p == keep:
+                    continue
+                mtime = p.stat().st_mtime
+            except FileNotFoundError:
+                continue  # another daemon sharing this cache_dir removed or renamed it meanwhile
+            if p.name.startswith("."):
+                if now - mtime > STALE_WRITE_S:
+                    shutil.rmtree(p, ignore_errors=True)
+                continue
+            plans.append((mtime, p))
+        plans.sort(reverse=True)
+        for _mtime, old in plans[KEEP_PLANS - 1 :]:
             shutil.rmtree(old, ignore_errors=True)
 
     def status(self) -> PlanStatus:
