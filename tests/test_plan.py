@@ -335,7 +335,6 @@ def test_digest_covers_seed_budgets_and_layout_but_not_paths_or_model(tree_dir: 
 
 DIGEST_SCRIPT = """
 import sys
-import time
 if sys.argv[2] == "numpy":
     sys.modules["torch"] = None
 from fusefs.config import load

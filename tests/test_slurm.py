@@ -215,7 +215,8 @@ def check_job(files: JobFiles, ds: Dataset, job: Job, emu: RunningEmulator, open
     opens = sum(d["reads"]["opens"] for d in opens_from)
     assert opens == expected, (opens, expected)
     cursors = [d["cursor"] for d in opens_from]
-    # A node whose cursor was reset after its last open (a new plan, nothing opened since) shows none.
+    # A node with no plan (its planning failed) shows no cursor, as does one between a new plan and
+    # its cursor's first view: the failure names the sections and log lines that tell which.
     assert all(c is not None for c in cursors), (
         [{k: d.get(k) for k in WHY_NO_CURSOR} for d in opens_from],
         job_output(files),  # the daemons' log lines: plans ready, cursor states
