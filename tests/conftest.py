@@ -1,5 +1,5 @@
-"""Shared fixtures: an isolated cache dir per test, a guard that no test leaves a mount behind, and
-skips with a reason for tests whose marker names something this machine lacks."""
+"""Shared fixtures: an isolated cache dir per test, a guard that no test leaves a mount behind, skips
+with a reason for tests whose marker names something this machine lacks, and the wall-clock twin."""
 
 from __future__ import annotations
 
@@ -68,3 +68,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = _missing[marker]
         if reason is not None:
             pytest.skip(f"needs {what}: {reason}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes ``wall_clock`` runs twice: ``[counters]`` in CI, judged by what the code
+    counted and returned, and ``[wall-clock]`` in the slow set, which also holds it to its time bounds.
+
+    CI's verdict must not depend on how busy the machine is: on a loaded two-core host a bound of
+    "within the 0.4 s timeout plus slack" or "95% of opens under 20 ms" fails for reasons that say
+    nothing about seerfs, so such a bound is only asserted where ``wall_clock`` is true.
+    """
+    if "wall_clock" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "wall_clock",
+            [pytest.param(False, id="counters"), pytest.param(True, id="wall-clock", marks=pytest.mark.slow)],
+        )

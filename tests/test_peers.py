@@ -372,13 +372,13 @@ def test_raw_clients_without_the_token_or_with_bad_frames_are_refused_and_good_c
     run(main)
 
 
-def test_silent_connections_are_closed_after_the_handshake_timeout() -> None:
+def test_silent_connections_are_closed_after_the_handshake_timeout(wall_clock: bool) -> None:
     async def main() -> None:
         async with serving(Files({}), handshake_timeout=0.3) as (server, port):
             s = await raw_connect(port)
             t0 = time.monotonic()
             assert await read_to_eof(s) == b""
-            assert time.monotonic() - t0 < 0.3 + SLACK
+            assert not wall_clock or time.monotonic() - t0 < 0.3 + SLACK
             assert server.status()["refused"] == {"handshake_timeout": 1}
 
     run(main)
@@ -465,7 +465,7 @@ DATA_START = CHALLENGE_LEN + VERDICT_LEN + len(Reply(0, Status.OK, 1, 1).encode(
 """Where the first request's data starts in the server's stream."""
 
 
-def test_a_block_corrupted_in_flight_fails_its_digest_and_the_file_comes_back_none() -> None:
+def test_a_block_corrupted_in_flight_fails_its_digest_and_the_file_comes_back_none(wall_clock: bool) -> None:
     files = {1: payload(1, 3 << 20)}
 
     async def main() -> None:
@@ -473,7 +473,8 @@ def test_a_block_corrupted_in_flight_fails_its_digest_and_the_file_comes_back_no
             peer = client(via, down_after=2)
             t0 = time.monotonic()
             assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) is None
-            assert time.monotonic() - t0 < 1.0  # detected on arrival, not by a timeout
+            assert not wall_clock or time.monotonic() - t0 < 1.0  # detected on arrival, not by a timeout
+            assert peer.counters.timeouts == 0
             st = peer.status()
             assert (st["mismatches"], st["failures"], st["ok"], st["state"]) == (1, 1, 0, "up")
             assert "block 1 " in st["last_error"]
@@ -497,7 +498,7 @@ def test_a_size_other_than_the_snapshot_is_refused_by_the_holder_and_never_serve
     run(main)
 
 
-def test_a_transfer_that_stalls_midway_costs_at_most_the_timeout() -> None:
+def test_a_transfer_that_stalls_midway_costs_at_most_the_timeout(wall_clock: bool) -> None:
     files = {1: payload(1, 2 << 20)}
 
     async def main() -> None:
@@ -505,7 +506,8 @@ def test_a_transfer_that_stalls_midway_costs_at_most_the_timeout() -> None:
             peer = client(via, timeout=0.5)
             t0 = time.monotonic()
             assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) is None
-            assert 0.5 <= time.monotonic() - t0 < 0.5 + SLACK
+            took = time.monotonic() - t0
+            assert took >= 0.5 and (not wall_clock or took < 0.5 + SLACK)  # a lower bound holds under any load
             assert (peer.counters.timeouts, peer.status()["connections"]) == (1, 0)
             assert await peer.fetch(0, 1, DIGEST, file_id(1, len(files[1]))) == files[1]
             await peer.aclose()
@@ -528,7 +530,7 @@ def test_a_cancelled_fetch_closes_its_connection() -> None:
 # ---------------------------------------------------------------- hung and dead peers
 
 
-def test_a_hung_peer_costs_at_most_the_timeout_per_fetch_then_is_down() -> None:
+def test_a_hung_peer_costs_at_most_the_timeout_per_fetch_then_is_down(wall_clock: bool) -> None:
     async def main() -> None:
         with hung_listener() as port:
             peer = client(port, timeout=0.4, max_requests=4, down_after=2)
@@ -543,13 +545,14 @@ def test_a_hung_peer_costs_at_most_the_timeout_per_fetch_then_is_down() -> None:
             async with trio.open_nursery() as nursery:  # 8 reads at once: 4 wait for a slot
                 for i in range(8):
                     nursery.start_soon(one, i)
-            assert max(elapsed) < 0.4 + SLACK
+            assert len(elapsed) == 8 and (not wall_clock or max(elapsed) < 0.4 + SLACK)
             assert peer.state == "down" and peer.counters.times_down == 1
             assert peer.counters.timeouts >= 2  # the rest waited for a slot until their deadline or the verdict
             t0 = time.monotonic()
             with pytest.raises(PeerDown):
                 await peer.fetch(0, 1, DIGEST, file_id(1, 1))
-            assert time.monotonic() - t0 < 0.05  # no network while down
+            assert not wall_clock or time.monotonic() - t0 < 0.05  # no network while down
+            assert peer.counters.refused_down >= 1
             assert peer.status()["connections"] == 0
 
     run(main)
@@ -592,7 +595,7 @@ def test_a_down_peer_is_probed_by_one_fetch_after_the_retry_delay_and_comes_back
     run(main)
 
 
-def test_closing_the_client_ends_an_in_flight_fetch_with_none() -> None:
+def test_closing_the_client_ends_an_in_flight_fetch_with_none(wall_clock: bool) -> None:
     async def main() -> None:
         with hung_listener() as port:
             peer = client(port, timeout=5.0)
@@ -608,7 +611,8 @@ def test_closing_the_client_ends_an_in_flight_fetch_with_none() -> None:
                     while not peer.status()["connections"]:
                         await trio.sleep(0.01)
                 await peer.aclose()
-            assert result == [None] and time.monotonic() - t0 < 1.0
+            assert result == [None] and (not wall_clock or time.monotonic() - t0 < 1.0)
+            assert peer.counters.timeouts == 0  # ended by the close, not by its 5 s timeout
             assert peer.state == "down"
 
     run(main)
@@ -642,7 +646,7 @@ def fetch_all(peer: PeerClient, indices: range, size: int) -> Callable[[], Await
     return go
 
 
-def test_a_killed_peer_process_fails_fast_and_is_marked_down() -> None:
+def test_a_killed_peer_process_fails_fast_and_is_marked_down(wall_clock: bool) -> None:
     async def main() -> None:
         with server_process(TOKEN, 8, 50_000) as (proc, port):
             peer = client(port, timeout=5.0, down_after=2)
@@ -655,7 +659,8 @@ def test_a_killed_peer_process_fails_fast_and_is_marked_down() -> None:
                 await peer.fetch(0, 1, PLAN_DIGEST, file_id(1, 50_000)) is None
             )  # pooled connection reset, reconnect refused
             assert await peer.fetch(0, 2, PLAN_DIGEST, file_id(2, 50_000)) is None
-            assert time.monotonic() - t0 < 1.0  # refused connections cost no timeout
+            assert not wall_clock or time.monotonic() - t0 < 1.0  # refused connections cost no timeout
+            assert peer.counters.timeouts == 0
             assert peer.state == "down" and "cannot connect" in peer.last_error
             with pytest.raises(PeerDown):
                 await peer.fetch(0, 3, PLAN_DIGEST, file_id(3, 50_000))
@@ -664,7 +669,9 @@ def test_a_killed_peer_process_fails_fast_and_is_marked_down() -> None:
     run(main)
 
 
-def test_a_stopped_peer_process_costs_at_most_the_timeout_is_marked_down_and_recovers_on_sigcont() -> None:
+def test_a_stopped_peer_process_costs_at_most_the_timeout_is_marked_down_and_recovers_on_sigcont(
+    wall_clock: bool,
+) -> None:
     async def main() -> None:
         with server_process(TOKEN, 8, 50_000) as (proc, port):
             peer = client(port, timeout=0.4, down_after=2, retry_down_after=0.3)
@@ -673,7 +680,7 @@ def test_a_stopped_peer_process_costs_at_most_the_timeout_is_marked_down_and_rec
             os.kill(proc.pid, signal.SIGSTOP)
             try:
                 times = await fetch_all(peer, range(4), 50_000)()
-                assert max(times) < 0.4 + SLACK
+                assert len(times) == 4 and (not wall_clock or max(times) < 0.4 + SLACK)
                 assert peer.counters.timeouts == 2 and peer.state == "down"
                 assert peer.counters.refused_down == 2  # the last two were answered at once
             finally:

@@ -262,41 +262,43 @@ def test_counters_equal_what_concurrent_reader_processes_read(backing: Path) -> 
 
 @requires_fuse
 @pytest.mark.mount
-def test_aggregate_throughput_follows_the_curve_for_1_2_4_8_readers(emu: RunningEmulator) -> None:
-    """Measured MB/s of gamma reader processes is t(gamma) within 15 %, and reads saw that gamma."""
+def test_aggregate_throughput_follows_the_curve_for_1_2_4_8_readers(emu: RunningEmulator, wall_clock: bool) -> None:
+    """Reads saw gamma readers and were all counted; with ``wall_clock``, measured MB/s is t(gamma) within 15 %
+    and no reader is starved."""
     names = [f"r{i}.bin" for i in range(8)]
     report = []
     for gamma in (1, 2, 4, 8):
         for _attempt in range(2):
             point = bench_pfsemu.measure_throughput(emu, names[:gamma], duration_s=1.2, warmup_s=0.3)
-            if abs(point.ratio - 1) <= TOL:
+            if not wall_clock or abs(point.ratio - 1) <= TOL:
                 break
         report.append(f"gamma {gamma}: {point.measured_mbps:.2f}/{point.configured_mbps:.2f} MB/s")
-        assert abs(point.ratio - 1) <= TOL, (report, os.getloadavg())
+        assert not wall_clock or abs(point.ratio - 1) <= TOL, (report, os.getloadavg())
         assert max(point.reads_by_gamma, key=lambda g: point.reads_by_gamma[g]) == gamma
         # a fair share: no reader is starved below half of t(gamma)/gamma
-        assert min(point.per_reader_mbps) > 0.5 * point.configured_mbps / gamma, point.per_reader_mbps
+        assert not wall_clock or min(point.per_reader_mbps) > 0.5 * point.configured_mbps / gamma, point.per_reader_mbps
         # every byte the readers got was counted by the emulator (reset happened before the point)
         assert emu.counters(files=False).bytes == sum(point.reader_bytes)
 
 
 @requires_fuse
 @pytest.mark.mount
-def test_open_latency_is_the_configured_delay_and_opens_overlap(emu: RunningEmulator) -> None:
-    """Median open() is 3 ms within 15 %, alone and with 4 concurrent openers (not serialised)."""
+def test_open_latency_is_the_configured_delay_and_opens_overlap(emu: RunningEmulator, wall_clock: bool) -> None:
+    """With ``wall_clock``: median open() is 3 ms within 15 %, alone and with 4 concurrent openers (not serialised)."""
     for concurrency in (1, 4):
         for _attempt in range(2):
             lat = bench_pfsemu.measure_open_latency(emu, "one", samples=80, concurrency=concurrency)
-            if abs(lat.ratio - 1) <= TOL:
+            if not wall_clock or abs(lat.ratio - 1) <= TOL:
                 break
         assert lat.configured_ms == pfsemu.DEFAULT_OPEN_LATENCY_MS
-        assert abs(lat.ratio - 1) <= TOL, (lat, os.getloadavg())
+        assert not wall_clock or abs(lat.ratio - 1) <= TOL, (lat, os.getloadavg())
 
 
 @requires_fuse
 @pytest.mark.mount
-def test_read_latency_bounds_small_reads(backing: Path) -> None:
-    """A small read takes the read latency (2 ms here: the ~0.1 ms FUSE round trip is then < 15 %)."""
+def test_read_latency_bounds_small_reads(backing: Path, wall_clock: bool) -> None:
+    """With ``wall_clock``: a small read takes the read latency (2 ms here: the ~0.1 ms FUSE round trip is
+    then < 15 %)."""
     with running_pfsemu(backing, curve="1:100000", read_latency_ms=2, open_latency_ms=0) as e:
         fd = os.open(e.mountpoint / "sub" / "mib+3", os.O_RDONLY)
         try:
@@ -307,13 +309,13 @@ def test_read_latency_bounds_small_reads(backing: Path) -> None:
                     assert len(os.pread(fd, 4096, i * 4096)) == 4096
                     times.append(time.perf_counter() - t)
                 median = sorted(times)[len(times) // 2]
-                if abs(median / 0.002 - 1) <= TOL:
+                if not wall_clock or abs(median / 0.002 - 1) <= TOL:
                     break
-            assert abs(median / 0.002 - 1) <= TOL, median
+            assert not wall_clock or abs(median / 0.002 - 1) <= TOL, median
             # a read at the end of the file answers at once: the client knows the size
             t = time.perf_counter()
             assert os.pread(fd, 4096, (1 << 20) + 3) == b""
-            assert time.perf_counter() - t < 0.0015
+            assert not wall_clock or time.perf_counter() - t < 0.0015
         finally:
             os.close(fd)
 

@@ -40,22 +40,22 @@ def test_the_description_may_depend_on_how_the_wait_ended() -> None:
     assert state["nodes"] > 2  # asked more than once
 
 
-def test_the_predicate_is_asked_once_more_at_the_deadline() -> None:
+def test_the_predicate_is_asked_once_more_at_the_deadline(wall_clock: bool) -> None:
     """A long pause is cut at the deadline and the condition asked again, not reported as timed out."""
     start = time.monotonic()
     value = wait_until(lambda: time.monotonic() - start >= 0.3, 0.3, "0.3 s", first_delay=10, max_delay=10)
     assert value is True
-    assert time.monotonic() - start < 1.0
+    assert not wall_clock or time.monotonic() - start < 1.0  # not after the 10 s pause
 
 
-def test_an_exception_from_the_predicate_ends_the_wait_at_once() -> None:
+def test_an_exception_from_the_predicate_ends_the_wait_at_once(wall_clock: bool) -> None:
     def dead() -> bool:
         raise ConnectionAbortedError("daemon is gone")
 
     t0 = time.monotonic()
     with pytest.raises(ConnectionAbortedError):
         wait_until(dead, 30, "a dead mount")
-    assert time.monotonic() - t0 < 1.0
+    assert not wall_clock or time.monotonic() - t0 < 1.0
 
 
 def test_the_test_helper_reports_a_timeout_as_a_failed_assertion() -> None:
