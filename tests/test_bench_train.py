@@ -214,3 +214,30 @@ def test_read_times_leave_out_epoch_0_and_pool_every_rank() -> None:
     assert summary["sum_s"] == pytest.approx(sum(0.001 * k for k in range(1, 101)) / 2)
     assert bench_train.read_time_summary([{"epochs": [{"reads_s": [1.0]}]}]) == {}  # one epoch: nothing later
     assert bench_train.read_time_summary([{"epochs": [{}, {}]}]) == {}  # not timed (the lower bound)
+
+
+def test_a_run_at_other_sizes_judges_only_the_byte_targets_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's run (tools/demo: 800 files, 3 epochs) is smaller than the sizes the timing targets are
+    set for: those print without a verdict ("--"), the PFS-bytes targets are judged, and the closing
+    verdict line counts only what was judged.  At the default sizes every target is judged."""
+    total = 10**9
+
+    def printed(argv: list[str], seed_pfs: int) -> str:
+        args = bench_train.build_parser().parse_args(argv)
+        later = [5.0] * (args.epochs - 1)
+        results = [
+            bench_train.Result("lower bound", [5.0, *later]),
+            bench_train.Result("direct", [6.0] * args.epochs, pfs_bytes=3 * total),  # seerfs is not 1.8x faster
+            bench_train.Result("seerfs+seed", [8.0, *later], pfs_bytes=seed_pfs),
+        ]
+        bench_train.print_table(results, total, args, {})
+        return capsys.readouterr().out
+
+    small = printed(["--files", "800", "--epochs", "3"], total)
+    assert "[--] total >= 1.8x faster than direct" in small and "MISSED" not in small, small
+    assert "[ok] PFS bytes <= 1.05x the dataset" in small
+    assert "verdict: 1 of 1 targets judged at this size held" in small and "--files 800" in small, small
+    wasteful = printed(["--files", "800", "--epochs", "3"], 2 * total)
+    assert "verdict: 0 of 1 targets judged at this size held; MISSED: PFS bytes" in wasteful, wasteful
+    full = printed([], total)
+    assert "[MISSED] total >= 1.8x faster than direct" in full and "[--]" not in full, full
