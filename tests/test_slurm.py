@@ -87,8 +87,10 @@ class JobFiles:
 
 def job_files(cluster: SlurmCluster, name: str, job: Job, *, tiers_bytes: str = "64MiB", **cfg: Any) -> JobFiles:
     d = cluster.root / name
-    d.mkdir(mode=0o777)
-    d.chmod(0o777)  # the job may run as another user
+    d.mkdir(mode=0o1777)
+    # The job may run as another user.  Sticky, like /tmp: seerfs refuses a cache_dir below a directory
+    # others can write unless no one can replace what is not theirs in it (fusefs/trust.py).
+    d.chmod(0o1777)
     mnt = d / "mnt"
     mnt.mkdir()
     config = seerfs_config(

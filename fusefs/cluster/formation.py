@@ -1,6 +1,6 @@
 """Forming the daemon group: who the peers are, their data ports, and the shared job token.
 
-Three ways, one daemon per node (README.md, "How a job uses it"):
+Three ways, one daemon per node (seerfs(1), THE DAEMON GROUP):
 * MPI (``mpirun``/``srun ... seerfs mount --fg``): mpi4py allgathers every daemon's address, data
   port and inputs digest, rank 0 broadcasts a fresh random token, and MPI is finalised before
   serving (no fork after MPI_Init; a dead peer must not abort the others through MPI).
@@ -17,6 +17,7 @@ and with a rendezvous directory a disagreeing node is left out and named in stat
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -25,6 +26,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import struct
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,6 +35,7 @@ from typing import Annotated, Literal, TypedDict
 
 from fusefs.config import Config
 from fusefs.errors import ExitCode, GroupError, SeerfsError
+from fusefs.trust import trusted_dir
 from placement.statusfields import gauge, info, state, text
 
 log = logging.getLogger(__name__)
@@ -247,7 +250,7 @@ def write_private(path: Path, data: bytes) -> None:
     directory could open it in between and keep the descriptor.  Then renamed over ``path``.
     """
     tmp = path.with_name(f".{path.name}.{label()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
             os.write(fd, data)
@@ -260,9 +263,26 @@ def write_private(path: Path, data: bytes) -> None:
         raise
 
 
-def _check_private_file(path: Path) -> None:
+def _read_token_file(path: Path) -> tuple[str, os.stat_result]:
+    """The token file's text and status, opened with O_NOFOLLOW: a symlink at its name is refused,
+    never read through (its directory is trusted at mount: :mod:`fusefs.trust`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SeerfsError(
+                f"peers.token_file: {path} is a symlink; seerfs reads only the file itself", ExitCode.CONFIG
+            ) from None
+        raise
+    with open(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SeerfsError(f"peers.token_file: {path} is not a regular file", ExitCode.CONFIG)
+        return fh.read(1 << 16).decode(errors="replace"), st
+
+
+def _check_private_file(path: Path, st: os.stat_result) -> None:
     """Refuse a token others can read or write: anyone holding it can serve this job wrong bytes."""
-    st = path.stat()
     if st.st_mode & 0o077:
         raise SeerfsError(
             f"peers.token_file: {path} is open to other users (mode {st.st_mode & 0o777:04o}); chmod 600 it",
@@ -281,8 +301,9 @@ def read_or_create_token(path: Path | None) -> bytes:
         raise GroupError("peers.token_file: needed to share a job token without MPI")
     for _ in range(100):
         try:
-            text = path.read_text().strip()
-            _check_private_file(path)
+            raw, st = _read_token_file(path)
+            _check_private_file(path, st)
+            text = raw.strip()
             if text:
                 token = bytes.fromhex(text)
                 if len(token) >= 16:
@@ -291,7 +312,7 @@ def read_or_create_token(path: Path | None) -> bytes:
         except FileNotFoundError:
             tmp = path.with_name(f".{path.name}.{label()}.{secrets.token_hex(4)}")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
                 try:
                     os.write(fd, (secrets.token_bytes(TOKEN_BYTES).hex() + "\n").encode())
                 finally:
@@ -348,10 +369,7 @@ class Rendezvous:
     def __init__(self, cfg: Config, host: str, port: int, inputs: str) -> None:
         assert cfg.peers.rendezvous_dir is not None
         self.dir = Path(os.path.expanduser(cfg.peers.rendezvous_dir))
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise GroupError(f"peers.rendezvous_dir: {self.dir}: {exc.strerror}") from None
+        trusted_dir(self.dir, "peers.rendezvous_dir")  # made 0700 if missing; see fusefs.trust
         token_path = Path(os.path.expanduser(cfg.peers.token_file)) if cfg.peers.token_file else self.dir / "token"
         token = read_or_create_token(token_path)
         self.fingerprint = hmac.new(token, b"seerfs-rendezvous", "sha256").hexdigest()[:16]

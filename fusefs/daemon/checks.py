@@ -1,7 +1,8 @@
 """Everything a user can get wrong about a mount, checked in the calling process before anything forks.
 
 Each failure is one :class:`fusefs.errors.SeerfsError` with its documented exit code, so the error
-is one line on the user's terminal instead of a line in a daemon log.
+is one line on the user's terminal instead of a line in a daemon log.  Every directory the daemon
+will write is checked here from / down (:mod:`fusefs.trust`), so no other local user can redirect it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from fusefs import mountinfo
 from fusefs.config import Config
 from fusefs.errors import ExitCode, FuseUnavailable, MountpointError, SeerfsError, SourceError
+from fusefs.trust import trusted_dir
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,42 @@ def check_request(source: str | None, mountpoint: str, cfg: Config, rescan: bool
         _check_fusermount()
     if cfg.allow_other and os.geteuid() != 0 and not _user_allow_other():
         raise FuseUnavailable("allow_other needs 'user_allow_other' in /etc/fuse.conf (or mount as root)")
-    for tier in cfg.tiers:
-        if tier.kind == "directory" and tier.path:
-            _check_writable_dir(Path(os.path.expanduser(tier.path)), "tier directory")
+    check_written_dirs(cfg)
+    return MountRequest(os.path.abspath(src), mp, cfg, rescan)
+
+
+def check_written_dirs(cfg: Config) -> None:
+    """Every directory the daemon will create or write, trusted from / down (:mod:`fusefs.trust`),
+    made (0700) where missing: cache_dir and its subdirectories, each directory tier, the log's
+    directory, and the rendezvous directory and the token file's directory where formation uses them."""
+    from fusefs.cluster.formation import detect_mode
+
     _check_writable_dir(cfg.cache_path, "cache_dir")
     _check_free(cfg.cache_path, "cache_dir")
-    if cfg.peers.rendezvous_dir:
-        rendezvous = Path(os.path.expanduser(cfg.peers.rendezvous_dir))
-        if rendezvous.is_dir():  # created private (0700) by the daemon when missing
-            check_private_dir(rendezvous, "peers.rendezvous_dir")
-    return MountRequest(os.path.abspath(src), mp, cfg, rescan)
+    for sub in CACHE_SUBDIRS:
+        if sub != "log" or not cfg.log_file:
+            trusted_dir(cfg.cache_path / sub, "cache_dir")
+    for i, tier in enumerate(cfg.tiers):
+        if tier.kind == "directory" and tier.path:
+            _check_writable_dir(_tier_dir(tier.path, cfg.cache_path), f"tiers.{i}.path")
+    if cfg.log_file:
+        _check_writable_dir(Path(os.path.expanduser(cfg.log_file)).parent, "log_file")
+    mode = detect_mode(cfg)
+    if cfg.peers.rendezvous_dir and mode == "rendezvous":
+        _check_writable_dir(Path(os.path.expanduser(cfg.peers.rendezvous_dir)), "peers.rendezvous_dir")
+    if cfg.peers.token_file and mode in ("rendezvous", "static"):
+        trusted_dir(Path(os.path.expanduser(cfg.peers.token_file)).parent, "peers.token_file", create=False)
+
+
+CACHE_SUBDIRS = ("log", "plans", "snapshots")
+"""What the daemon makes inside cache_dir: the default log's directory, plans, persisted snapshots."""
+
+
+def _tier_dir(path: str, cache_dir: Path) -> Path:
+    """The rule of :func:`fusefs.tiers.tier_path` (``~`` expanded, relative paths inside cache_dir),
+    not imported from there: the checks run in ``seerfs mount`` itself, which need not load trio."""
+    p = Path(os.path.expanduser(path))
+    return p if p.is_absolute() else cache_dir / p
 
 
 def _check_fusermount() -> None:
@@ -109,29 +137,10 @@ cache_dir is the user's to fix, one line and exit status 3, not a startup failur
 
 
 def _check_writable_dir(path: Path, what: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise SeerfsError(f"{what} {path}: {exc.strerror}", ExitCode.CONFIG) from None
+    """``path`` trusted from / down (made if missing) and writable by this user."""
+    trusted_dir(path, what)
     if not os.access(path, os.W_OK | os.X_OK):
         raise SeerfsError(f"{what} {path}: not writable", ExitCode.CONFIG)
-    check_private_dir(path, what)
-
-
-def check_private_dir(path: Path, what: str) -> None:
-    """Refuse a directory another local user can write: they could swap cached bytes, plans, the
-    job token or a rendezvous entry under the daemon (the sticky bit stops deletes, not creates)."""
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise SeerfsError(f"{what} {path}: {exc.strerror}", ExitCode.CONFIG) from None
-    if st.st_mode & stat.S_IWOTH:
-        raise SeerfsError(
-            f"{what} {path}: writable by other users (mode {stat.S_IMODE(st.st_mode):04o}); use a private directory",
-            ExitCode.CONFIG,
-        )
-    if st.st_uid not in (0, os.geteuid()):
-        raise SeerfsError(f"{what} {path}: owned by uid {st.st_uid}, not by this user or root", ExitCode.CONFIG)
 
 
 def _check_free(path: Path, what: str) -> None:

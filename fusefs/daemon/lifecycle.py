@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from io import TextIOWrapper
 from typing import TYPE_CHECKING, Any
 
 from fusefs import mountinfo
@@ -29,6 +30,7 @@ from fusefs.daemon.checks import MountRequest
 from fusefs.daemon.runtime import StartRecord
 from fusefs.errors import DeadMount, ExitCode, SeerfsError, TimeoutExpired
 from fusefs.progress import LOG_INTERVAL_S, ProgressDoc, ProgressPrinter, current_line
+from fusefs.trust import trusted_dir
 from fusefs.waiting import WaitTimeout, wait_until
 
 if TYPE_CHECKING:
@@ -43,14 +45,24 @@ def setup_logging(req: MountRequest, foreground: bool) -> None:
     root.handlers.clear()
     root.setLevel(req.config.log_level.upper())
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    req.log_file.parent.mkdir(parents=True, exist_ok=True)
-    fh = logging.FileHandler(req.log_file)
+    trusted_dir(req.log_file.parent, "log_file" if req.config.log_file else "cache_dir")
+    fh = NoFollowFileHandler(req.log_file)
     fh.setFormatter(fmt)
     root.addHandler(fh)
     if foreground:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)
         root.addHandler(sh)
+
+
+class NoFollowFileHandler(logging.FileHandler):
+    """The log, opened with O_NOFOLLOW and born 0600: a symlink at its name is refused (ELOOP), never
+    written through, although its directory is trusted already (:mod:`fusefs.trust`)."""
+
+    def _open(self) -> TextIOWrapper:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(self.baseFilename, flags, 0o600)
+        return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
 # --------------------------------------------------------------------------- daemonising
@@ -267,8 +279,12 @@ def run_daemon(req: MountRequest, foreground: bool, ready_fd: int | None = None)
     pipe = ReadyPipe(ready_fd)
     try:
         setup_logging(req, foreground)
+    except SeerfsError as exc:  # its directory is not trusted (fusefs.trust)
+        _notify(pipe, f"ERR {int(exc.code)} {exc}")
+        return int(exc.code)
     except OSError as exc:
-        _notify(pipe, f"ERR {int(ExitCode.CONFIG)} log file {req.log_file}: {exc.strerror}")
+        why = "is a symlink; seerfs does not write through one" if exc.errno == errno.ELOOP else exc.strerror
+        _notify(pipe, f"ERR {int(ExitCode.CONFIG)} log file {req.log_file}: {why}")
         return int(ExitCode.CONFIG)
     try:
         from fusefs.daemon.assembly import Daemon

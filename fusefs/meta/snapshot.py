@@ -398,7 +398,8 @@ def mark_stale(cache_dir: Path, source: bytes, lines: list[str]) -> None:
     OSError (the caller logs it: a full cache_dir must not stop the daemon)."""
     path = snapshot_file(cache_dir, source)
     marker = path.with_name(path.name + STALE_SUFFIX)
-    with open(marker, "a") as fh:
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "a") as fh:  # O_NOFOLLOW: never written through a symlink at its name
         fh.write("".join(line.replace("\n", " ") + "\n" for line in lines))
 
 

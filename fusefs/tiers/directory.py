@@ -20,11 +20,17 @@ index write frees the reserve and uses its space.  fsync policy: see journal.py 
 the daemon's death, not a power loss; the index is fsynced; every read is verified either way).
 Index, journal and reserve files are mode 0600.
 
+Which directory is ours (layout.py): the path is trusted from / down first (fusefs/trust.py: no
+other user can redirect it), then a tier opens only a directory holding its marker (this user's uid
+and a tier id), or marks one that is empty or holds a seerfs index whose checksum holds; any other
+directory is refused at mount (exit status 3) before anything is created or removed in it.
+
 On open, a persisted index for the same snapshot fingerprint makes a warm start: files that exist
 with their recorded size are kept, everything else of ours (temporaries, orphans, files of a
 changed size) is removed.  Another fingerprint or an unusable index means a cold start: all our
-files are removed.  Files that are not ours (other names) are never touched.  See base.py for the
-concurrency rules.
+files are removed.  "Ours" means entry-shaped names owned by the daemon's user in the marked
+directory; an entry-shaped file of another user refuses the mount, with nothing removed, and
+other names are never touched.  See base.py for the concurrency rules.
 """
 
 from __future__ import annotations
@@ -53,14 +59,20 @@ from fusefs.tiers.index import INDEX_NAME, RESERVE_NAME, ROW_BYTES, TierIndex
 from fusefs.tiers.journal import ADD, JOURNAL_NAMES, REMOVE, Journal, JournalFull, Record, journal_bytes
 from fusefs.tiers.layout import (
     LOCK_NAME,
+    MARKER_NAME,
+    Marker,
     alloc_unit,
     disk_usage,
     file_path,
     foreign_top_level,
+    looks_fresh,
+    read_marker,
     scan_subdir,
     subdir_names,
     tmp_path,
+    write_marker,
 )
+from fusefs.trust import private_subdir, trusted_dir
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +81,8 @@ DIRENT_BYTES = 64
 NAME_BYTES = DIRENT_BYTES + 3 * ROW_BYTES
 """Budget per name slot: its directory entry plus its row in the old and the new index and the reserve."""
 INDEX_FIXED = 96 << 10
-"""Budget for the index files' headers and block rounding, the reserve's margin and the lock file."""
+"""Budget for the index files' headers and block rounding, the reserve's margin, the lock file and
+the marker."""
 RESERVE_MARGIN = 8 << 10
 """The reserve holds the last index's size plus this much (rows added since then)."""
 JOURNAL_SWITCH_AT = 0.5
@@ -134,6 +147,8 @@ class DirectoryTier:
         self.journal: Journal | None = None
         self._journal_note: str | None = None  # why the journal is not in use, for status
         self._journal_errors = 0
+        self.marker: Marker | None = None
+        self._lock_fd = -1
         self._lock_fd = self._claim_directory()
         try:
             self._open()
@@ -147,12 +162,14 @@ class DirectoryTier:
     # ------------------------------------------------------------------ open
 
     def _claim_directory(self) -> int:
+        """Trust the path, check the directory is ours (or may become ours) before creating anything
+        in it, lock it, then mark it and make the fan-out directories.  The ownership check runs
+        again under the lock: another daemon may have claimed or used the directory meanwhile."""
         key = f"tiers.{self.index}.path"
+        trusted_dir(self.path, key)  # made 0700 if missing: cached data is private
         try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)  # cached data is private
-            for sub in subdir_names():
-                (self.path / sub).mkdir(mode=0o700, exist_ok=True)
-            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._ownership(key, claim=False)
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise ConfigError(f"{key}: cannot use {self.path}: {exc.strerror}") from None
         try:
@@ -160,12 +177,58 @@ class DirectoryTier:
         except OSError:
             os.close(fd)
             raise ConfigError(f"{key}: {self.path} is in use by another seerfs daemon") from None
+        try:
+            self.marker = self._ownership(key, claim=True)
+            for sub in subdir_names():
+                private_subdir(self.path / sub)
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError(f"{key}: cannot use {self.path}: {exc.strerror}") from None
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
+
+    def _ownership(self, key: str, claim: bool) -> Marker | None:
+        """This user's marker in the tier directory, written first when ``claim`` and the directory
+        is empty or holds a seerfs index whose checksum holds (a tier from before markers).
+        ConfigError (one line, exit status 3) for any other directory; nothing is changed in it."""
+        rule = "seerfs uses only an empty directory or a tier it made"
+        try:
+            marker = read_marker(self.path)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {self.path}: {exc}; {rule}") from None
+        if marker is not None:
+            return marker
+        if looks_fresh(self.path):
+            why = "empty"
+        elif (problem := index_io.written_by_seerfs(self.path / INDEX_NAME)) is None:
+            why = "holding a seerfs index"
+        else:
+            raise ConfigError(
+                f"{key}: {self.path} is not empty and holds no {MARKER_NAME} nor a valid seerfs index "
+                f"({problem}); {rule}"
+            )
+        if not claim:
+            return None
+        marker = write_marker(self.path)
+        log.info("%s: %s (%s) marked as this daemon's tier %s", self.name, self.path, why, marker.tier)
+        return marker
 
     def _open(self) -> None:
         """Reconcile the persisted index and journal with the files on disk and charge what stays (blocking)."""
         t0 = time.monotonic()
         self.alloc = alloc_unit(self.path)
+        with ThreadPoolExecutor(max(4, self.threads)) as pool:
+            scans = list(pool.map(functools.partial(scan_subdir, self.path), subdir_names()))
+        foreign_owned = [item for sc in scans for item in sc.foreign_owned]
+        if foreign_owned:  # before the journal or any removal: nothing in the directory changes
+            path, uid = foreign_owned[0]
+            more = f" (and {len(foreign_owned) - 1} more)" if len(foreign_owned) > 1 else ""
+            raise ConfigError(
+                f"tiers.{self.index}.path: {path}{more} is owned by uid {uid}, not by this daemon's user; "
+                "seerfs removes only its own files (move it away)"
+            )
         try:
             journal: Journal | None = Journal(self.path, journal_bytes(self.budget.limit))
         except OSError as exc:  # e.g. no room for even an empty file: the tier works, not crash-safe
@@ -192,9 +255,8 @@ class DirectoryTier:
         elif journal is not None:
             journal.reset()
         unlink_quiet(str(self.path / (INDEX_NAME + ".tmp")))
-        ours = {LOCK_NAME, INDEX_NAME, RESERVE_NAME, *JOURNAL_NAMES}
+        ours = {LOCK_NAME, MARKER_NAME, INDEX_NAME, RESERVE_NAME, *JOURNAL_NAMES}
         with ThreadPoolExecutor(max(4, self.threads)) as pool:
-            scans = list(pool.map(functools.partial(scan_subdir, self.path), subdir_names()))
             remove: list[str] = [p for sc in scans for p in sc.temporary]
             foreign = foreign_top_level(self.path, ours)
             foreign += sum(sc.foreign_bytes for sc in scans)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +213,8 @@ def save(path: Path, arrays: dict[str, npt.NDArray[Any]], fingerprint: str, jour
     return written
 
 
-def load(path: Path, fingerprint: str) -> tuple[TierIndex, int]:
-    """The persisted index and its journal generation, or IndexError_ saying why it cannot be used."""
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """The index's metadata and columns, of this format; IndexError_ saying why not."""
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(data["meta"].tobytes())
@@ -225,6 +226,36 @@ def load(path: Path, fingerprint: str) -> tuple[TierIndex, int]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("block") != BLOCK:
         found = meta.get("format") if isinstance(meta, dict) else "?"
         raise IndexError_(f"index of another format ({found}, this seerfs reads {FORMAT})")
+    return meta, arrays
+
+
+def written_by_seerfs(path: Path) -> str | None:
+    """None when ``path`` is an index this user's seerfs wrote (a regular file of this user's whose
+    checksum holds, for whatever snapshot); else why not.  What lets a tier directory from before
+    tier markers be marked (layout.py)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "no index"
+    except OSError as exc:
+        return f"index unreadable ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        return f"{path.name} is not a file of this user's"
+    try:
+        meta, arrays = _read(path)
+    except IndexError_ as exc:
+        return str(exc)
+    fingerprint, gen = meta.get("fingerprint"), meta.get("journal_gen")
+    if not isinstance(fingerprint, str) or not isinstance(gen, int):
+        return "index without a fingerprint or journal generation"
+    if meta.get("checksum") != persisted_digest(_meta(fingerprint, gen), arrays):
+        return "index checksum mismatch"
+    return None
+
+
+def load(path: Path, fingerprint: str) -> tuple[TierIndex, int]:
+    """The persisted index and its journal generation, or IndexError_ saying why it cannot be used."""
+    meta, arrays = _read(path)
     if meta.get("fingerprint") != fingerprint:
         raise IndexError_("source changed (snapshot fingerprint differs)")
     gen = meta.get("journal_gen")
