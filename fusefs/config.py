@@ -224,7 +224,11 @@ class TierConfig:
     path: str | None = doc("directory tiers: where cached files live (created, owned by the daemon)", None)
     bytes: ByteSize = doc(
         "hard byte budget (memory tiers include the page cache the mount fills); a tier given without "
-        "bytes gets this default",
+        "bytes gets this default.  Memory tiers must fit the daemon's memory cgroup (under Slurm the job's, "
+        "shared with the training processes): without bytes a memory tier is sized down at mount to what the "
+        "cgroup's limit leaves after its use and a reserve for the daemon and its workers (one WARNING line; "
+        "status memory_cgroup), with bytes that cannot fit the mount fails (exit 3); while mounted the RAM "
+        "budget is lowered when the cgroup runs short, and raised again up to bytes",
         ByteSize(DEFAULT_TIER_BYTES),
     )
     threads: int = doc("prefetch threads that fill this tier", DEFAULT_TIER_THREADS)
@@ -510,7 +514,17 @@ def build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
         if f.name in data:
             key = f"{prefix}.{f.name}" if prefix else f.name
             kwargs[f.name] = _convert(data[f.name], hints[f.name], key)
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    object.__setattr__(built, "_given", frozenset(kwargs))  # read by given(); not a field of the schema
+    return built
+
+
+def given(section: object, key: str) -> bool:
+    """Whether the YAML or an ``-o`` override set ``key`` of this config section, rather than its
+    default applying.  A memory tier's ``bytes`` left out is sized to the daemon's memory cgroup, one
+    given is a promise checked against it (``fusefs.daemon.memfit``).  A section made in code, or by
+    ``dataclasses.replace``, counts as nothing given."""
+    return key in getattr(section, "_given", ())
 
 
 def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -676,6 +690,18 @@ def parse_mount_options(opts: list[str]) -> tuple[str | None, dict[str, str], li
     return config_file, overrides, ignored
 
 
+def _set_fields(item: Any) -> dict[str, Any]:
+    """A default list item as a mapping of the fields its factory set: ``-o tiers.0.threads=2`` gives
+    that item's ``threads``, not also its default ``bytes`` (see :func:`given`)."""
+    out = {}
+    for f in dataclasses.fields(item):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(item, f.name)
+        if value != default:
+            out[f.name] = _set_fields(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
 def _set_dotted(data: dict[str, Any], dotted: str, raw: str) -> None:
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
@@ -709,7 +735,7 @@ def _set_dotted(data: dict[str, Any], dotted: str, raw: str) -> None:
             default_value = getattr(defaults, part, None) if defaults is not None else None
             if isinstance(default_value, list):
                 node[part] = [
-                    dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+                    _set_fields(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
                     for v in default_value
                 ]
             else:

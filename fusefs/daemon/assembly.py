@@ -38,6 +38,7 @@ from fusefs.cluster.formation import (
 from fusefs.cluster.peergroup import PeerGroup
 from fusefs.config import Config
 from fusefs.daemon.checks import MountRequest
+from fusefs.daemon.memfit import MemoryFit, file_sizes, fitted_config, size_at_mount
 from fusefs.daemon.metrics import MetricsExporter
 from fusefs.daemon.runtime import MountRecord
 from fusefs.daemon.status import StartupTask, StatusBoard, StatusDocument, StatusSections, snapshot_status
@@ -109,20 +110,25 @@ def build_readpath(
     budget: Budget | None = None,
     tiers: list[Tier] | None = None,
     peer_fetch: PeerFetch | None = None,
+    fitted: Config | None = None,
 ) -> ReadPath:
     """Tiers, staging, fetcher, policy and prefetcher for ``snapshot`` under ``cfg``.
 
     ``kernel`` makes the page-cache calls (default: the mounted kernel, through pyfuse3), ``reader``
     reads the PFS, ``tiers`` (charging ``budget``) hold local copies and ``peer_fetch`` asks the
-    owning peer; each defaults to what ``cfg`` configures.
+    owning peer; each defaults to what ``cfg`` configures.  ``fitted``: ``cfg`` with the memory
+    tiers sized to the memory cgroup (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM
+    budget, the staging window and the reactive policy's capacities are made from; the plan and
+    ``.control/config`` keep ``cfg``.
     """
     counters = counters if counters is not None else ReadCounters()
-    lookahead = cfg.prefetch.lookahead_bytes
+    ram = fitted if fitted is not None else cfg
+    lookahead = ram.prefetch.lookahead_bytes
     if budget is None:
         # The staging window lives inside the memory tiers' bytes; without a memory tier it is the
         # RAM budget by itself.
-        has_memory_tier = any(t.kind == "memory" for t in cfg.tiers)
-        budget = memory_budget(cfg.tiers) if has_memory_tier else Budget(lookahead, "memory")
+        has_memory_tier = any(t.kind == "memory" for t in ram.tiers)
+        budget = memory_budget(ram.tiers) if has_memory_tier else Budget(lookahead, "memory")
     if tiers is None:
         tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path)
         for tier in tiers:
@@ -136,7 +142,7 @@ def build_readpath(
         staging_mode=cfg.prefetch.staging,
         stage_threads=max(1, cfg.prefetch.threads),
         fill_threads=tuple(max(1, t.threads) for t in cfg.tiers),
-        reactive_capacities=tuple(t["bytes"] for t in planning_config(cfg)["tiers"]),
+        reactive_capacities=tuple(t["bytes"] for t in planning_config(ram)["tiers"]),
         loader_start=CursorSettings.for_job(cfg.job.batch_size, cfg.job.num_workers, cfg.job.prefetch_factor).window,
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
@@ -213,6 +219,9 @@ class Daemon:
         )
         for path in self.snapshot.external_links:
             log.warning("symlink leaves the source tree, reads through it bypass seerfs: %s", path)
+        # Before the group forms: a memory tier's bytes that cannot fit stop this node at once (exit 3).
+        tree = self.snapshot.tree
+        self.sizing, self.memory_cgroup = size_at_mount(cfg, file_sizes(tree.size, tree.kind))
         self.counters = ReadCounters()
         self.seed = SeedState()
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
@@ -272,8 +281,11 @@ class Daemon:
     def _build_cache(self) -> None:
         """The read path and the planner for this mount."""
         cfg = self.cfg
-        rp = self.readpath = build_readpath(cfg, self.snapshot, counters=self.counters, reader=self.reader)
+        rp = self.readpath = build_readpath(
+            cfg, self.snapshot, counters=self.counters, reader=self.reader, fitted=fitted_config(cfg, self.sizing)
+        )
         self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
+        self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
         self.fetcher, self.prefetcher, self.files = rp.fetcher, rp.prefetcher, rp.files
         self.revalidator = rp.revalidator
         self.revalidator.on_changed.append(self._source_changed)
@@ -386,6 +398,7 @@ class Daemon:
             "cursor": prefetch["cursor"],
             "prefetch": prefetch,
             "memory_budget": self.budget.status(),
+            "memory_cgroup": self.memfit.status(),
             "tiers": [t.status() for t in self.tiers],
             "reads": self.counters.status(),
             "revalidation": self.revalidator.status(),
@@ -410,6 +423,7 @@ class Daemon:
             nursery.start_soon(self.plans.run)
             nursery.start_soon(self.discovery.run)
             nursery.start_soon(self._log_progress)
+            nursery.start_soon(self.memfit.run)
             if self.peering is not None:
                 nursery.start_soon(self.peering.run, self.sock)
             self.metrics.start()

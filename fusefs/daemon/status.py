@@ -16,6 +16,7 @@ from typing import Annotated, Literal, TypedDict
 from fusefs import __version__
 from fusefs.cluster.formation import GroupStatus
 from fusefs.cluster.peergroup import PeeredGroupStatus
+from fusefs.daemon.memfit import MemoryCgroupStatus
 from fusefs.daemon.metrics import MetricsStatus
 from fusefs.meta.snapshot import Snapshot, SnapshotCounts
 from fusefs.planning.discovery import DiscoveryStatus
@@ -103,6 +104,7 @@ class StatusSections(TypedDict):
     ]
     prefetch: Annotated[PrefetchStatus, text("the prefetch policy and the staging window")]
     memory_budget: Annotated[BudgetStatus, text("the RAM budget")]
+    memory_cgroup: Annotated[MemoryCgroupStatus, text("the daemon's memory cgroup and the RAM budget fitted to it")]
     tiers: Annotated[
         list[MemoryTierStatus | DirectoryTierStatus],
         text("one object per configured tier, fastest first", label="tier", key="name", metric="tier"),

@@ -74,6 +74,14 @@ class Budget:
             self.peak = max(self.peak, self.used)
             return True
 
+    def resize(self, limit: int) -> int:
+        """Make ``limit`` the limit, or what is charged now when that is more (so ``used`` never
+        exceeds it); returns the limit set.  The memory cgroup fit (``fusefs.daemon.memfit``) frees
+        room first and shrinks the rest as charges are released, and grows the limit back."""
+        with self._lock:
+            self.limit = max(limit, self.used, 0)
+            return self.limit
+
     def release(self, n: int) -> None:
         with self._lock:
             if n < 0 or n > self.used:
