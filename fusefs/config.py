@@ -131,6 +131,21 @@ class SnapshotSettings:
         "--dir-cache-time",
         300.0,
     )
+    identity: Literal["stat", "content"] = doc(
+        "how a revalidation round tells that the source of a cached file changed.  stat: its identity (size, "
+        "mtime, ctime, inode), one metadata request per file.  A rewrite that keeps the size and puts the mtime "
+        "back (rsync -t, cp -p, touch -d) shows only in ctime, which a POSIX filesystem sets on every change "
+        "and no user can set; sources that do not maintain ctime (object-store FUSE clients, bindfs "
+        "--ctime-from-mtime) hide it, so with stat such a rewrite of a cached file is never seen and its "
+        "copies serve the old bytes until a remount with --rescan.  content: each round also reads every "
+        "cached file's source whole and compares it, block by block, with the digests its copy recorded (a "
+        "mismatch is a change, as if stat had seen one).  Its PFS cost: every round reads the bytes of every "
+        "file cached on the node once (in a group, of the files it owns, and its replicas every Nth round), "
+        "i.e. (bytes cached) / (round seconds) per node: 100 GiB cached at the default 300 s floor is about "
+        "340 MiB/s of PFS reads, for the whole job; raise revalidate_round_min_s to bound it.  The stat "
+        "before a copy's first use after a mount stays a stat, so a change is seen within one round",
+        "stat",
+    )
 
 
 @dataclass(frozen=True)

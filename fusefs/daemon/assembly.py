@@ -150,7 +150,13 @@ def build_readpath(
     fetcher = Fetcher(reader, tiers, counters, peer_fetch)
     fetcher.page_read = staging.read_back
     revalidator = Revalidator(
-        snapshot, tiers, staging, counters, cfg.snapshot.revalidate_per_s, cfg.snapshot.revalidate_round_min_s
+        snapshot,
+        tiers,
+        staging,
+        counters,
+        cfg.snapshot.revalidate_per_s,
+        cfg.snapshot.revalidate_round_min_s,
+        identity=cfg.snapshot.identity,
     )
     fetcher.revalidator = revalidator
     prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget)

@@ -1,9 +1,18 @@
 """A source file's identity: what a cached copy records it was made from, and is served only while it matches.
 
 Why these four fields: size and mtime catch an ordinary rewrite; ctime also catches a rewrite whose
-writer restored the old mtime (``touch -d``, ``rsync -t``, ``cp -p``), since no user can set ctime;
-the inode number catches a file replaced by another one under the same name (``mv new old``, which
-is how most tools write files atomically), even when size and times happen to agree.
+writer restored the old mtime (``touch -d``, ``rsync -t``, ``cp -p``), since on a POSIX filesystem
+the kernel sets ctime on every change and no user can set it; the inode number catches a file
+replaced by another one under the same name (``mv new old``, which is how most tools write files
+atomically), even when size and times happen to agree.
+
+What a stat cannot see: a rewrite in place that keeps the size and puts the mtime back, on a source
+that does not maintain ctime (object-store FUSE clients, which derive it from an object's metadata
+that a writer sets, not from a change the kernel saw; bindfs ``--ctime-from-mtime``): there all four
+fields stay as they were.  Likewise a same-size rewrite within one tick of the filesystem's
+timestamps after the stat the snapshot recorded.  ``snapshot.identity: content`` covers both by
+comparing the source's bytes with a copy's block digests each round (fusefs/readpath/revalidate.py),
+at the cost of reading them; seerfs.yaml(5) says how much.
 """
 
 from __future__ import annotations

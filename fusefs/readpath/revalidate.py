@@ -39,6 +39,18 @@ is N rounds instead of one (:mod:`placement.recheck` decides which files a round
 computes both bounds; status shows them).  A round with nothing of this node's own to check still
 counts, or a node holding only replicas would never reach its next replica round.
 
+With ``snapshot.identity: content`` a round also reads each source it stat'ed unchanged whole and
+compares it, block by block, with the digests its copy recorded (:func:`content_change`): a
+rewrite that keeps size, mtime and inode on a source that does not maintain ctime (object-store
+FUSE clients, bindfs ``--ctime-from-mtime``: :mod:`fusefs.meta.identity`) is then seen within a
+round, and treated as any change above.  The copy compared is a tier copy's digests, or, for a file
+held only as pages, those pages read back (a read back costs the trio thread an OPEN, so pages kept
+beside a tier copy are not read too: should they be of another version than the tier copy, made
+before a rewrite the tier copy was made after, they stay unseen).  Checks before a copy's first
+use after a mount (ahead, open) stay stats: reading the whole source there would undo the cache on
+every remount.  A file held only as pages is read back whole into memory to be hashed (it is no
+larger than the RAM budget that holds it).
+
 What it cannot see: a change the PFS client does not show yet (an NFS client's attribute cache,
 ``actimeo``, delays it by up to that many seconds), and one that happens after the last check and
 before a read of a copy (bounded by the round time).
@@ -60,14 +72,17 @@ from typing import Annotated, Literal, TypedDict
 import numpy as np
 import numpy.typing as npt
 import trio
+import xxhash
 
 from fusefs.meta.identity import SourceId
+from fusefs.meta.ids import inode_of
 from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.staging import Staging
 from fusefs.tiers import Tier
+from fusefs.tiers.digest import BLOCK, BlockDigests
 from placement import recheck
-from placement.statusfields import counter, gauge, text
+from placement.statusfields import counter, gauge, info, text
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +112,56 @@ def stat_identity(path: bytes) -> SourceId | str:
     return SourceId.of(st)
 
 
+def content_change(path: bytes, recorded: list[BlockDigests]) -> str | None:
+    """Why the source's bytes are not those of every copy in ``recorded``, or None when they are.
+
+    Reads the file whole, one BLOCK at a time into one buffer (a file of any size costs 1 MiB of
+    memory), opened as the PFS reader opens it (no symlink followed, no blocking on a FIFO).
+    Worker thread.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return f"cannot be read to compare its content ({exc.strerror})"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file any more (a FIFO, socket, device, link or directory)"
+        buf = bytearray(BLOCK)
+        view = memoryview(buf)
+        digests: list[int] = []
+        size = 0
+        while True:
+            got = 0
+            while got < BLOCK:  # a whole block, as the copy's digests cut it (a pread may return less)
+                n = os.preadv(fd, [view[got:]], size + got)
+                if n == 0:
+                    break
+                got += n
+            if got or not digests:  # the empty file has one digest, of no bytes
+                digests.append(xxhash.xxh3_64_intdigest(view[:got]))
+            size += got
+            if got < BLOCK:
+                break
+    except OSError as exc:
+        return f"cannot be read to compare its content ({exc.strerror})"
+    finally:
+        os.close(fd)
+    for copy in recorded:
+        if copy.size != size:
+            return f"content changed (now {size} bytes, the cached copy {copy.size})"
+        for i, (was, now) in enumerate(zip(copy.digests, digests, strict=True)):
+            if was != now:
+                return f"content changed (block {i} of {len(digests)} differs from the cached copy)"
+    return None
+
+
+def _contents_changed(checks: list[tuple[bytes, list[BlockDigests]]]) -> list[str | None]:
+    return [content_change(path, recorded) for path, recorded in checks]
+
+
 StatKind = Literal["ahead", "open", "background"]
+Identity = Literal["stat", "content"]
+"""snapshot.identity: what a background round compares (fusefs/config.py has the why)."""
 """Why a source was stat'ed: ahead of the readers in predicted order, by an open that got there
 first, or by a background round."""
 
@@ -144,6 +208,18 @@ class RevalidationStatus(TypedDict):
     fresh_files: Annotated[int, gauge("files checked unchanged in this mount")]
     changed_total: Annotated[int, counter("files seen changed", metric="changed_files")]
     changed: Annotated[dict[str, str], text("up to 100 relative paths seen changed, with what changed")]
+    identity: Annotated[
+        Identity,
+        info("snapshot.identity: stat, or content (rounds also compare each cached file's source bytes with its copy)"),
+    ]
+    content_checks: Annotated[
+        int,
+        counter(
+            "cached files whose source a round read whole and compared with the copy's digests "
+            "(snapshot.identity: content)"
+        ),
+    ]
+    content_bytes: Annotated[int, counter("source bytes those comparisons read from the PFS")]
 
 
 class Revalidator:
@@ -156,6 +232,7 @@ class Revalidator:
         rate: float,
         min_round: float,
         threads: int = 4,
+        identity: Identity = "stat",
     ) -> None:
         self.snapshot = snapshot
         self.ids = snapshot.source_ids()
@@ -165,6 +242,9 @@ class Revalidator:
         self.rate = rate
         self.min_round = min_round  # the rate is a ceiling, not a quota to spend
         self.limiter = trio.CapacityLimiter(threads)
+        self.identity: Identity = identity
+        self.content_checks = 0
+        self.content_bytes = 0
         self.state: npt.NDArray[np.uint8] = np.zeros(len(snapshot), np.uint8)
         self.changed: dict[int, str] = {}
         self.mine: MineMask = lambda entries: np.ones(entries.shape, np.bool_)
@@ -319,11 +399,51 @@ class Revalidator:
                 self.stats["background"] += len(batch)
                 for entry, result in zip(batch, seen, strict=True):
                     self._judge(entry, result)
+                if self.identity == "content":
+                    await self._compare_contents([e for e in batch if int(self.state[e]) == FRESH])
                 # Pace by the clock: stat number k + per_tick is due at round start + (k + per_tick) / rate.
                 await trio.sleep(max(0.0, self.round_started + (k + per_tick) / rate - time.monotonic()))
             self.last_round_seconds = time.monotonic() - self.round_started
             self.rounds += 1
             await trio.sleep(max(0.0, self.round_started + self.min_round - time.monotonic()))
+
+    async def _compare_contents(self, entries: list[int]) -> None:
+        """``snapshot.identity: content``: compare the sources of these entries, stat'ed unchanged just
+        now, with their copies' digests; one worker-thread hop for the batch (module docstring)."""
+        checks: list[tuple[int, bytes, list[BlockDigests]]] = []
+        for entry in entries:
+            recorded = await self._copy_digests(entry)
+            if recorded:
+                checks.append((entry, self.snapshot.source_path(entry), recorded))
+        if not checks:
+            return
+        reasons = await trio.to_thread.run_sync(
+            _contents_changed, [(path, recorded) for _, path, recorded in checks], limiter=self.limiter
+        )
+        for (entry, _, recorded), reason in zip(checks, reasons, strict=True):
+            self.content_checks += 1
+            self.content_bytes += recorded[0].size
+            if reason is not None:
+                self.mark_changed(entry, f"{reason} since the snapshot")
+
+    async def _copy_digests(self, entry: int) -> list[BlockDigests]:
+        """What this node's copies of ``entry`` hold: each tier's recorded digests, or when no tier has
+        one, the digests of the bytes staged in RAM or of its pages read back (none: nothing to compare,
+        e.g. the kernel dropped the pages, and the next open fetches it through the checked paths)."""
+        recorded = [d for t in self.tiers if (d := t.digests_of(entry)) is not None]
+        if recorded:
+            return list(dict.fromkeys(recorded))  # one per distinct copy
+        policy = self.staging.policy
+        held = policy.pages.get(entry)
+        data: bytes | None = held.data if held is not None else None
+        if data is None and policy.in_page_cache(entry):
+            size = int(policy.sizes[entry])
+            data = await trio.to_thread.run_sync(
+                self.staging.kernel.read_pages, inode_of(entry), size, limiter=self.limiter
+            )
+        if data is None:
+            return []
+        return [await trio.to_thread.run_sync(BlockDigests.of, data, limiter=self.limiter)]
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -349,6 +469,9 @@ class Revalidator:
             "fresh_files": int(np.count_nonzero(self.state == FRESH)),
             "changed_total": int(np.count_nonzero(self.state == CHANGED)),
             "changed": {os.fsdecode(self.snapshot.tree.path(e)): r for e, r in self.changed.items()},
+            "identity": self.identity,
+            "content_checks": self.content_checks,
+            "content_bytes": self.content_bytes,
         }
 
 
