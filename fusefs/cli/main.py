@@ -18,6 +18,20 @@ from fusefs.errors import ExitCode, SeerfsError
 
 SUBCOMMANDS = ("mount", "wait", "umount", "status", "config", "plan")
 
+SIGNALS = (
+    "Signals to the daemon: TERM, INT and HUP each stop a serving daemon the same way (HUP does not "
+    "reload: the configuration is read only at mount): it logs the signal, stops serving, unmounts and "
+    "exits 0.  The unmount detaches the mount even while it is in use: files still open there then fail "
+    "with ENOTCONN (transport endpoint is not connected).  A request waiting on a hung source holds all "
+    "of this back until the source answers (the thread reading it cannot be interrupted); KILL ends the "
+    "daemon at once and leaves a mount without a daemon, which 'seerfs umount' cleans up.  Before the "
+    "mount answers (the walk of SOURCE, group formation) TERM and HUP end the daemon at once and INT "
+    "stops it (exit status 130 with --fg); 'seerfs mount' then fails with exit status 1 (daemon exited "
+    "during startup).  'seerfs umount' sends TERM to a daemon still starting."
+)
+"""What each signal does (the handlers: fusefs/daemon/assembly.py ``Daemon._signals``; before them,
+Python's defaults); in ``seerfs mount --help`` and seerfs(1)."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -37,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mount SOURCE (a dataset directory on the PFS) on MOUNTPOINT. Daemonises and "
         "returns once the mount answers, unless --fg. The walk of SOURCE shows its progress on stderr "
         "(entries walked, per second, and the time left when a previous snapshot gives the count): a "
-        "refreshing line on a terminal, else a line every 10 s; with --fg, a log line every 10 s.",
+        "refreshing line on a terminal, else a line every 10 s; with --fg, a log line every 10 s.\n\n" + SIGNALS,
     )
     p.add_argument("source", metavar="SOURCE", help="the dataset directory on the PFS")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory to mount on")
@@ -75,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Unmount; also cleans up a mount whose daemon died, and stops a daemon still starting "
-        "(walking its source). When busy, names the processes holding it.",
+        "(walking its source). When busy, names the processes holding it and why: an open file, cwd, root or "
+        "mapping under it, or a request the daemon is serving for it now (a reader blocked in open on a hung "
+        "source has no open file yet; the daemon is asked through its status, for at most 5 s).",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--lazy", action="store_true", help="detach now; the daemon exits when the last user closes it")

@@ -1,56 +1,125 @@
-"""``seerfs umount``: unmount, wait for the daemon, clean up dead mounts, name who keeps it busy."""
+"""``seerfs umount``: unmount, wait for the daemon, clean up dead mounts, name who keeps it busy.
+
+A busy mount's holders come from two places: /proc (open files, cwd, root, mappings under the
+mount), and the daemon itself, which knows the pid of every request it is serving (a reader blocked
+inside open, on a hung source, holds the mount but has no descriptor yet): status section
+``requests`` (:mod:`fusefs.fuse.inflight`), read with a timeout so a hung daemon costs seconds,
+not a hung umount.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from fusefs import mountinfo
 from fusefs.daemon.runtime import MountRecord, StartRecord, pid_alive, wait_pid_exit
 from fusefs.errors import BusyError, FuseUnavailable, NotMounted, SeerfsError, TimeoutExpired
 
+STATUS_TIMEOUT = 5.0
+"""Seconds a busy umount waits for the daemon to say which requests it serves (seerfs(1) says so)."""
 
-def holders(mountpoint: str) -> list[tuple[int, str]]:
-    """Processes with a cwd, root, open file or mapping under ``mountpoint`` (like fuser -m).
 
-    Only /proc symlinks are read, never the mount itself, so this works on a hung mount.
+def holders(
+    mountpoint: str, requests: Iterable[dict[str, Any]] = (), daemon_pid: int = 0
+) -> list[tuple[int, str, str]]:
+    """(pid, command, why) of each process holding ``mountpoint``: a cwd, root, open file or mapping
+    under it (like fuser -m), or a request the daemon is serving for it (``requests``: status
+    ``requests.waiting``; the daemon's own, ``daemon_pid``, left out).
+
+    Only /proc is read, never the mount itself, so this works on a hung mount.
     """
     prefix = mountpoint.rstrip("/") + "/"
-    found: list[tuple[int, str]] = []
+    found: dict[int, list[str]] = {}
     me = os.getpid()
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit() or int(pid_dir.name) == me:
             continue
-        links = [pid_dir / "cwd", pid_dir / "root"]
+        why = found.setdefault(int(pid_dir.name), [])
+        links = [(pid_dir / "cwd", "cwd"), (pid_dir / "root", "root")]
         with contextlib.suppress(OSError):
-            links.extend((pid_dir / "fd").iterdir())
-        hit = False
-        for link in links:
+            links.extend((fd, "open file") for fd in (pid_dir / "fd").iterdir())
+        for link, what in links:
             try:
                 target = os.readlink(link)
             except OSError:
                 continue
-            if target == mountpoint or target.startswith(prefix):
-                hit = True
-                break
-        if not hit:
-            with contextlib.suppress(OSError, IndexError):
-                hit = any(
-                    line.rstrip("\n").split(maxsplit=5)[-1].startswith(prefix)
-                    for line in (pid_dir / "maps").read_text().splitlines()
-                    if "/" in line
-                )
-        if hit:
-            try:
-                comm = (pid_dir / "comm").read_text().strip()
-            except OSError:
-                comm = "?"
-            found.append((int(pid_dir.name), comm))
-    return found
+            if (target == mountpoint or target.startswith(prefix)) and what not in why:
+                why.append(what)
+        with contextlib.suppress(OSError, IndexError):
+            if any(
+                line.rstrip("\n").split(maxsplit=5)[-1].startswith(prefix)
+                for line in (pid_dir / "maps").read_text().splitlines()
+                if "/" in line
+            ):
+                why.append("mapping")
+    for req in requests:
+        pid = _tgid(int(req.get("pid", 0)))  # the kernel gives the requesting thread
+        if pid in (0, me, daemon_pid):
+            continue  # the daemon reading its own pages back, or this command reading status
+        found.setdefault(pid, []).append(f"waiting on {req.get('op', 'a request')} for {req.get('seconds', 0):g}s")
+    return [(pid, _comm(pid), ", ".join(why)) for pid, why in sorted(found.items()) if why]
+
+
+def _tgid(tid: int) -> int:
+    """The process of thread ``tid`` (/proc/TID is there for every thread, though not listed)."""
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return tid
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def served_requests(mountpoint: str, timeout: float) -> tuple[int, list[dict[str, Any]]] | None:
+    """(daemon pid, the requests it is serving) from its status, or None when it does not answer within
+    ``timeout`` (hung) or cannot (dead, an older daemon without the section).  The read runs in a
+    daemon thread: a hung mount leaves that thread behind, never this command."""
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(mountpoint, ".control", "status"), "rb") as fh:
+            result["doc"] = json.loads(fh.read())
+
+    reader = threading.Thread(target=read, name="status", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    doc = result.get("doc")
+    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), dict):
+        return None
+    waiting = doc["requests"].get("waiting")
+    return int(doc.get("pid", 0)), [r for r in waiting if isinstance(r, dict)] if isinstance(waiting, list) else []
+
+
+def busy_message(mountpoint: str, timeout: float) -> str:
+    """Who holds a busy mount, in words (or why they cannot be named)."""
+    wait = min(timeout, STATUS_TIMEOUT)
+    served = served_requests(mountpoint, wait)
+    daemon_pid, requests = served if served is not None else (0, [])
+    users = holders(mountpoint, requests, daemon_pid)
+    if users:
+        who = ", ".join(f"{pid} ({comm}) [{why}]" for pid, comm, why in users)
+    elif served is None:
+        who = f"unknown processes (the daemon did not say which requests it serves within {wait:g}s)"
+    else:
+        who = "unknown processes"
+    return f"{mountpoint}: busy, held by {who}; close them or use --lazy"
 
 
 def fusermount() -> str:
@@ -79,9 +148,7 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 30.0) -> str:
     if res.returncode != 0:
         err = res.stderr.strip()
         if "busy" in err.lower():
-            users = holders(mp)
-            who = ", ".join(f"{pid} ({comm})" for pid, comm in users) or "unknown processes"
-            raise BusyError(f"{mp}: busy, held by {who}; close them or use --lazy")
+            raise BusyError(busy_message(mp, timeout))
         raise SeerfsError(f"{mp}: unmount failed: {err or 'fusermount3 exit ' + str(res.returncode)}")
     if record is None:
         return f"unmounted {mp}"

@@ -411,6 +411,7 @@ class Daemon:
             "group": self.peering.status() if self.peering is not None else self.group.status(),
             "progress": {"walk": self.walk.doc(), "plan": self.plans.progress.doc()},
             "metrics": self.metrics.status(),
+            "requests": self.ops.requests.status(),
         }
 
     # ------------------------------------------------------------------ serving

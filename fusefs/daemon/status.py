@@ -18,6 +18,7 @@ from fusefs.cluster.formation import GroupStatus
 from fusefs.cluster.peergroup import PeeredGroupStatus
 from fusefs.daemon.memfit import MemoryCgroupStatus
 from fusefs.daemon.metrics import MetricsStatus
+from fusefs.fuse.inflight import RequestsStatus
 from fusefs.meta.snapshot import Snapshot, SnapshotCounts
 from fusefs.planning.discovery import DiscoveryStatus
 from fusefs.planning.manager import PlanStatus
@@ -121,6 +122,9 @@ class StatusSections(TypedDict):
         ),
     ]
     metrics: Annotated[MetricsStatus, text("the Prometheus endpoint (the metrics key of seerfs.yaml(5))")]
+    requests: Annotated[
+        RequestsStatus, text("readers' requests the daemon is serving now (seerfs umount names their processes)")
+    ]
 
 
 class StatusDocument(DaemonStatus, StatusSections):

@@ -2,7 +2,8 @@
 
 Concurrency rule: handlers run as trio tasks on one thread.  Nothing here blocks; blocking work
 lives behind ``await`` in the file service.  The handle table is only touched between awaits, so a
-handle is never seen half-registered.
+handle is never seen half-registered.  A handler that awaits registers its request in ``requests``
+while it waits (:mod:`fusefs.fuse.inflight`: who holds a busy mount).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import trio
 
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import CONTROL_NAME, CTL_DIR, ControlFiles, ControlHandle
+from fusefs.fuse.inflight import InFlight
 from fusefs.meta.ids import entry_of
 from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.opens import CachedFiles, OpenFile
@@ -67,6 +69,7 @@ class SeerOperations(pyfuse3.Operations):
         self.handles: dict[int, OpenFile | ControlHandle] = {}
         self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
         self.initialized = trio.Event()  # set when the kernel's INIT request has been answered
+        self.requests = InFlight()
 
     def init(self) -> None:
         # Called while pyfuse3 handles INIT, before its reply: whoever waits runs after the reply.
@@ -159,7 +162,11 @@ class SeerOperations(pyfuse3.Operations):
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         now = time.monotonic()
         if self._statfs is None or now - self._statfs[0] > 5.0:
-            st = await trio.to_thread.run_sync(os.statvfs, self.snapshot.source)
+            key = self.requests.begin(ctx.pid, "statfs")
+            try:
+                st = await trio.to_thread.run_sync(os.statvfs, self.snapshot.source)
+            finally:
+                self.requests.end(key)
             data = pyfuse3.StatvfsData()
             data.f_bsize, data.f_frsize = st.f_bsize, st.f_frsize
             data.f_blocks, data.f_bfree, data.f_bavail = st.f_blocks, st.f_bfree, st.f_bavail
@@ -185,7 +192,11 @@ class SeerOperations(pyfuse3.Operations):
             raise _erofs()
         if self.tree.kind[entry] != KIND_FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if self.tree.kind[entry] == KIND_DIR else errno.EACCES)
-        opened = await self.files.open(entry, ctx.pid)
+        key = self.requests.begin(ctx.pid, "open")
+        try:
+            opened = await self.files.open(entry, ctx.pid)
+        finally:
+            self.requests.end(key)
         fh = next(self._fh)
         self.handles[fh] = opened
         # keep_cache: the tree is immutable, so cached pages stay valid across opens (pushed pages
