@@ -28,8 +28,9 @@ EXIT_MEANINGS = {
     ExitCode.OK: "success",
     ExitCode.INTERNAL: "internal error (a bug); the message names the daemon log",
     ExitCode.USAGE: "bad command line",
-    ExitCode.CONFIG: "bad configuration file, -o override, or a cache, tier or rendezvous directory that is "
-    "unusable, full, or writable by others",
+    ExitCode.CONFIG: "bad configuration file, -o override, or a directory seerfs writes that is unusable, full, "
+    "or that another user could write or redirect (NOTES), or a tier directory seerfs did not make; or memory "
+    "bytes set that the memory cgroup cannot hold",
     ExitCode.SOURCE: "SOURCE missing, not a directory or unreadable",
     ExitCode.MOUNTPOINT: "MOUNTPOINT missing, not a directory, not empty or already mounted",
     ExitCode.FUSE: "FUSE unusable: no /dev/fuse, no fusermount3, or allow_other refused",

@@ -604,7 +604,7 @@ def test_wrong_seed(tmp_path: Path, source: Source, verdict: Verdict) -> None:
     batches per local rank, still reads the PFS about once, and costs no time against writing no
     seed at all.  Afterwards the mount either stays in mismatch or its seed search finds the seed
     the sampler really uses (0) and follows that: a seed found from the opens replaces the written
-    one (README, "Seed discovery"), so the mismatch need not last to the end of the run.
+    one (seerfs-control(7), SEED DISCOVERY), so the mismatch need not last to the end of the run.
     """
     opts = seerfs_options(2, 3, val=False)
     seeded_runs, unseeded_runs = side_by_side(tmp_path, source, "ddp_loop.py", 2, ["--seed", "42"], opts, seed=42)

@@ -200,7 +200,7 @@ def test_the_pfs_serves_each_file_once_whatever_the_seed(
         assert modes == ["predicting", "predicting"], modes
     else:
         # The rule, not a plan, decided -- until the seed search found the sampler's seed from the
-        # opens (README, "Seed discovery"; found as seed + epoch when first seen in a later epoch),
+        # opens (seerfs-control(7), SEED DISCOVERY; found as seed + epoch when first seen in a later epoch),
         # which the group then follows like a written one: the PFS bound above holds either way.
         for d, mode in zip(out.docs, modes, strict=True):
             seed = d.get("seed") or {}

@@ -1,11 +1,13 @@
-"""Generate the man pages from the argparse parsers, the config schema and the status types.
+"""Generate the man pages from the argparse parsers, the config schema, the status types and the prose below.
 
 man/seerfs.1 and man/seerfs-tools.7 come from the parsers, man/seerfs.yaml.5 from the config schema,
 man/seerfs-control.7's status fields and metrics from the status TypedDicts (fusefs/daemon/status.py
-and the sections it names), and so does the metric list in README.md between its ``metrics`` markers.
-Why generated: commands, options, exit codes, config keys, status fields and metrics then cannot
-drift between ``--help``, ``seerfs config --defaults``, ``.control/status``, the metrics endpoint and
-the docs; tests/test_docs.py fails when a committed page is stale (run ``tools/genman`` to refresh).
+and the sections it names).  Why generated: commands, options, exit codes, config keys, status
+fields and metrics then cannot drift between ``--help``, ``seerfs config --defaults``,
+``.control/status``, the metrics endpoint and the docs; tests/test_docs.py fails when a committed
+page is stale (run ``tools/genman`` to refresh).  The reference prose no source type carries (the
+daemon group, Slurm, mount(8), seed discovery, metrics, notes) is roff text in this module's
+constants, so no page needs a hand edit; README.md stays a front page that links the pages.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import dataclasses
 import functools
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -25,7 +28,6 @@ from fusefs.errors import EXIT_MEANINGS, ExitCode
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"
-README = REPO / "README.md"
 DATE = "2026-11-22"
 
 
@@ -69,6 +71,11 @@ def _option_lines(p: argparse.ArgumentParser) -> list[str]:
     return lines
 
 
+def _roff(text: str) -> list[str]:
+    """A roff source constant (below) as page lines."""
+    return text.strip("\n").splitlines()
+
+
 def seerfs_1() -> str:
     parser = seerfs_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -93,68 +100,37 @@ def seerfs_1() -> str:
         "from it the placement planner knows which node reads which file in which epoch, prefetches "
         "files ahead of use into local tiers (RAM, local disk) and serves every read from the fastest "
         "of local cache, a peer node and the PFS.",
-        ".PP",
-        "The directory tree is read once at mount (the metadata snapshot) and persisted in the cache "
-        "directory; a later mount of an unchanged source reuses it.",
+        *_roff(SNAPSHOT_TEXT),
         ".SS Source changes",
         esc(SOURCE_CHANGES),
         ".PP",
         esc(PERSISTED),
+        *_roff(PROGRESS_TEXT),
         ".SH COMMANDS",
     ]
     for name, p in sub.choices.items():
         helptext = next((c.help for c in sub._choices_actions if c.dest == name), "") or ""
         out += [".SS " + esc(name), esc(_usage(name, p)), ".PP", esc(p.description or helptext)]
         out += _positional_lines(p) + _option_lines(p)
-    out += [
-        ".SH MOUNT(8) AND FSTAB",
-        "mount.fuse3 runs",
-        ".B seerfs SOURCE MOUNTPOINT \\-o OPTIONS",
-        "for filesystems of type",
-        ".BR fuse.seerfs .",
-        "Generic options (rw, ro, dev, nodev, suid, nosuid, exec, noexec, auto, noauto, user, _netdev, "
-        "nofail, defaults, atime options) are ignored;",
-        ".B config=FILE",
-        "names the configuration and",
-        ".B key=value",
-        "overrides a configuration key.  mount(8) clears PATH before it runs the helper, so mount.fuse3's "
-        "/bin/sh looks for",
-        ".B seerfs",
-        "only in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin and /bin: link the installed "
-        "console script there (e.g. /usr/local/bin/seerfs \\-> /opt/seerfs/bin/seerfs), or name it by its "
-        "absolute path with type",
-        ".B fuse",
-        "and",
-        ".IR HELPER # SOURCE .",
-        "Example fstab lines, one of each:",
-        ".PP",
-        ".nf",
-        esc("/lustre/imagenet  /tmp/imagenet  fuse.seerfs  noauto,config=/etc/seerfs.yaml  0 0"),
-        esc("/opt/seerfs/bin/seerfs#/lustre/imagenet  /tmp/imagenet  fuse  noauto,config=/etc/seerfs.yaml  0 0"),
-        ".fi",
-        ".SH ORDINARY USERS",
-        "Any user may mount: the mount goes through the setuid",
-        ".BR fusermount3 ,",
-        "which needs read\\-write access to /dev/fuse for that user (mode 0666, as the fuse3 package's udev "
-        "rule sets).",
-        ".B allow_other",
-        "needs",
-        ".B user_allow_other",
-        "in /etc/fuse.conf.  The cache directory defaults to ~/.cache/seerfs of the user (set HOME, or",
-        ".BR cache_dir ),",
-        "the runtime records to $XDG_RUNTIME_DIR/seerfs or /tmp/seerfs\\-UID.",
-        ".SH EXIT STATUS",
-    ]
+    out += [*_roff(GROUP_TEXT), *_roff(SLURM_TEXT), *_roff(FSTAB_TEXT), *_roff(ORDINARY_USERS_TEXT)]
+    out += [".SH EXIT STATUS"]
     for code in ExitCode:
         out += [".TP", f".B {int(code)}", esc(EXIT_MEANINGS[code])]
     out += [
+        *_roff(NOTES_TEXT),
         ".SH FILES",
         ".TP",
         ".I CACHE_DIR/snapshots/",
         "persisted metadata snapshots, one per source (cache_dir defaults to ~/.cache/seerfs)",
         ".TP",
+        ".I CACHE_DIR/plans/",
+        "plans, one directory per mountpoint, the newest four kept",
+        ".TP",
         ".I CACHE_DIR/log/",
         "daemon logs, one per mountpoint",
+        ".TP",
+        ".I TIER_PATH/seerfs\\-tier.json",
+        "a directory tier's marker (the daemon's uid and a tier id): the tier is seerfs's to change (NOTES)",
         ".TP",
         ".I /run/seerfs/",
         "per\\-mount runtime records (pid, source) used by umount, and the start record (the walk's "
@@ -164,12 +140,7 @@ def seerfs_1() -> str:
         "Slurm job: one daemon per node for the whole job, then training, then the epilogue:",
         ".PP",
         ".nf",
-        esc("N=$SLURM_NNODES"),
-        esc("srun --overlap --mpi=pmix -N $N -n $N seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &"),
-        esc("srun -N $N -n $N seerfs wait /tmp/imagenet"),
-        esc("echo 0 > /tmp/imagenet/.control/seed"),
-        esc("srun python train.py --data /tmp/imagenet/train"),
-        esc("srun -N $N -n $N seerfs umount /tmp/imagenet"),
+        *[esc(line) for line in JOB_EXAMPLE.strip("\n").splitlines()],
         ".fi",
         ".SH SEE ALSO",
         ".BR seerfs.yaml (5),",
@@ -178,6 +149,270 @@ def seerfs_1() -> str:
         ".BR fusermount3 (1)",
     ]
     return "\n".join(out) + "\n"
+
+
+JOB_EXAMPLE = """
+N=$SLURM_NNODES   # one daemon per node: -n too, or srun takes the job's task count from SLURM_NTASKS
+srun --overlap --mpi=pmix -N $N -n $N seerfs mount --fg /lustre/imagenet /tmp/imagenet -c seerfs.yaml &
+srun -N $N -n $N seerfs wait /tmp/imagenet                 # until every node's mount answers
+echo 0 > /tmp/imagenet/.control/seed                       # the SAMPLER's seed (optional: found from the opens)
+srun python train.py --data /tmp/imagenet/train            # unchanged ImageFolder + DistributedSampler
+srun -N $N -n $N seerfs umount /tmp/imagenet               # epilogue
+"""
+"""The job script of seerfs(1) EXAMPLES: README.md's "How a job uses it" recipe (tests/test_docs.py
+keeps the two equal)."""
+
+SNAPSHOT_TEXT = r"""
+.PP
+The directory tree is walked once at mount (threads in parallel) into a compact metadata snapshot
+(82 bytes per entry plus the names); lookups and listings never touch the PFS again.  The snapshot
+is persisted under
+.B cache_dir
+and reused by a later mount when no directory of the source changed
+.RB ( "\-\-rescan"
+forces a walk).
+"""
+"""seerfs(1) DESCRIPTION: the snapshot."""
+
+PROGRESS_TEXT = r"""
+.SS Progress
+Long work shows its progress: the walk of a large source (entries walked, entries per second, and
+the time left when a persisted snapshot of the same source gives the expected count) in
+.B seerfs mount
+and
+.BR "seerfs plan" ,
+in
+.B seerfs wait
+(which reads the starting daemon's start record before the mount answers) and in
+.BR "seerfs status" ;
+the plan being built (phase, files, and the time left estimated from the last plan built for the
+mountpoint) in
+.B seerfs wait \-\-plan
+and
+.BR "seerfs status" .
+On a terminal this is one refreshing line on stderr; otherwise one line at most every 10 s (a
+.B \-\-fg
+daemon logs it every 10 s).  The status field
+.B progress
+(seerfs\-control(7)) holds the numbers.
+"""
+"""seerfs(1) DESCRIPTION: progress of long work."""
+
+GROUP_TEXT = r"""
+.SH THE DAEMON GROUP
+On several nodes the daemons of a job form a group: each file gets an owner that reads it from the
+PFS once and serves it to the other nodes over TCP, so the PFS is read about once per job.  The
+owner is the plan's while the seed's plan is followed, else a hash of the file over the members
+(the group rule).  When that changes (a wrong seed refuted by the opens, the right seed found or
+written later), the member about to read a file from the PFS first asks the members that read it
+under the earlier plan or rule for a copy they still hold, in a tier, in RAM or in their page
+cache (status group.held_asks and group.held_hits; prefetch.staging.read_backs), so a change of
+seed never costs a second PFS read of a file some node still holds.
+.PP
+The group forms one of three ways, chosen by
+.B peers.discovery
+(default
+.BR auto ,
+which tries them in this order):
+.TP
+.B MPI
+Launched by
+.B srun \-\-overlap \-\-mpi=pmix \-N $N \-n $N seerfs mount \-\-fg ...
+(srun hands its tasks PMI only with \-\-mpi=pmix or MpiDefault=pmix; Debian's default is none, and
+then every daemon stays alone) or by
+.BR "mpirun \-np NODES \-\-map\-by ppr:1:node seerfs mount \-\-fg ..." ;
+the daemons allgather their data addresses, check that the configuration and plan inputs agree (a
+mismatch is exit status 10 on every node) and share a fresh job token.  Under MPI the mount must
+be
+.B \-\-fg
+(no fork after MPI_Init).  MPI needs the extra seerfs[mpi] (mpi4py, built against the MPI it will
+run under); without it, a mount that asks for MPI fails with one line naming the extra.
+.TP
+.B rendezvous
+.B peers.rendezvous_dir
+on the shared filesystem and
+.B peers.expect
+nodes: each daemon publishes its address there (this works from a root Slurm prolog, without
+MPI); the job token is
+.B peers.token_file
+(default RENDEZVOUS_DIR/token, created if missing).
+.TP
+.B static
+.B peers.static
+lists host:port per node, in the same order everywhere.
+.PP
+.B peers.bind
+picks the address or interface the data port binds to.
+.B seerfs wait
+returns when the mount answers and its group has formed.  A seed written on any node reaches every
+daemon: the latest write wins, by generation number, and wins over a seed discovered under the seed
+it replaced (seerfs\-control(7), SEED DISCOVERY).
+.PP
+A peer that stops answering (crashed or hung) is marked down after
+.B peers.down_after
+consecutive failed requests (each bounded by
+.BR peers.timeout )
+and probed again after
+.B peers.retry_down_after
+seconds, or at once after a state note from it.  It is up again when a probe or a state note to it
+is answered: notes, every 2 s, still go to a down peer, so two members that each marked the other
+down after a stall they both lived through are up again within a round or two.  Its files come from
+the PFS meanwhile, and no read waits longer than peers.timeout plus one PFS read.  A daemon killed
+and mounted again on its node (rendezvous, at a new port or the same one, or static) rejoins the
+group and serves its peers again within seconds; it removes the entry its crashed predecessor left
+in the rendezvous directory.  Every request names the file it means (entry, size, mtime), so a
+peer whose plan or snapshot disagrees refuses instead of sending another file's bytes.
+.B seerfs status
+shows the group, each peer's health and the reads per source on every node.
+"""
+"""seerfs(1) THE DAEMON GROUP: formation, owners, peers down and up."""
+
+SLURM_TEXT = r"""
+.SH SLURM
+Slurm kills a step's processes when the step ends, so the daemon runs as a job\-long background
+step
+.RB ( "srun \-\-overlap ... \-\-fg &" ,
+as in EXAMPLES) or from a root prolog.  As a step it shares the job's memory cgroup with the
+training.  The daemon reads that cgroup (v2 memory.max, memory.current and memory.events, or v1)
+at mount and every 2 s: where the memory tiers'
+.B bytes
+are not set, it sizes them (and the page cache the mount keeps) to what the limit leaves after
+the cgroup's use at mount and its own processes (plan and seed\-search workers included), shrinks
+them (pushed pages and memory copies first) when use nears the limit or high/oom events rise, and
+grows them back when calm; one WARNING line and the status section memory_cgroup say what was
+sized and why.  A
+.B bytes
+set in the configuration that the limit cannot hold is exit status 3 at mount.  Training grows
+after the mount, so still ask
+.B \-\-mem
+for the training's own memory plus about 150 MB for the daemon.
+.PP
+To mount for the job from a root Slurm prolog instead (on each node, before the job starts;
+unmounted by the epilog, also after scancel), use tools/slurm/prolog and tools/slurm/epilog of the
+source distribution, whose comments say how to install them.  That mount is root's, with
+.BR allow_other ,
+and its control files belong to the job's user
+.RB ( control_owner ),
+so the job writes its seed as in EXAMPLES.
+.PP
+The seed that matters is the sampler's: DistributedSampler(seed=...) (default 0) or the seed of
+the generator given to a shuffling DataLoader, not the script's torch.manual_seed
+(seerfs.yaml(5), WHICH SEED TO WRITE).  Writing it is optional: without it, or with a wrong one,
+the daemon finds it from the node's first opens (seerfs\-control(7), SEED DISCOVERY).
+"""
+"""seerfs(1) SLURM: the daemon as a job step or from a prolog, its memory, the seed to write."""
+
+FSTAB_TEXT = r"""
+.SH MOUNT(8) AND FSTAB
+mount.fuse3 runs
+.B /bin/sh \-c \(dqseerfs SOURCE MOUNTPOINT \-o OPTIONS\(dq
+for filesystems of type
+.BR fuse.seerfs ;
+seerfs accepts that form.  Generic options (rw, ro, dev, nodev, suid, nosuid, exec, noexec, auto,
+noauto, user, _netdev, nofail, defaults, atime options) are ignored;
+.B config=FILE
+names the configuration and
+.B key=value
+overrides a configuration key.  mount(8) clears PATH (and HOME) before it runs the helper
+(util\-linux 2.38, even for root), so the shell looks for
+.B seerfs
+only in its default /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin, whatever PATH
+the caller has or a venv put first.  Two ways work with an installed seerfs:
+.IP 1. 3
+type
+.BR fuse.seerfs ,
+with the installed console script linked into /usr/local/bin;
+.IP 2. 3
+no link: type
+.B fuse
+and the helper's absolute path before '#' (mount.fuse3 runs that path).
+.PP
+.nf
+ln \-s /opt/seerfs/bin/seerfs /usr/local/bin/seerfs                                        # 1.
+mount \-t fuse.seerfs /lustre/imagenet /tmp/imagenet \-o config=/etc/seerfs.yaml
+/lustre/imagenet  /tmp/imagenet  fuse.seerfs  noauto,config=/etc/seerfs.yaml  0 0       # its /etc/fstab line
+
+mount \-t fuse '/opt/seerfs/bin/seerfs#/lustre/imagenet' /tmp/imagenet \-o config=/etc/seerfs.yaml   # 2.
+/opt/seerfs/bin/seerfs#/lustre/imagenet  /tmp/imagenet  fuse  noauto,config=/etc/seerfs.yaml  0 0
+.fi
+.PP
+Either way the mount shows as
+.B fuse.seerfs
+with the source as its device.  A system\-wide pip install that puts seerfs in /usr/local/bin
+needs neither.
+"""
+"""seerfs(1) MOUNT(8) AND FSTAB."""
+
+ORDINARY_USERS_TEXT = r"""
+.SH ORDINARY USERS
+No root is needed to mount, read, check status or unmount.  A non\-root mount goes through the
+setuid
+.B fusermount3
+(package fuse3), which opens /dev/fuse as the user: the device must be read\-write for them, mode
+0666 as the fuse3 package's udev rule sets on a host (some containers leave it 0600; seerfs then
+says so).  The user needs write access to the mountpoint and read access to the source; the
+source's permissions hold through the mount (default_permissions).
+.B cache_dir
+defaults to ~/.cache/seerfs of the user, so HOME must be theirs (setpriv keeps the caller's,
+runuser \-u and su set it; or set
+.BR cache_dir ),
+and the runtime records go to $XDG_RUNTIME_DIR/seerfs or /tmp/seerfs\-UID.
+.B allow_other
+(other users, e.g. a job running as another account, read the mount) needs
+.B user_allow_other
+in /etc/fuse.conf; without it the mount fails with exit status 6.
+"""
+"""seerfs(1) ORDINARY USERS."""
+
+NOTES_TEXT = r"""
+.SH NOTES
+.IP \(bu 2
+Plans are built in a separate process at nice 10
+.RB ( "python \-m fusefs.planning.worker" ),
+never in the FUSE loop.  After each plan the daemon keeps one such worker started and waiting
+(about 30 MB resident, idle), so a seed written as the job's ranks start costs the planning alone
+(about 50 ms of CPU for 4,400 files) instead of a Python start and numpy's import (about 0.4 s of
+CPU on the cores the ranks start on).  The next one starts 30 s after a plan made while the job
+runs; the waiting one exits with its daemon, killed or not.  The seed search runs in a process of
+its own too (seerfs\-control(7), SEED DISCOVERY).
+.IP \(bu 2
+Writes of any kind fail with EROFS;
+.BR statfs (2)
+reports the source's figures.
+.IP \(bu 2
+Symlinks are served as symlinks; links whose target leaves the tree are listed in status
+(snapshot.external_symlinks) and logged: reads through them bypass seerfs.
+.IP \(bu 2
+.B default_permissions
+is always on: with
+.BR allow_other ,
+nobody reads through the mount what the source denies them.
+.IP \(bu 2
+What seerfs writes is its user's alone: the job token, snapshots, plans, tier copies, logs and
+rendezvous entries are created 0600 (directories 0700), and a token file other users can read is
+refused at mount (exit status 3).
+.IP \(bu 2
+Trusted paths: the daemon often runs as root, so at mount every directory it creates or writes
+(CACHE_DIR and its log, plans and snapshots, each directory tier, the log file's directory, the
+rendezvous directory, the token file's directory) is checked from / down, as sshd's StrictModes
+does.  Each component must be a directory, or a symlink, owned by root or the daemon's user, and
+not writable by group or others unless sticky (/tmp); the last directory must not be writable by
+group or others at all.  Missing directories are made 0700.  Otherwise one line names the path and
+the rule, exit status 3: a symlink another user planted, or a group\-writable directory on the
+way, could send the daemon's writes elsewhere.  An admin's root\-owned symlink
+(/scratch \-> /local/nvme) is followed.  Files seerfs then creates there are opened with
+O_NOFOLLOW.
+.IP \(bu 2
+A directory tier touches only what it made: it writes its marker (seerfs\-tier.json: the daemon's
+uid and a tier id) only into an empty directory or one holding a seerfs index whose checksum holds
+(a cache from an earlier build).  Any other directory, or an entry\-named file of another user in
+a marked one, refuses the mount (exit status 3) with nothing created or removed; files of other
+names are never touched.
+.IP \(bu 2
+.B seerfs mount \-\-timeout
+bounds only the wait for the mount to answer: the daemon goes on after it.
+"""
+"""seerfs(1) NOTES: behaviour worth knowing that no option or key names."""
 
 
 def _type_text(tp: Any) -> str:
@@ -287,7 +522,8 @@ def seerfs_yaml_5() -> str:
             f"The staleness bound is one round: cached files / snapshot.revalidate_per_s, and at least "
             f"snapshot.revalidate_round_min_s ({min_round:g} s by default, as long as rclone mount's "
             "--dir-cache-time: a few thousand cached files are not stat'ed every few seconds for the "
-            "whole job, each stat a metadata request to the PFS).  "
+            "whole job, each stat a metadata request to the PFS; on the benchmark's host, 30 s rounds of two "
+            "nodes over 4,400 cached files cost 3-5% of a training epoch, tools/RESULTS.md).  "
             f"At the default {rate:g} stats per second per node, a node holding all {files:,} files of "
             f"ImageNet's training set checks each once every {files / rate:,.0f} s "
             f"({files / rate / 60:.1f} minutes); in a group of N nodes each file is checked by its owner, "
@@ -338,7 +574,12 @@ SOURCE_CHANGES = (
     "copies are dropped, its page cache is invalidated, status names it (reads.stale_files, "
     "revalidation.changed), and a remount or seerfs mount --rescan serves the new content.  A source file "
     "replaced by a FIFO, socket or device reads as EIO with a status note; it never blocks the reader.  "
-    "A change made after a file's last check can be served from a copy until the next round sees it."
+    "A change made after a file's last check can be served from a copy until the next round sees it.  "
+    "These checks rest on ctime: a rewrite that keeps the size and puts the mtime back shows only there, so "
+    "on a source that does not maintain ctime (object-store FUSE clients, bindfs --ctime-from-mtime) such a "
+    "rewrite of a cached file is never seen and its copies serve the old bytes, unless snapshot.identity is "
+    "content: then each round also compares every cached file's source bytes with its copy, at the cost of "
+    "reading them from the PFS (seerfs.yaml(5))."
 )
 PERSISTED = (
     "Everything seerfs persists carries a format version and a digest over every array and file its "
@@ -431,7 +672,7 @@ truncate to any size but 0 is refused the same way, and a seed split over severa
 once its text so far is a seed.
 Until a seed is written the daemon assumes the sampler default 0
 .RB ( origin " is " assumed ).
-Reading the file returns the current seed and a newline.
+Reading the file returns the seed in use (written, found from the opens, or assumed) and a newline.
 .TP
 .B status
 A JSON document describing the mount, rendered afresh at every open (the file is opened with
@@ -538,6 +779,13 @@ def metrics_lines() -> list[str]:
         "task, dataset); a state field is a state set (1 for the current state, labelled with the metric's "
         "name); the info fields of a section are the labels of its _info metric.  Metrics of a null field "
         "(a cursor before the first plan, a tier without a journal) have no sample.",
+        ".PP",
+        "The endpoint is off by default: anyone who reaches the port reads the daemon's status.  A port that "
+        "cannot be bound is a log line and a status note (metrics.error), never a failed mount.  A scrape's "
+        "status snapshot is handed to the HTTP thread, which never reads the daemon's live state.  The "
+        "prediction hit ratio is",
+        ".BR seerfs_cursor_hit_ratio .",
+        "Every metric, with the field it mirrors:",
     ]
     for spec in schema.metric_specs(StatusDocument).values():
         labels = list(spec.labels) + ([spec.name] if spec.type == "stateset" else [])
@@ -560,12 +808,16 @@ value or
 .BR data_seed .
 So when nothing was written, or when the lead dataset's opens do not fit the plan of a written seed
 (the cursor's mismatch), the daemon searches for the seed in a separate process at low priority
-(nice 10 for the likely seeds, nice 19 for the rest of the range) that never runs in the FUSE loop.
+.RB ( "python \-m fusefs.planning.search_worker" ,
+nice 10 for the likely seeds, nice 19 for the rest of the range, killed when a seed is written or
+the mount ends) that never runs in the FUSE loop.
 Torch seeds its generator with the low 32 bits of the seed, a DistributedSampler's order in epoch e
 depends only on seed + e, and people pick small seeds, so the search tries, in order: common seeds
 (0, 1, 42, 1234, 3407, ...), 0..65535, the common seeds plus 1..999 (a job resumed in a later
-epoch), every date YYYYMMDD of 1970..2099 plus 0..999, then the rest of 0..2**24\-1
-.RB ( seed_discovery.limit ).
+epoch), every date YYYYMMDD of 1970..2099 plus 0..999 (all of these take under a second at ImageNet
+scale), then the rest of 0..2**24\-1
+.RB ( seed_discovery.limit ;
+about 15 CPU seconds at ImageNet scale, which at nice 19 only uses idle CPU).
 It starts once the node opened two batches per local rank of the lead dataset and compares exactly
 those.  A match is accepted only when the chance that any wrong candidate of the whole plan fits
 as well is below the cursor's false\-lock chance (1e\-6); it is then planned and used as if it had
@@ -580,14 +832,26 @@ outranks a seed discovered under the same previous seed, whichever node found it
 Nor is a written seed judged on opens from before it was written (a job may change its sampler's
 seed mid\-run): each seed written here or on a peer starts a new recording of opens, and a match
 that the written seed reproduces in one of its plan's epochs (found as seed + e) leaves it in use.
-A written seed that matches the opens is used and no search runs.  Limits:
+A written seed that matches the opens is used and no search runs.  A job first seen in epoch e of
+a DistributedSampler is found as seed + e, which is what is planned: its epoch e + k reads like
+epoch k of that value.
+.PP
+The
+.B discovery
+section of the status shows what was found (or why not), from how many opens, with which
+false\-match chance, after how many candidates and seconds;
+.B seed_discovery
+in
+.BR seerfs.yaml (5)
+turns the search off or changes its range.  What it cannot find (write the seed instead):
 .IP \(bu 2
 a DataLoader that shuffles without a generator
 .RB ( shuffle=True ", " generator=None )
 draws a fresh 64\-bit seed from the global RNG every epoch: not searchable (and not predictable:
 pass it a seeded generator and write that seed);
 .IP \(bu 2
-a seed outside the range (a random 64\-bit one, say) is not found: write it, or raise
+a seed outside the range (a random 64\-bit one, say) is not found, and the job is cached reactively,
+as without a seed: write it, or raise
 .BR seed_discovery.limit ;
 .IP \(bu 2
 accelerate's default sampler is not searchable:
@@ -627,37 +891,21 @@ def seerfs_control_7() -> str:
         "seerfs status /tmp/imagenet",
         "curl \\-s http://127.0.0.1:" + str(config.Config().metrics.port) + "/metrics | grep ^seerfs_reads",
         ".fi",
+        ".PP",
+        "A mount with the metrics on any free port, and a scrape of the URL its status names:",
+        ".PP",
+        ".nf",
+        esc("seerfs mount /lustre/imagenet /tmp/imagenet -c seerfs.yaml -o metrics.enabled=true,metrics.port=0"),
+        esc(
+            "curl -s \"$(python3 -c 'import json; "
+            'print(json.load(open("/tmp/imagenet/.control/status"))["metrics"]["url"])\')"'
+        ),
+        ".fi",
         ".SH SEE ALSO",
         ".BR seerfs (1),",
         ".BR seerfs.yaml (5)",
     ]
     return "\n".join(out) + "\n"
-
-
-README_BEGIN = "<!-- metrics: generated by tools/genman from the status types -->"
-README_END = "<!-- end of metrics -->"
-
-
-def readme_metrics() -> str:
-    """The README's metric list: every metric name, by status section (details in seerfs-control(7))."""
-    groups: dict[str, list[str]] = {}
-    for spec in schema.metric_specs(StatusDocument).values():
-        section = spec.path.split(".")[0].split("[")[0].split("{")[0]
-        if section not in StatusSections.__annotations__:
-            section = "daemon"
-        labels = "{" + ",".join(spec.labels) + "}" if spec.labels else ""
-        groups.setdefault(section, []).append(f"`{spec.exposed}{labels}`")
-    lines = [f"- {name}: " + ", ".join(names) for name, names in groups.items()]
-    return "\n".join([README_BEGIN, *lines, README_END])
-
-
-def readme_text() -> str:
-    """README.md with its metric list regenerated."""
-    text = README.read_text()
-    begin, end = text.find(README_BEGIN), text.find(README_END)
-    if begin < 0 or end < begin:
-        raise SystemExit(f"genman: README.md lacks the lines {README_BEGIN!r} and {README_END!r}")
-    return text[:begin] + readme_metrics() + text[end + len(README_END) :]
 
 
 TOOLS = (
@@ -681,7 +929,7 @@ TOOLS = (
 
 
 def tool_parsers() -> dict[str, argparse.ArgumentParser]:
-    """Each tool's parser, and each subcommand's as "tool sub": what --help, the page and README show."""
+    """Each tool's parser, and each subcommand's as "tool sub": what --help and seerfs-tools(7) show."""
     import importlib
 
     out: dict[str, argparse.ArgumentParser] = {}
@@ -695,35 +943,69 @@ def tool_parsers() -> dict[str, argparse.ArgumentParser]:
     return out
 
 
-def _first_paragraph(text: str | None) -> str:
-    return " ".join((text or "").strip().split("\n\n")[0].split())
+def description_lines(text: str | None) -> list[str]:
+    """A parser's whole description (what --help prints above the options) as roff: paragraphs of
+    prose filled, indented lines (tables, example commands) kept as they are."""
+    out: list[str] = []
+    for para in textwrap.dedent(text or "").strip().split("\n\n"):
+        lines = para.splitlines()
+        i = 0
+        while i < len(lines):
+            indented = lines[i].startswith(" ")
+            j = i
+            while j < len(lines) and lines[j].startswith(" ") == indented:
+                j += 1
+            if indented:
+                out += [".nf", *[esc(line) for line in lines[i:j]], ".fi"]
+            else:
+                out.append(esc(" ".join(" ".join(lines[i:j]).split())))
+            i = j
+        out.append(".PP")
+    return out[:-1]
+
+
+TOOLS_HEAD = r"""
+.SH NAME
+seerfs\-tools \- the benchmarks, emulator and generators under tools/ in the seerfs repository
+.SH DESCRIPTION
+Every program runs from the repository root as
+.BI tools/ NAME
+and uses the project's .venv when it exists (tools/setup makes it).  Each program's
+.B \-\-help
+prints the text of its section below; tools/RESULTS.md has the measured tables and the exact
+commands.  The programs without options of their own:
+.TP
+.B tools/demo [BENCH_TRAIN OPTIONS]
+The README's demo: tools/setup, then tools/bench_train at a small size (about 1.5 minutes once set
+up; the first run's setup adds about 6): the lower bound, the PFS directly, copy\-then\-train
+staging, rclone, seerfs without a seed and seerfs with the seed, then the seeded mount's
+.B seerfs status
+and a verdict line.  At this size only the PFS\-bytes targets are judged; the timing targets, set
+for bench_train's default sizes, are shown without a verdict.  Any bench_train option given to it
+overrides the demo's sizes.
+.TP
+.B tools/setup
+Installs what the project needs on a Debian machine (apt packages, .venv with the package and its
+extras, the dependency wheels in .whl/); idempotent.
+.TP
+.B tools/run-tests [PYTEST ARGUMENTS]
+What CI runs: tools/setup, ruff, mypy, tools/genman \-\-check, then pytest without the slow tests
+(CONTRIBUTING.md).
+.TP
+.B tools/slurm/prolog\fR, \fBtools/slurm/epilog
+Mount for a job from a root Slurm prolog and unmount in the epilog (seerfs(1), SLURM); their
+comments say how to install them.
+"""
+"""The head of seerfs-tools(7): how the programs run, and those that take no options of their own."""
 
 
 def seerfs_tools_7() -> str:
-    out = [
-        f'.TH SEERFS\\-TOOLS 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"',
-        ".SH NAME",
-        "seerfs\\-tools \\- the benchmarks, emulator and generators under tools/ in the seerfs repository",
-        ".SH DESCRIPTION",
-        "Every program runs from the repository root as",
-        ".BI tools/ NAME",
-        "and uses the project's .venv (made by tools/setup).",
-        ".B tools/demo",
-        "runs tools/bench_train at a one\\-minute size; any bench_train option given to it overrides that size.",
-        "Each program's",
-        ".B \\-\\-help",
-        "prints the text below; tools/RESULTS.md has the measured tables and the exact commands.",
-    ]
+    out = [f'.TH SEERFS\\-TOOLS 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"', *_roff(TOOLS_HEAD)]
     for name, p in tool_parsers().items():
         usage = " ".join(p.format_usage().strip().removeprefix("usage: ").split())
-        out += [
-            ".SH " + esc("tools/" + name),
-            ".nf",
-            esc("tools/" + usage),
-            ".fi",
-            ".PP",
-            esc(_first_paragraph(p.description)),
-        ]
+        out += [".SH " + esc("tools/" + name), ".nf", esc("tools/" + usage), ".fi"]
+        if p.description:
+            out += [".PP", *description_lines(p.description)]
         out += _positional_lines(p) + _option_lines(p)
     out += [".SH SEE ALSO", ".BR seerfs (1),", ".BR seerfs.yaml (5),", ".BR seerfs\\-control (7)"]
     return "\n".join(out) + "\n"
@@ -738,7 +1020,11 @@ PAGES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="genman", description="Regenerate the man pages under man/ from the parsers.")
+    p = argparse.ArgumentParser(
+        prog="genman",
+        description="Regenerate man/seerfs.1, seerfs.yaml.5, seerfs-control.7 and seerfs-tools.7 from the parsers, "
+        "the config schema and the status types (tests/test_docs.py fails when a committed page is stale).",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 if a committed page is stale, write nothing")
     return p
 
@@ -746,8 +1032,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stale = []
-    outputs = {MAN / name: make for name, make in PAGES.items()} | {README: readme_text}
-    for path, make in outputs.items():
+    for path, make in ((MAN / name, make) for name, make in PAGES.items()):
         text = make()
         if args.check:
             if not path.exists() or path.read_text() != text:

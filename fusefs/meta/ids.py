@@ -5,7 +5,7 @@
 * gid: a file's position in the job's datasets (dataset offset + catalog index); the planner's id.
 * object: what tiers cache; one per entry, several gids may share one (a symlinked directory).
 
-ARCHITECTURE.md describes all four; only entry <-> inode is arithmetic, the rest are plan columns.
+PERSISTED.md (ID spaces) describes them all; only entry <-> inode is arithmetic, the rest are plan columns.
 """
 
 from __future__ import annotations
