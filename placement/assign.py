@@ -39,16 +39,15 @@ fetches it by the time anybody first needs it, so that the PFS is read once per 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-T = TypeVar("T")
+from placement.parallel import Pool, by_columns, per_node
+
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 UInts = npt.NDArray[np.unsignedinteger]
@@ -184,32 +183,6 @@ def priority_order(count: UInts, first: Ints, candidates: I64) -> I64:
 # --------------------------------------------------------------------------- assignment
 
 
-def per_node(fn: Callable[[int], T], nodes: int, workers: int | None = None) -> list[T]:
-    """``[fn(0), ..., fn(nodes - 1)]``, computed in ``workers`` threads (default: up to 2, as the
-    machine allows).  The nodes' rows are independent and the work in them is numpy passes over
-    whole rows, which release the GIL, so a second core shortens it without changing a result."""
-    if workers is None:
-        workers = min(2, os.cpu_count() or 1)
-    if workers <= 1 or nodes <= 1:
-        return [fn(k) for k in range(nodes)]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-nodes") as pool:
-        return list(pool.map(fn, range(nodes)))
-
-
-def by_columns(fn: Callable[[slice], T], m: int, workers: int | None = None) -> list[T]:
-    """``fn`` over ``workers`` contiguous ranges of 0..m-1, in threads, in order: for the steps
-    that loop over nodes but treat every object alone (a running minimum over the nodes' rows),
-    which :func:`per_node` cannot split."""
-    if workers is None:
-        workers = min(2, os.cpu_count() or 1)
-    parts = max(1, min(workers, m))
-    ranges = [slice(m * i // parts, m * (i + 1) // parts) for i in range(parts)]
-    if parts == 1:
-        return [fn(ranges[0])]
-    with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="seerfs-columns") as pool:
-        return list(pool.map(fn, ranges))
-
-
 def fragmentation_reserve(largest: int, tiers: int, capacity: int) -> int:
     """Bytes per node kept out of ownership so tier placement can always place what it owns
     (``largest``: the largest cacheable file)."""
@@ -237,14 +210,16 @@ def assign(
     budgets: npt.ArrayLike,
     *,
     spread: bool,
-    workers: int | None = None,
+    pool: Pool | None = None,
+    width: int = 1,
 ) -> Assignment:
     """Tiers and owners for every node (see the module docstring).
 
     ``counts``/``first``: (nodes, objects) reads over the job and first read position (a value
     above every position for objects the node never reads).  ``budgets``: bytes per tier,
-    (tiers,) for every node alike or (nodes, tiers).  ``workers``: threads for the per-node
-    steps (see :func:`per_node`; the result does not depend on it).
+    (tiers,) for every node alike or (nodes, tiers).  ``pool``: threads for the per-node and
+    per-object-range steps, ``width`` of them (:mod:`placement.parallel`; the result does not
+    depend on either).
     """
     nodes, m = counts.shape
     if first.shape != counts.shape or sizes.shape != (m,) or cacheable.shape != (m,):
@@ -263,7 +238,7 @@ def assign(
     caps = [int(b[k].sum()) for k in range(nodes)]
     room = np.array([c - fragmentation_reserve(largest, tiers, c) for c in caps], np.int64)
     if spread and tiers:
-        designated = _ownership_rounds(counts, first, sizes, read, room, workers)
+        designated = _ownership_rounds(counts, first, sizes, read, room, pool, width)
 
     def place(k: int) -> None:  # writes node k's rows only
         wanted = counts[k] > 0
@@ -286,15 +261,15 @@ def assign(
             tier_files[k, j] = int(on_j.sum())
             tier_bytes[k, j] = int(sz[on_j].sum())
 
-    per_node(place, nodes, workers)
-    earliest, reader = earliest_reader(first, workers)
-    owner = primary_owners(tier_of, first, workers)
-    fill_obj, fill_due, fill_off = _fill_orders(tier_of, owner, first, earliest, workers)
+    per_node(place, nodes, pool)
+    earliest, reader = earliest_reader(first, pool, width)
+    owner = primary_owners(tier_of, first, pool, width)
+    fill_obj, fill_due, fill_off = _fill_orders(tier_of, owner, first, earliest, pool)
     return Assignment(tier_of, owner, fill_obj, fill_due, fill_off, tier_bytes, tier_files, earliest, reader)
 
 
 def _ownership_rounds(
-    counts: UInts, first: Ints, sizes: I64, read: Bools, room: I64, workers: int | None = None
+    counts: UInts, first: Ints, sizes: I64, read: Bools, room: I64, pool: Pool | None = None, width: int = 1
 ) -> npt.NDArray[np.int32]:
     """Designated holder per read object (-1: none had room); see step 1 of the module docstring."""
     nodes, m = counts.shape
@@ -330,7 +305,7 @@ def _ownership_rounds(
                 np.maximum(best, key, out=best)
             return choice
 
-        choice = np.concatenate(by_columns(choose, pending.size, workers))
+        choice = np.concatenate(by_columns(choose, pending.size, pool, width))
         left: list[I64] = []
         for k in np.flatnonzero(active).tolist():
             mine = pending[choice == k]
@@ -350,9 +325,9 @@ def _ownership_rounds(
     return designated
 
 
-def primary_owners(tier_of: npt.NDArray[np.int8], first: Ints, workers: int | None = None) -> I32s:
+def primary_owners(tier_of: npt.NDArray[np.int8], first: Ints, pool: Pool | None = None, width: int = 1) -> I32s:
     """Per object, the holder that reads it first (ties: lowest node), -1 when none holds it."""
-    parts = by_columns(lambda sl: _primary_owners(tier_of[:, sl], first[:, sl]), tier_of.shape[1], workers)
+    parts = by_columns(lambda sl: _primary_owners(tier_of[:, sl], first[:, sl]), tier_of.shape[1], pool, width)
     return np.concatenate(parts)
 
 
@@ -371,9 +346,9 @@ def _primary_owners(tier_of: npt.NDArray[np.int8], first: Ints) -> I32s:
     return owner
 
 
-def earliest_reader(first: Ints, workers: int | None = None) -> tuple[Ints, I32s]:
+def earliest_reader(first: Ints, pool: Pool | None = None, width: int = 1) -> tuple[Ints, I32s]:
     """Per object, the first read position over all nodes and the node doing it (-1: nobody)."""
-    parts = by_columns(lambda sl: _earliest_reader(first[:, sl]), first.shape[1], workers)
+    parts = by_columns(lambda sl: _earliest_reader(first[:, sl]), first.shape[1], pool, width)
     return np.concatenate([b for b, _ in parts]), np.concatenate([r for _, r in parts])
 
 
@@ -389,7 +364,7 @@ def _earliest_reader(first: Ints) -> tuple[Ints, I32s]:
 
 
 def _fill_orders(
-    tier_of: npt.NDArray[np.int8], owner: npt.NDArray[np.int32], first: Ints, earliest: Ints, workers: int | None
+    tier_of: npt.NDArray[np.int8], owner: npt.NDArray[np.int32], first: Ints, earliest: Ints, pool: Pool | None
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], I64]:
     """Per node: held objects by the job position they are due (NoPFS rule 1: order of first use)."""
     nodes, m = tier_of.shape
@@ -413,7 +388,7 @@ def _fill_orders(
             held, due = held[order], due[order]
         return held.astype(np.int32), due
 
-    parts = per_node(due_order, nodes, workers)
+    parts = per_node(due_order, nodes, pool)
     objs = [o for o, _ in parts]
     dues = [d for _, d in parts]
     off = np.zeros(nodes + 1, np.int64)

@@ -76,6 +76,7 @@ import numpy.typing as npt
 
 from placement.frameworks import epoch_permutation, unpredictable_reason
 from placement.jobstreams import JobStreams
+from placement.prob import log_comb
 from placement.samplers import (
     LRU,
     DistributedSamplerModel,
@@ -225,13 +226,6 @@ class CursorSettings:
 
 
 # ---------------------------------------------------------------------------------------- chances
-
-
-def log_comb(n: int, k: int) -> float:
-    """ln C(n, k)."""
-    if k < 0 or k > n:
-        return -math.inf
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
 def log_chance(distinct: int, span: int, length: int, slots: int, per_position: int, anchor: Anchor) -> float:

@@ -10,13 +10,13 @@ epochs, with the validation reads that follow them, in :mod:`placement.jobstream
 Every segment costs one permutation, the dominant price at ImageNet scale, so counts and first
 uses are folded in the same pass (by :class:`placement.streams.NodeReads`, in file space: one
 inverse of the epoch's order, then sequential work per node row); the next permutations are
-computed in worker threads meanwhile.
+computed meanwhile in the caller's threads, when it gives some (:mod:`placement.parallel`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from placement.parallel import Pool
+from placement.prob import binomial_tail
 from placement.samplers import DistributedSamplerModel
 from placement.streams import NodeReads, Streams, layouts_ahead
 
@@ -31,24 +33,6 @@ I64 = npt.NDArray[np.int64]
 
 
 # --------------------------------------------------------------------------- analytic (NoPFS 3.1)
-
-
-def binomial_tail(trials: int, p: float, k_min: int) -> float:
-    """P(X >= k_min) for X ~ Binomial(trials, p), summed in log space (no overflow at any E)."""
-    if k_min <= 0:
-        return 1.0
-    if k_min > trials:
-        return 0.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    lg = math.lgamma
-    total = 0.0
-    for k in range(k_min, trials + 1):
-        total += math.exp(lg(trials + 1) - lg(k + 1) - lg(trials - k + 1) + k * lp + (trials - k) * lq)
-    return min(1.0, total)
 
 
 def heavy_threshold(readers: int, epochs: int, delta: float) -> int:
@@ -137,11 +121,15 @@ def _count_bound(streams: Streams) -> int:
 
 
 def access_stats(
-    streams: Sequence[Streams], offsets: Sequence[int], segments: Sequence[Segment], workers: int | None = None
+    streams: Sequence[Streams],
+    offsets: Sequence[int],
+    segments: Sequence[Segment],
+    pool: Pool | None = None,
+    width: int = 1,
 ) -> AccessStats:
     """Per-node read counts and first uses over ``segments`` (global ids: offsets[d] + index).
 
-    ``workers``: threads computing permutations ahead (default: 2 where the machine has 2 cores).
+    ``pool``: threads computing up to ``width`` permutations ahead (None: each in its turn, here).
     The folding is :class:`placement.streams.NodeReads`'s, the same as :meth:`Streams.node_counts`.
     Counts are uint8 when no file can be read 255 times by one node (ImageNet, 90 epochs), else
     uint16 or uint32.
@@ -160,13 +148,12 @@ def access_stats(
     pos_type: type[np.signedinteger[Any]] = np.int32 if job_len < np.iinfo(np.int32).max else np.int64
     reads = NodeReads(shape, total, count_type, pos_type)
     first_epoch_counts: npt.NDArray[np.unsignedinteger[Any]] | None = None
-    if workers is None:
-        workers = min(2, os.cpu_count() or 1)
-    layouts = layouts_ahead(streams, [(s.dataset, s.ds_epoch) for s in segments], workers)
-    for seg, lay in zip(segments, layouts, strict=True):
-        if first_epoch_counts is None and seg.job_epoch > 0:
-            first_epoch_counts = reads.counts.copy()
-        reads.add(streams[seg.dataset], lay, offset=int(offsets[seg.dataset]), start=seg.start)
+    ahead = layouts_ahead(streams, [(s.dataset, s.ds_epoch) for s in segments], pool, width)
+    with contextlib.closing(ahead) as layouts:
+        for seg, lay in zip(segments, layouts, strict=True):
+            if first_epoch_counts is None and seg.job_epoch > 0:
+                first_epoch_counts = reads.counts.copy()
+            reads.add(streams[seg.dataset], lay, offset=int(offsets[seg.dataset]), start=seg.start)
     assert reads.first is not None
     if first_epoch_counts is None:
         first_epoch_counts = reads.counts.copy()

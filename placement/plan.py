@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from placement.assign import Assignment, assign, earliest_reader, per_node, spread_covers
+from placement.assign import Assignment, assign, earliest_reader, spread_covers
 from placement.catalog import Catalog, build_catalogs
 from placement.frameworks import FRAMEWORK_KINDS, build_sampler
 from placement.frequency import (
@@ -47,6 +46,7 @@ from placement.frequency import (
 )
 from placement.jobstreams import DatasetStreams, EpochMap, JobStreams
 from placement.model import PerfModel
+from placement.parallel import Pool, per_node
 from placement.randperm import Backend
 from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
@@ -57,6 +57,9 @@ FORMAT = 2
 2: the digest covers every output column (objects and fill order too), not only tiers and owners."""
 HEAVY_DELTA = 0.8  # NoPFS's example threshold for "read much more often than average"
 I64 = npt.NDArray[np.int64]
+PlanPhase = Literal["streams", "access", "assign", "summary", "done"]
+"""The steps of :meth:`Plan.from_catalogs`, announced to its ``phases`` callback as each begins
+("done": the plan is complete).  The caller times them: placement reads no clock."""
 
 
 # --------------------------------------------------------------------------- inputs
@@ -232,6 +235,10 @@ def _digest(
     return h.hexdigest()
 
 
+def _no_phase(phase: PlanPhase) -> None:
+    """Nobody is timing the plan."""
+
+
 # --------------------------------------------------------------------------- objects
 
 
@@ -319,17 +326,27 @@ class Plan:
         lists: Mapping[int, Sequence[str]] | None = None,
         orders: Mapping[int, npt.ArrayLike] | None = None,
         backend: Backend = "auto",
-        workers: int | None = None,
+        pool: Pool | None = None,
+        width: int = 1,
+        phases: Callable[[PlanPhase], None] | None = None,
     ) -> Plan:
         """Plan the job in ``config`` (``Config.to_dict()``) over ``tree`` for sampler ``seed``.
 
         ``lists[i]`` / ``orders[i]``: contents of dataset i's list_file (paths) and
         order_file (indices), read by the caller.  Raises ValueError with a one-line reason for
-        setups whose reads cannot be predicted.
+        setups whose reads cannot be predicted.  ``pool``, ``width`` and ``phases``: see :meth:`from_catalogs`.
         """
         catalogs = build_catalogs(tree, config, lists)
         return cls.from_catalogs(
-            catalogs, config, seed, orders=orders, backend=backend, workers=workers, entries=len(tree)
+            catalogs,
+            config,
+            seed,
+            orders=orders,
+            backend=backend,
+            pool=pool,
+            width=width,
+            entries=len(tree),
+            phases=phases,
         )
 
     @classmethod
@@ -341,10 +358,20 @@ class Plan:
         *,
         orders: Mapping[int, npt.ArrayLike] | None = None,
         backend: Backend = "auto",
-        workers: int | None = None,
+        pool: Pool | None = None,
+        width: int = 1,
         entries: int | None = None,
+        phases: Callable[[PlanPhase], None] | None = None,
     ) -> Plan:
-        t0 = time.monotonic()
+        """The plan over catalogs already built (:meth:`build` builds them from a tree).
+
+        ``pool``: the caller's threads for the independent passes, ``width`` of them
+        (:mod:`placement.parallel`; None: the calling thread does everything); the plan does not
+        depend on either.  ``phases`` is told each
+        :data:`PlanPhase` as it begins, so that a caller can time them (``fusefs.planning.inputs``).
+        """
+        mark: Callable[[PlanPhase], None] = phases or _no_phase
+        mark("streams")
         inputs = plan_inputs(config, seed)
         order_arrays = {int(i): np.asarray(o, dtype=np.int64) for i, o in (orders or {}).items()}
         cats = list(catalogs)
@@ -356,28 +383,26 @@ class Plan:
         js = _job_streams(inputs, streams)
         segments = _segments(js, _shape(inputs).ranks_per_node)
         offsets = np.concatenate([[0], np.cumsum([len(c) for c in cats])]).astype(np.int64)
-        t_pass = time.monotonic()
-        stats = access_stats(streams, offsets.tolist(), segments, workers=workers)
-        t_assign = time.monotonic()
+        mark("access")
+        stats = access_stats(streams, offsets.tolist(), segments, pool, width)
+        mark("assign")
         if entries is None:
             entries = 1 + max((int(c.entry.max()) for c in cats if len(c)), default=0)
         objects = Objects.of(cats, entries)
         counts = objects.fold(stats.counts, "sum")
         first = objects.fold(stats.first_use, "min")
         budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
-        assignment = assign(counts, first, objects.size, objects.cacheable, budgets, spread=inputs["spread"])
+        assignment = assign(
+            counts, first, objects.size, objects.cacheable, budgets, spread=inputs["spread"], pool=pool, width=width
+        )
         digest = _digest(inputs, cats, order_arrays, _outputs(objects, assignment))
-        t_summary = time.monotonic()
+        mark("summary")
         model = PerfModel.from_config(config)
-        summary = _summarize(inputs, cats, objects, stats, counts, first, assignment, model, nodes, follows)
+        summary = _summarize(
+            inputs, cats, objects, stats, counts, first, assignment, model, nodes, follows, pool, width
+        )
         summary["digest"] = digest
-        t_end = time.monotonic()
-        summary["plan_seconds"] = round(t_end - t0, 3)
-        summary["timings"] = {
-            "access_s": round(t_assign - t_pass, 3),
-            "assign_s": round(t_summary - t_assign, 3),
-            "summary_s": round(t_end - t_summary, 3),
-        }
+        mark("done")
         plan = cls(inputs, cats, order_arrays, objects, assignment, digest, summary, backend)
         plan._job_streams = js
         plan._segments = segments
@@ -450,6 +475,11 @@ class Plan:
         """Per global id: the primary owner node, -1 when no node holds it."""
         o = self.assignment.owner
         return o if self.objects.gid_obj is None else o[self.objects.gid_obj]
+
+    def owner_of(self, gids: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        """The primary owner node of each of ``gids`` (-1: nobody holds it), without
+        :meth:`owner`'s array over every id."""
+        return self.assignment.owner[self.obj_of(gids)]
 
     def fill_order(self, node: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
         """Objects ``node`` keeps in its tiers, in the order to fetch them, with the job position
@@ -573,6 +603,8 @@ def _summarize(
     model: PerfModel,
     nodes: int,
     follows: Sequence[int | None],
+    pool: Pool | None = None,
+    width: int = 1,
 ) -> dict[str, Any]:
     """Bytes per tier, read shares by source, predicted I/O time and PFS traffic, per node.
 
@@ -591,7 +623,7 @@ def _summarize(
     if assignment.first_reader is not None and assignment.earliest is not None:
         earliest_first, first_reader = assignment.earliest, assignment.first_reader
     else:
-        earliest_first, first_reader = earliest_reader(first)
+        earliest_first, first_reader = earliest_reader(first, pool, width)
     remotes = _RemoteTiers(tier_of, model)
     held_any = remotes.held_any
     read_any = first_reader >= 0
@@ -637,7 +669,7 @@ def _summarize(
             reads_by[k, phase, pfs_cat] += int(sel.size)
             bytes_by[k, phase, pfs_cat] += int(moved_b.sum())
 
-    per_node(classify, nodes)
+    per_node(classify, nodes, pool)
     pfs_readers = [int((reads_by[:, phase, 2 * tiers] > 0).sum()) for phase in (0, 1)]
     node_reports: list[dict[str, Any]] = []
     owned_files = np.bincount(assignment.owner + 1, minlength=nodes + 1)[1:]

@@ -148,7 +148,7 @@ class Mt19937Stream(_CountedDraws):
     def __init__(self, seed: int) -> None:
         seed32 = check_seed(seed) & 0xFFFFFFFF
         legacy = np.random.RandomState(seed32).get_state(legacy=False)
-        self._bits = np.random.MT19937()
+        self._bits = np.random.MT19937(0)  # seeded only to be deterministic: the state is replaced next
         self._bits.state = {"bit_generator": "MT19937", "state": legacy["state"]}
         self._gen = np.random.Generator(self._bits)
         self._consumed = 0
@@ -179,7 +179,7 @@ class Mt19937Stream(_CountedDraws):
     def copy(self) -> Mt19937Stream:
         """An independent stream at the same position (a checkpoint)."""
         other = Mt19937Stream.__new__(Mt19937Stream)
-        other._bits = np.random.MT19937()
+        other._bits = np.random.MT19937(0)  # state replaced next
         other._bits.state = self._bits.state
         other._gen = np.random.Generator(other._bits)
         other._consumed = self._consumed

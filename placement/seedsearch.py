@@ -12,7 +12,7 @@ A job whose seed is unknown (not written to ``.control/seed``, or mistyped) stil
   first entries from its first draws, and mt19937's first 227 outputs need only the first
   397 + k words of the seeded state: output i is ``temper(mt[i+397] ^ twist(mt[i], mt[i+1]))``.
   So each candidate seed costs ~400 steps of the seeding recurrence, vectorised over 64k seeds at
-  once, instead of a permutation of n.
+  once (:mod:`placement.mt19937`), instead of a permutation of n.
 
 Samplers searched: ``DistributedSampler(shuffle=True, seed=s)`` on any world size, either
 ``drop_last``, on whichever node hosts the opens (its node is found too); and
@@ -54,21 +54,14 @@ import numpy as np
 import numpy.typing as npt
 
 from placement.cursor import NodeCursor
+from placement.mt19937 import LOW_OUTPUTS, MT_N, mt19937_outputs
+from placement.prob import binom_sf, hypergeom_sf
 from placement.randperm import THRESHOLD_64BIT, Mt19937Stream
 from placement.streams import JobShape
 
 U32 = npt.NDArray[np.uint32]
 I64 = npt.NDArray[np.int64]
 
-MT_N = 624
-MT_M = 397
-LOW_OUTPUTS = MT_N - MT_M  # outputs 0..226 need only the seeded state, not the rest of the twist
-_MULT = np.uint32(1812433253)
-_UPPER = np.uint32(0x80000000)
-_LOWER = np.uint32(0x7FFFFFFF)
-_MATRIX = np.uint32(0x9908B0DF)
-_TEMPER_B = np.uint32(0x9D2C5680)
-_TEMPER_C = np.uint32(0xEFC60000)
 
 FALSE_LOCK = NodeCursor.FALSE_LOCK
 SEED_SPACE = 1 << 32
@@ -230,102 +223,6 @@ COMMON_SEEDS: tuple[int, ...] = (
 
 
 # --------------------------------------------------------------------------------------------
-# mt19937, vectorised across seeds
-# --------------------------------------------------------------------------------------------
-
-
-def _init_step(prev: U32, i: int, out: U32, tmp: U32) -> None:
-    """``out = 1812433253 * (prev ^ (prev >> 30)) + i`` (init_genrand), mod 2**32, in place."""
-    np.right_shift(prev, 30, out=tmp)
-    np.bitwise_xor(prev, tmp, out=out)
-    np.multiply(out, _MULT, out=out)
-    np.add(out, np.uint32(i), out=out)
-
-
-def _temper(y: U32) -> U32:
-    """mt19937's output tempering, in place on ``y`` (returned)."""
-    y ^= y >> 11
-    y ^= (y << 7) & _TEMPER_B
-    y ^= (y << 15) & _TEMPER_C
-    y ^= y >> 18
-    return y
-
-
-def _twisted(cur: U32, nxt: U32, far: U32) -> U32:
-    """The twist of words ``cur`` (with the next word ``nxt`` and the one 397 on, ``far``)."""
-    y: U32 = np.bitwise_and(cur, _UPPER)
-    y |= np.bitwise_and(nxt, _LOWER)
-    out: U32 = np.bitwise_xor(far, np.right_shift(y, 1))
-    y &= np.uint32(1)
-    y *= _MATRIX
-    out ^= y
-    return out
-
-
-def mt19937_state(seeds: npt.ArrayLike) -> U32:
-    """The seeded 624-word state (``init_genrand``) of each seed: shape (624, len(seeds))."""
-    s = np.ascontiguousarray(seeds, dtype=np.uint32).reshape(-1)
-    state = np.empty((MT_N, s.shape[0]), dtype=np.uint32)
-    state[0] = s
-    tmp = np.empty(s.shape[0], dtype=np.uint32)
-    for i in range(1, MT_N):
-        _init_step(state[i - 1], i, state[i], tmp)
-    return state
-
-
-def _twist_rows(state: U32, rows: int) -> None:
-    """Regenerate words 0..rows-1 of ``state`` in place, as the sequential twist loop would.
-
-    Word i reads words i + 1 and (i + 397) % 624; blocks of at most 227 words only read words that
-    are already final for this round (before the block) or not yet touched (after it).
-    """
-    start = 0
-    while start < rows:
-        stop = min(rows, (start // LOW_OUTPUTS + 1) * LOW_OUTPUTS, MT_N)
-        # word 623 reads word 0, already regenerated
-        nxt = state[start + 1 : stop + 1] if stop < MT_N else np.concatenate([state[start + 1 : MT_N], state[0:1]])
-        lo = (start + MT_M) % MT_N
-        far = state[lo : lo + stop - start]
-        state[start:stop] = _twisted(state[start:stop], nxt, far)
-        start = stop
-
-
-def mt19937_outputs(seeds: npt.ArrayLike, k: int) -> U32:
-    """The first ``k`` 32-bit outputs of mt19937 seeded with each of ``seeds``: shape (k, len(seeds)).
-
-    Row j holds output j for every seed (``np.random.RandomState(seed)``'s and
-    ``torch.Generator().manual_seed(seed)``'s j-th 32-bit draw).  Up to 227 outputs need only state
-    words 0..k+396, which are computed once and never stored whole; beyond that the full state is
-    built and twisted as often as needed.
-    """
-    s = np.ascontiguousarray(seeds, dtype=np.uint32).reshape(-1)
-    if k < 0:
-        raise ValueError(f"k: expected >= 0 outputs, got {k}")
-    c = s.shape[0]
-    if k == 0:
-        return np.empty((0, c), dtype=np.uint32)
-    if k <= LOW_OUTPUTS:
-        low = np.empty((k + 1, c), dtype=np.uint32)  # words 0..k
-        high = np.empty((k, c), dtype=np.uint32)  # words 397..396+k
-        scratch = np.empty(c, dtype=np.uint32)
-        tmp = np.empty(c, dtype=np.uint32)
-        low[0] = s
-        prev = low[0]
-        for i in range(1, MT_M + k):
-            out = low[i] if i <= k else (high[i - MT_M] if i >= MT_M else scratch)
-            _init_step(prev, i, out, tmp)
-            prev = out
-        return _temper(_twisted(low[:k], low[1:], high))
-    state = mt19937_state(s)
-    result = np.empty((k, c), dtype=np.uint32)
-    for first in range(0, k, MT_N):
-        rows = min(MT_N, k - first)
-        _twist_rows(state, rows)
-        result[first : first + rows] = _temper(state[:rows].copy())
-    return result
-
-
-# --------------------------------------------------------------------------------------------
 # randperm's first entries
 # --------------------------------------------------------------------------------------------
 
@@ -376,7 +273,7 @@ def randperm_prefix(draws: npt.ArrayLike, n: int, length: int) -> I64:
 
 
 # --------------------------------------------------------------------------------------------
-# Probabilities
+# Distinct values
 # --------------------------------------------------------------------------------------------
 
 
@@ -390,47 +287,6 @@ def _distinct(a: I64) -> I64:
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     out: I64 = s[keep]
     return out
-
-
-def _log_comb(a: int, b: int) -> float:
-    return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
-
-
-def hypergeom_sf(hits: int, population: int, successes: int, draws: int) -> float:
-    """P(X >= hits) for X the opened files among ``draws`` files picked at random without replacement.
-
-    ``population`` files, ``successes`` of them opened.  The first term in log space, the next ones
-    by the pmf's ratio; past the mode the terms only shrink, so the sum stops once they are
-    negligible.
-    """
-    lo = max(hits, 0, draws - (population - successes))
-    hi = min(successes, draws)
-    if lo > hi:
-        return 0.0
-    if hits <= 0:
-        return 1.0
-    log_first = _log_comb(successes, lo) + _log_comb(population - successes, draws - lo) - _log_comb(population, draws)
-    mode = (draws + 1) * (successes + 1) // (population + 2)
-    term, total = 1.0, 1.0  # relative to the first term
-    for x in range(lo, hi):
-        term *= (successes - x) * (draws - x) / ((x + 1) * (population - successes - draws + x + 1))
-        total += term
-        if x >= mode and term < total * 1e-17:
-            break
-        if total > 1e300:  # the first term was tiny next to the mode: rescale
-            log_first += math.log(total)
-            term /= total
-            total = 1.0
-    return min(1.0, math.exp(log_first + math.log(total)))
-
-
-def binom_sf(hits: int, trials: int, p: float) -> float:
-    """P(X >= hits), X ~ Binomial(trials, p): stage 1's survival chance for a wrong candidate."""
-    if hits <= 0:
-        return 1.0
-    if hits > trials:
-        return 0.0
-    return min(1.0, sum(math.comb(trials, x) * p**x * (1 - p) ** (trials - x) for x in range(hits, trials + 1)))
 
 
 # --------------------------------------------------------------------------------------------

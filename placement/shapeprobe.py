@@ -30,6 +30,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from placement.prob import log_comb_v, log_factorials
+
 I64 = npt.NDArray[np.int64]
 Layout = Literal["samples", "batches"]
 
@@ -116,7 +118,7 @@ def probe_shapes(
         n = int(perm.shape[0])
         inverse = np.empty(n, dtype=np.int64)
         inverse[perm] = np.arange(n, dtype=np.int64)
-        lf = _log_factorials(n)
+        lf = log_factorials(n)
         for k in suffixes:
             files = np.unique(opens[k_all - k :])  # distinct files: reopens say nothing here
             distinct = int(files.shape[0])
@@ -131,11 +133,11 @@ def probe_shapes(
             top, bottom = pos.max(axis=1), pos.min(axis=1)
             w = worlds[:, 0]
             length = -(-n // w)  # positions per rank
-            base = _log_comb_v(lf, w, m) - _log_comb_v(lf, np.array([n]), np.array([distinct]))
+            base = log_comb_v(lf, w, m) - log_comb_v(lf, np.array([n]), np.array([distinct]))
             chance = np.full(len(shapes), np.inf)
             for span, anywhere in ((top + 1, False), (top - bottom + 1, True)):
                 held = np.minimum(m * span, n)
-                c = base + _log_comb_v(lf, held, np.full_like(held, distinct))
+                c = base + log_comb_v(lf, held, np.full_like(held, distinct))
                 if anywhere:
                     c = c + np.log(np.maximum(1, length - span + 1))
                 chance = np.where(span <= cap, np.minimum(chance, c), chance)
@@ -145,19 +147,4 @@ def probe_shapes(
                 layout: Layout = "samples" if bi is None else "batches"
                 out.append(ShapeFit(layout, wi, bi, ranks, k, float(chance[i]), label))
     out.sort(key=lambda f: (f.log_chance, -f.opens))
-    return out
-
-
-def _log_factorials(n: int) -> npt.NDArray[np.float64]:
-    """ln(i!) for i in 0..n."""
-    out = np.zeros(n + 1, dtype=np.float64)
-    np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)), out=out[1:])
-    return out
-
-
-def _log_comb_v(lf: npt.NDArray[np.float64], a: I64, b: I64) -> npt.NDArray[np.float64]:
-    """ln C(a, b) elementwise (-inf where b > a)."""
-    ok = b <= a
-    safe_b = np.where(ok, b, 0)
-    out: npt.NDArray[np.float64] = np.where(ok, lf[a] - lf[safe_b] - lf[np.where(ok, a - b, 0)], -np.inf)
     return out

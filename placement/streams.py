@@ -12,15 +12,16 @@ epochs into per-node read counts without materialising any per-node stream.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import contextlib
+import functools
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from placement.parallel import Pool, run_ahead
 from placement.randperm import IndexArray
 from placement.samplers import (
     LRU,
@@ -330,26 +331,25 @@ class Streams:
     # ---- over many epochs ----------------------------------------------------------------------
 
     def node_counts(
-        self, epochs: Iterable[int], node: int | None = None, *, workers: int | None = None
+        self, epochs: Iterable[int], node: int | None = None, *, pool: Pool | None = None, width: int = 1
     ) -> npt.NDArray[np.uint16]:
         """How often each node reads each file over ``epochs``: (nodes, n), or (n,) for one node.
 
-        A file a node reads twice in an epoch (padding) counts twice.  ``workers`` threads compute
-        the next epochs' permutations while this one is counted (numpy and torch release the GIL);
-        default: up to 4, as the machine allows.  Raises ValueError if a count could pass 65535.
+        A file a node reads twice in an epoch (padding) counts twice.  ``pool`` computes the next
+        ``width`` epochs' permutations while this one is counted (numpy and torch release the GIL;
+        None: each in its turn, here).  Raises ValueError if a count could pass 65535.
         """
         epoch_list = [int(e) for e in epochs]
         if node is not None and not 0 <= node < self.shape.nodes:
             raise ValueError(f"node: expected 0..{self.shape.nodes - 1}, got {node}")
-        if workers is None:
-            workers = min(4, os.cpu_count() or 1)
         reads = NodeReads(self.shape, self.n, np.uint16, node=node)
         bound = 0
-        for lay in layouts_ahead([self], [(0, e) for e in epoch_list], workers):
-            bound += self.read_bound(lay)
-            if bound > COUNT_MAX:
-                raise ValueError(f"node_counts: a file could be read more than {COUNT_MAX} times; ask fewer epochs")
-            reads.add(self, lay)
+        with contextlib.closing(layouts_ahead([self], [(0, e) for e in epoch_list], pool, width)) as layouts:
+            for lay in layouts:
+                bound += self.read_bound(lay)
+                if bound > COUNT_MAX:
+                    raise ValueError(f"node_counts: a file could be read more than {COUNT_MAX} times; ask fewer epochs")
+                reads.add(self, lay)
         counts: npt.NDArray[np.uint16] = reads.counts
         return counts if node is None else counts[0]
 
@@ -367,9 +367,12 @@ class Streams:
         return repeats * self.shape.ranks_per_node if lay.shared else repeats
 
 
-def layouts_ahead(streams: Sequence[Streams], reads: Sequence[tuple[int, int]], workers: int) -> Iterator[EpochLayout]:
-    """The layouts of ``reads`` ((dataset, sampler epoch) pairs) in order, with up to ``workers``
-    of the coming permutations computed in threads meanwhile (numpy and torch release the GIL).
+def layouts_ahead(
+    streams: Sequence[Streams], reads: Sequence[tuple[int, int]], pool: Pool | None, width: int
+) -> Generator[EpochLayout, None, None]:
+    """The layouts of ``reads`` ((dataset, sampler epoch) pairs) in order, with up to ``width``
+    of the coming permutations computed in ``pool`` meanwhile (numpy and torch release the GIL;
+    :func:`placement.parallel.run_ahead`; None: none ahead).
 
     Only samplers that shuffle and offer a pure per-epoch ``fresh_layout`` run ahead; the others
     are stateful or trivial and run in order here (and do not use up the look-ahead).
@@ -379,25 +382,14 @@ def layouts_ahead(streams: Sequence[Streams], reads: Sequence[tuple[int, int]], 
         sampler = streams[d].sampler
         return hasattr(sampler, "fresh_layout") and bool(getattr(sampler, "shuffle", False))
 
-    if workers <= 1:
-        for d, e in reads:
-            yield streams[d].layout(e)
-        return
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seerfs-epochs")
-    futures: dict[int, Future[EpochLayout]] = {}
-    upcoming = iter([i for i, (d, _) in enumerate(reads) if heavy(d)])
-    try:
-        for i, (d, e) in enumerate(reads):
-            while len(futures) < workers:
-                j = next(upcoming, None)
-                if j is None:
-                    break
-                sampler: Any = streams[reads[j][0]].sampler
-                futures[j] = pool.submit(sampler.fresh_layout, reads[j][1])
-            fut = futures.pop(i, None)
-            yield fut.result() if fut is not None else streams[d].layout(e)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    inline = [functools.partial(streams[d].layout, e) for d, e in reads]
+    ahead = [functools.partial(_fresh_layout, streams[d].sampler, e) if heavy(d) else None for d, e in reads]
+    return run_ahead(inline, ahead, pool, width)
+
+
+def _fresh_layout(sampler: Any, epoch: int) -> EpochLayout:
+    layout: EpochLayout = sampler.fresh_layout(epoch)
+    return layout
 
 
 class NodeReads:

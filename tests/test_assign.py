@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -66,8 +68,9 @@ def test_threads_give_the_same_assignment(job: Job) -> None:
     """Per-node rows and per-object column ranges in threads change nothing (m may be < threads)."""
     seed, nodes, m, epochs, tiers, fraction, spread = job
     arrays = make(seed, nodes, m, epochs, tiers, fraction)
-    one = assign(*arrays, spread=spread, workers=1)
-    three = assign(*arrays, spread=spread, workers=3)
+    one = assign(*arrays, spread=spread)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        three = assign(*arrays, spread=spread, pool=pool, width=3)
     for name in ("tier_of", "owner", "fill_obj", "fill_due", "fill_off", "tier_bytes", "tier_files"):
         np.testing.assert_array_equal(getattr(three, name), getattr(one, name), err_msg=name)
 

@@ -1,5 +1,6 @@
 """The package layering ARCHITECTURE.md describes, checked on the source: no import cycles, every
-package imports only its own modules and lower layers, and the pure parts stay pure.
+package imports only its own modules and lower layers, the pure parts stay pure, and placement is
+deterministic (every node must compute the same plan digest).
 
 Imports are read from the AST, function-level ones included: a lazy import still makes a cycle,
 it only hides it until the function runs.
@@ -121,6 +122,47 @@ PATH_METHODS = {
 }
 """pathlib methods that touch the disk, by names no pure class uses (``replace`` or ``resolve`` are
 common pure method names; the ``pathlib`` import itself is forbidden instead)."""
+
+
+DETERMINISTIC = ("placement",)
+"""Units every node must run to the same result: no clock, no unseeded randomness, no threads."""
+
+NONDETERMINISTIC_IMPORTS = (
+    "random",
+    "secrets",
+    "uuid",
+    "time",
+    "threading",
+    "_thread",
+    "concurrent",
+    "multiprocessing",
+    "asyncio",
+)
+"""Modules a deterministic unit must not import: randomness, clocks, threads and executors."""
+NONDETERMINISTIC_CALLS = {
+    "os.urandom",
+    "os.getrandom",
+    "os.cpu_count",
+    "os.sched_getaffinity",
+    "os.times",
+    "hash",
+}
+"""Calls that read entropy, the machine or a per-process hash seed (``hash`` of a str differs per process)."""
+CLOCK_METHODS = {"now", "utcnow", "today", "fromtimestamp"}
+"""``datetime.datetime.now()``, ``datetime.date.today()``...: the calendar is pure, these read the clock."""
+SEEDED_NP_RANDOM = {
+    "default_rng",
+    "Generator",
+    "RandomState",
+    "SeedSequence",
+    "MT19937",
+    "PCG64",
+    "PCG64DXSM",
+    "Philox",
+    "SFC64",
+}
+"""numpy.random's generator constructors: allowed with a seed (or, for ``Generator``, a bit generator).
+Everything else in numpy.random (``rand``, ``shuffle``, ``seed``...) draws from the hidden global state."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +298,59 @@ def purity_violations(source: str, name: str) -> list[str]:
     return bad
 
 
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> the dotted name it was imported as (``np`` -> ``numpy``, ``urandom`` -> ``os.urandom``)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    out[a.asname] = a.name
+                else:
+                    head = a.name.partition(".")[0]
+                    out[head] = head
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _unseeded(call: ast.Call) -> bool:
+    """No seed given: no argument at all, or None (``default_rng(None)``, ``MT19937(seed=None)``)."""
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return not args or (isinstance(args[0], ast.Constant) and args[0].value is None)
+
+
+def determinism_violations(source: str, name: str) -> list[str]:
+    """Clocks, unseeded randomness, threads and executors in one deterministic module's source."""
+    tree = ast.parse(source)
+    aliases = {"np": "numpy", **_aliases(tree)}  # np: also when a snippet uses it without the import
+    bad = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            targets = [node.module or ""]
+        for t in targets:
+            if _top(t, NONDETERMINISTIC_IMPORTS) is not None:
+                bad.append(f"{name}:{getattr(node, 'lineno', 0)}: imports {t}")
+        if not isinstance(node, ast.Call):
+            continue
+        dotted = _dotted(node.func) or ""
+        first, _, rest = dotted.partition(".")
+        func = ".".join(p for p in (aliases.get(first, first), rest) if p)
+        head, _, last = func.rpartition(".")
+        clock = last in CLOCK_METHODS and head.rpartition(".")[2] in ("datetime", "date")
+        np_clock = func == "numpy.datetime64" and any(
+            isinstance(a, ast.Constant) and a.value in ("now", "today") for a in node.args
+        )
+        np_random = head == "numpy.random" and (last not in SEEDED_NP_RANDOM or _unseeded(node))
+        if func in NONDETERMINISTIC_CALLS or clock or np_clock or np_random:
+            bad.append(f"{name}:{node.lineno}: calls {dotted}()")
+    return bad
+
+
 def test_no_import_cycles_in_fusefs_or_placement() -> None:
     found = cycles(load_modules())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
@@ -294,6 +389,70 @@ def test_the_purity_check_catches_a_forbidden_line(line: str) -> None:
     """The checks above can fail: each of these lines, added to a pure module, is reported."""
     for unit in PURE:
         assert purity_violations(line, unit), f"{line!r} in {unit} was not caught"
+
+
+@pytest.mark.parametrize("unit", DETERMINISTIC)
+def test_deterministic_parts_read_no_clock_no_unseeded_randomness_and_start_no_threads(unit: str) -> None:
+    mods = [m for m in load_modules().values() if _top(m.name, (unit,))]
+    assert mods, f"no module {unit}"
+    bad = [v for m in mods for v in determinism_violations(m.path.read_text(), m.name)]
+    assert not bad, "nondeterminism in placement (threads: take a placement.parallel.Pool):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import random",
+        "from random import shuffle",
+        "import time",
+        "from time import monotonic",
+        "import threading",
+        "from concurrent.futures import ThreadPoolExecutor",
+        "import multiprocessing",
+        "import uuid",
+        "os.urandom(8)",
+        "from os import urandom\nurandom(8)",
+        "os.cpu_count()",
+        "hash('x')",
+        "datetime.datetime.now()",
+        "datetime.date.today()",
+        "from datetime import datetime\ndatetime.now()",
+        "np.datetime64('now')",
+        "np.random.default_rng()",
+        "np.random.default_rng(None)",
+        "numpy.random.default_rng(seed=None)",
+        "import numpy.random as npr\nnpr.default_rng()",
+        "from numpy.random import default_rng\ndefault_rng()",
+        "np.random.MT19937()",
+        "np.random.RandomState()",
+        "np.random.rand(3)",
+        "np.random.shuffle(a)",
+        "np.random.permutation(10)",
+        "np.random.seed(0)",
+        "np.random.randint(0, 9)",
+    ],
+)
+def test_the_determinism_check_catches_a_forbidden_line(line: str) -> None:
+    """The check above can fail: each of these lines, added to a placement module, is reported."""
+    assert determinism_violations(line, "placement.plan"), f"{line!r} was not caught"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "np.random.default_rng(3)",
+        "np.random.MT19937(0)",
+        "np.random.RandomState(seed32)",
+        "np.random.Generator(bits)",
+        "np.random.SeedSequence(entropy=7)",
+        "np.arange('1970-01-01', '2000-01-01', dtype='datetime64[D]')",
+        "os.path.normpath(p)",
+        "math.lgamma(3)",
+    ],
+)
+def test_the_determinism_check_lets_seeded_and_pure_lines_through(line: str) -> None:
+    """Seeded generators (randperm's MT19937) and pure date arithmetic stay allowed."""
+    assert not determinism_violations(line, "placement.plan"), f"{line!r} was reported"
 
 
 def test_the_layering_check_catches_an_upward_import_and_a_cycle(tmp_path: Path) -> None:

@@ -7,29 +7,35 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
 from fusefs.config import load
 from fusefs.meta.snapshot import Snapshot
+from fusefs.planning.inputs import PlanTimer
 from fusefs.planning.store import load_plan, save_plan
 from placement import plan as P
 from placement import streams as streams_module
 from placement.frequency import (
     access_stats,
-    binomial_tail,
     expected_heavy_files,
     heavy_threshold,
     lemma1_other_reader_bound,
 )
 from placement.plan import Plan
+from placement.prob import binomial_tail
 
 REPO = Path(__file__).resolve().parent.parent
+A = TypeVar("A")
+T = TypeVar("T")
 
 
 def config(**overrides: str) -> dict[str, Any]:
@@ -331,6 +337,64 @@ def test_digest_covers_seed_budgets_and_layout_but_not_paths_or_model(tree_dir: 
     assert Plan.build(tree, plan_config(**{"peers.spread": "false"}), seed=3).digest != base
     same = plan_config(**{"tiers.1.path": "/elsewhere", "model.network_mbps": "10", "tiers.0.threads": "1"})
     assert Plan.build(tree, same, seed=3).digest == base
+
+
+class RecordingPool:
+    """A real ThreadPoolExecutor that notes what placement hands it and which threads ran it."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.seen: set[str] = set()
+        self.threads: set[str] = set()
+
+    def _noted(self, fn: Callable[..., T]) -> Callable[..., T]:
+        def run(*args: Any) -> T:
+            self.threads.add(threading.current_thread().name)
+            return fn(*args)
+
+        return run
+
+    def map(self, fn: Callable[[A], T], iterable: Iterable[A], /) -> Iterator[T]:
+        items = list(iterable)
+        self.seen.add("columns" if items and isinstance(items[0], slice) else "nodes")
+        return self.pool.map(self._noted(fn), items)
+
+    def submit(self, fn: Callable[[], T], /) -> Future[T]:
+        self.seen.add("ahead")
+        return self.pool.submit(self._noted(fn))
+
+
+def test_threads_change_no_plan_only_how_fast_it_is_made(tree_dir: Path) -> None:
+    """placement starts no threads (tests/test_layering.py); given the caller's pool, it makes the
+    plan the calling thread alone makes: same digest, same summary; and the pool's threads really ran
+    every kind of step (per node, per range of objects, permutations ahead)."""
+    tree = Snapshot.scan(str(tree_dir)).tree
+    for spread in ("true", "false"):
+        cfg = plan_config(**{"peers.spread": spread})
+        alone = Plan.build(tree, cfg, seed=3)
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="test-plan") as pool:
+            threaded = Plan.build(tree, cfg, seed=3, pool=pool, width=3)
+            recording = RecordingPool(pool)
+            recorded = Plan.build(tree, cfg, seed=3, pool=recording, width=3)
+        assert recording.seen == {"nodes", "columns", "ahead"}
+        assert recording.threads and all(t.startswith("test-plan") for t in recording.threads)
+        for plan in (threaded, recorded):
+            assert plan.digest == alone.digest
+            assert plan.summary() == alone.summary()
+
+
+def test_a_plan_reads_no_clock_its_caller_times_the_phases(tree_dir: Path) -> None:
+    """The summary is the same on every build; the timings come from the caller (PlanTimer)."""
+    tree = Snapshot.scan(str(tree_dir)).tree
+    seen: list[str] = []
+    plan = Plan.build(tree, plan_config(), seed=3, phases=seen.append)
+    assert seen == ["streams", "access", "assign", "summary", "done"]
+    assert "plan_seconds" not in plan.summary() and "timings" not in plan.summary()
+    assert plan.summary() == Plan.build(tree, plan_config(), seed=3).summary()
+    timer = PlanTimer()
+    stamped = timer.stamp(Plan.build(tree, plan_config(), seed=3, phases=timer)).summary()
+    assert stamped["plan_seconds"] >= sum(stamped["timings"].values()) - 0.002  # rounding
+    assert set(stamped["timings"]) == {"access_s", "assign_s", "summary_s"}
 
 
 DIGEST_SCRIPT = """

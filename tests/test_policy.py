@@ -110,7 +110,7 @@ def build(
             **(overrides or {}),
         },
     )
-    plan = Plan.build(snap.tree, planning_config(cfg), seed=0, backend="numpy", workers=1)
+    plan = Plan.build(snap.tree, planning_config(cfg), seed=0, backend="numpy")
     return plan, snap.tree.size
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pyfuse3
 import pytest
 import trio
@@ -35,6 +36,35 @@ def test_rounds_cover_replicas_every_nth_and_may_be_empty() -> None:
     nothing = np.zeros(4, np.bool_)
     assert recheck.round_entries(cached, nothing, 2, 3).size == 0  # an empty round: counted all the same
     assert recheck.round_entries(cached, nothing, 2, 1).tolist() == [3, 5, 8, 13]  # alone: every round
+
+
+class _Owners:
+    """A plan's owners per global id, as :class:`placement.recheck.Owners` asks for them."""
+
+    def __init__(self, owner: list[int]) -> None:
+        self.owner = np.array(owner, np.int32)
+
+    def owner_of(self, gids: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        owners: npt.NDArray[np.int32] = self.owner[gids]
+        return owners
+
+
+def test_a_node_rechecks_what_it_owns_what_nobody_owns_and_what_no_member_answers_for() -> None:
+    # entries 0..4 are global ids -1, 0, 1, 2, 3; entry 7 lies past the plan's map
+    entry_gid = np.array([-1, 0, 1, 2, 3], np.int32)
+    plan = _Owners([0, 1, 2, -1])  # gid 3 is held by nobody
+    entries = np.array([0, 1, 2, 3, 4, 7], np.int64)
+    members = {0: "m0", 1: "m1"}  # nobody answers for node 2
+    mine = recheck.rechecked_here(entries, entry_gid, plan, 1, members.get)
+    # not in the plan, owned by node 0 (a member: it checks), mine, node 2's (no member), nobody's, past the map
+    assert mine.tolist() == [True, False, True, True, True, True]
+    members[2] = "m2"  # node 2's member joins: its file is its own again
+    mine = recheck.rechecked_here(entries, entry_gid, plan, 1, members.get)
+    assert mine.tolist() == [True, False, True, False, True, True]
+    # without a plan, a node of its own or a group, a node checks everything it caches
+    for args in ((None, 1, members.get), (plan, None, members.get), (plan, 1, None)):
+        assert recheck.rechecked_here(entries, entry_gid, *args).all()
+    assert recheck.rechecked_here(entries[:0], entry_gid, plan, 1, members.get).shape == (0,)
 
 
 def test_a_replicas_bound_is_n_minus_one_owner_rounds_and_one_full_round() -> None:

@@ -21,6 +21,8 @@ from indices import Indices
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from placement import seedsearch as ss
+from placement.mt19937 import mt19937_outputs, mt19937_state
+from placement.prob import hypergeom_sf
 from placement.randperm import THRESHOLD_64BIT
 from placement.streams import JobShape
 
@@ -95,12 +97,12 @@ def torch_draws(seed: int, k: int) -> np.ndarray:
 def test_mt19937_matches_numpy_legacy_seeding_and_torch() -> None:
     rng = np.random.default_rng(1)
     seeds = np.concatenate([[0, 1, 5, 42, 3407, MASK, 2**31], rng.integers(0, 2**32, 300)]).astype(np.uint32)
-    state = ss.mt19937_state(seeds)
+    state = mt19937_state(seeds)
     for j in (0, 3, 299):
         legacy = np.random.RandomState(int(seeds[j])).get_state(legacy=False)["state"]["key"]
         assert (state[:, j] == legacy).all()
     for k in (1, 16, 227, 228, 624, 625, 1500):
-        out = ss.mt19937_outputs(seeds, k)
+        out = mt19937_outputs(seeds, k)
         assert out.shape == (k, seeds.size)
         for j in range(0, seeds.size, 23):
             bits = np.random.MT19937()
@@ -134,7 +136,7 @@ def test_hypergeom_tail_is_the_exact_sum() -> None:
         (10, 100, 90, 20),
         (4, 10, 3, 3),
     ]:
-        assert ss.hypergeom_sf(h, pop, k, d) == pytest.approx(exact(h, pop, k, d), rel=1e-8, abs=1e-300)
+        assert hypergeom_sf(h, pop, k, d) == pytest.approx(exact(h, pop, k, d), rel=1e-8, abs=1e-300)
 
 
 def test_calendar_dates_and_the_default_plan() -> None:
@@ -317,7 +319,7 @@ def test_false_match_chance_is_the_tail_times_the_comparisons() -> None:
     search = ss.SeedSearch(n, opens, shape, candidates=plan)
     m = search.evaluate(seed)
     assert m is not None
-    tail = ss.hypergeom_sf(m.hits, n, m.opens, m.predicted)
+    tail = hypergeom_sf(m.hits, n, m.opens, m.predicted)
     assert m.false_match_chance == pytest.approx(tail * 1000 * len(search.hypotheses))
     wrong = search.evaluate(seed + 1)
     assert wrong is not None and wrong.false_match_chance >= ss.FALSE_LOCK

@@ -7,8 +7,12 @@ and, with hypothesis, over many random job shapes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -18,9 +22,13 @@ from hypothesis import strategies as st
 from indices import Indices
 from torch.utils.data import DataLoader, DistributedSampler
 
+from placement.parallel import run_ahead
 from placement.randperm import randperm
 from placement.samplers import DistributedSamplerModel, SamplerModel, make_sampler
 from placement.streams import EpochInverse, JobShape, Streams
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 
 class OnlyTheProtocol:
@@ -188,8 +196,9 @@ def test_node_counts_match_node_streams_over_epochs() -> None:
         for order in ("contiguous", "round_robin"):
             streams = Streams(model, JobShape(12, 3, 4, drop_last, order))
             want = ref_node_counts(streams, range(2, 6))
-            for workers in (1, 2):
-                np.testing.assert_array_equal(streams.node_counts(range(2, 6), workers=workers), want)
+            np.testing.assert_array_equal(streams.node_counts(range(2, 6)), want)
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                np.testing.assert_array_equal(streams.node_counts(range(2, 6), pool=pool, width=2), want)
             np.testing.assert_array_equal(streams.node_counts(range(2, 6), node=3), want[3])
 
 
@@ -214,6 +223,45 @@ def test_node_counts_refuse_to_overflow_uint16() -> None:
     assert streams.node_counts(range(32767)).max() == 2 * 32767
     with pytest.raises(ValueError, match="65535"):
         streams.node_counts(range(32768))
+
+
+def _square(i: int) -> int:
+    return i * i
+
+
+class KeepingPool:
+    """A real ThreadPoolExecutor that keeps every task placement submits to it."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.tasks: list[Future[Any]] = []
+
+    def map(self, fn: Callable[[A], T], iterable: Iterable[A], /) -> Iterator[T]:
+        return self.pool.map(fn, iterable)
+
+    def submit(self, fn: Callable[[], T], /) -> Future[T]:
+        task = self.pool.submit(fn)
+        self.tasks.append(task)
+        return task
+
+
+def test_run_ahead_yields_in_order_and_leaves_nothing_running_when_left_early() -> None:
+    """The calls computed ahead come back in their turn, the same with a pool as without; a loop
+    left early (node_counts refusing to overflow) cancels what has not started and waits for the
+    rest, so that nothing placement submitted outlives the call that submitted it."""
+    inline = [functools.partial(_square, i) for i in range(12)]
+    ahead = [functools.partial(_square, i) if i % 3 else None for i in range(12)]
+    want = [i * i for i in range(12)]
+    assert list(run_ahead(inline, ahead, None, 4)) == want
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        keeping = KeepingPool(pool)
+        assert list(run_ahead(inline, ahead, keeping, 4)) == want
+        assert len(keeping.tasks) == 8  # every i % 3 != 0
+        keeping.tasks.clear()
+        early = run_ahead(inline, ahead, keeping, 4)
+        assert next(early) == 0
+        early.close()
+        assert len(keeping.tasks) == 4 and all(t.done() for t in keeping.tasks)
 
 
 def test_generic_sampler_models_work_through_the_protocol() -> None:

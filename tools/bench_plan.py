@@ -120,6 +120,7 @@ def _cpu() -> float:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.child == "numpy":
         sys.modules["torch"] = None  # type: ignore[assignment]  # import torch now raises ImportError
+    from fusefs.planning.inputs import PlanTimer, plan_pool
     from placement.catalog import build_catalogs
     from placement.plan import Plan
     from placement.randperm import torch_available
@@ -132,9 +133,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     catalogs = build_catalogs(tree, cfg)
     t1 = time.perf_counter()
-    plan = Plan.from_catalogs(catalogs, cfg, args.seed, entries=len(tree), workers=args.workers)
+    timer = PlanTimer()
+    with plan_pool(args.workers) as (pool, width):
+        plan = Plan.from_catalogs(catalogs, cfg, args.seed, entries=len(tree), pool=pool, width=width, phases=timer)
     t2 = time.perf_counter()
-    s = plan.summary()
+    s = timer.stamp(plan).summary()
     import tempfile
 
     from fusefs.planning.store import load_plan, save_plan
@@ -195,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-size", type=int, default=110_000)
     p.add_argument("--sigma", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None, help="permutation threads (default: planner's)")
+    p.add_argument("--workers", type=int, default=None, help="planning threads (default: planner's; 1: none)")
     p.add_argument("--no-spread", action="store_true")
     p.add_argument("--json", action="store_true", help="print the raw results")
     p.add_argument("--child", choices=["torch", "numpy"], help=argparse.SUPPRESS)

@@ -42,6 +42,7 @@ def _peak_rss_mb() -> float:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Measure in this process (torch already hidden by the parent when backend is numpy)."""
+    from fusefs.planning.inputs import plan_pool
     from placement.randperm import randperm, torch_available
     from placement.samplers import DistributedSamplerModel
     from placement.streams import JobShape, Streams
@@ -54,15 +55,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.part == "micro":
         out["randperm"] = _best(lambda: randperm(args.files, args.seed), args.repeat)
         fresh = iter(range(1000, 1000 + args.repeat))  # an epoch not computed yet, each time
-        out["counts_1"] = _best(lambda: streams.node_counts([next(fresh)], workers=1), args.repeat)
-        out["counts_only"] = _best(lambda: streams.node_counts(range(1), workers=1), args.repeat)
+        out["counts_1"] = _best(lambda: streams.node_counts([next(fresh)]), args.repeat)
+        out["counts_only"] = _best(lambda: streams.node_counts(range(1)), args.repeat)
         out["inverse"] = _best(lambda: streams._build_inverse(1), args.repeat)
         out["node_stream"] = _best(lambda: streams.node_stream(1, 0), args.repeat)
     else:
-        t0, c0 = time.perf_counter(), _cpu_s()
-        counts = streams.node_counts(range(args.epochs), workers=args.workers)
-        out["counts_all"] = time.perf_counter() - t0
-        out["cpu_all"] = _cpu_s() - c0
+        with plan_pool(args.workers) as (pool, width):  # 1: no pool, every epoch in its turn
+            t0, c0 = time.perf_counter(), _cpu_s()
+            counts = streams.node_counts(range(args.epochs), pool=pool, width=width)
+            out["counts_all"] = time.perf_counter() - t0
+            out["cpu_all"] = _cpu_s() - c0
         out["reads"] = int(counts.sum())
     out["rss"] = _peak_rss_mb()
     return out

@@ -63,6 +63,7 @@ from fusefs.readpath.staging import Kernel, Pyfuse3Kernel, Staging
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import CursorSettings, DatasetState
 from placement.plan import plan_inputs
+from placement.recheck import rechecked_here
 
 log = logging.getLogger(__name__)
 
@@ -334,19 +335,11 @@ class Daemon:
             log.warning("cannot mark the persisted snapshot outdated: %s", exc.strerror or exc)
 
     def _mine(self, entries: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Which cached entries this node rechecks in background rounds: those it owns in the plan,
-        and those whose owner is nobody or not a member we know (their holders check them)."""
-        plan, node, peering = self.prefetcher.plan, self.prefetcher.view.node, self.peering
-        if plan is None or node is None or peering is None:
-            return np.ones(entries.shape, np.bool_)
-        gid = self.prefetcher.entry_gid
-        inside = entries < gid.shape[0]
-        g = np.where(inside, gid[np.where(inside, entries, 0)], -1).astype(np.int64)
-        objs = plan.obj_of(np.maximum(g, 0))
-        owner = np.where(g >= 0, plan.assignment.owner[objs], -1)
-        known = {int(o) for o in np.unique(owner).tolist() if o >= 0 and peering.member_of(int(o)) is not None}
-        mine: npt.NDArray[np.bool_] = (owner == node) | (owner < 0) | ~np.isin(owner, list(known))
-        return mine
+        """Which cached entries this node rechecks in background rounds (decided by
+        :func:`placement.recheck.rechecked_here` from the plan, the node and the group)."""
+        member_of = None if self.peering is None else self.peering.member_of
+        prefetcher = self.prefetcher
+        return rechecked_here(entries, prefetcher.entry_gid, prefetcher.plan, prefetcher.view.node, member_of)
 
     def mount(self) -> None:
         """Mount the assembled read path (the step that needs /dev/fuse)."""

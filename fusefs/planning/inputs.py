@@ -4,9 +4,12 @@ the benchmarks all plan through here, so they compute the same plan and report t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -16,7 +19,7 @@ from fusefs.errors import ConfigError
 if TYPE_CHECKING:
     from fusefs.config import Config
     from fusefs.meta.snapshot import Snapshot
-    from placement.plan import Plan
+    from placement.plan import Plan, PlanPhase
     from placement.randperm import Backend
 
 
@@ -70,9 +73,71 @@ def side_inputs(
     return lists, orders
 
 
+class PlanTimer:
+    """Wall time of each step of :meth:`placement.plan.Plan.from_catalogs`, taken here because
+    placement reads no clock: pass it as ``phases``, then :meth:`stamp` the plan's summary."""
+
+    def __init__(self) -> None:
+        self.started: dict[PlanPhase, float] = {}
+
+    def __call__(self, phase: PlanPhase) -> None:
+        self.started[phase] = time.monotonic()
+
+    def fields(self) -> dict[str, Any]:
+        """``plan_seconds`` (catalogs excluded) and the ``timings`` of the access pass, the
+        assignment and the summary, as ``seerfs plan``, the plan worker and ``tools/bench_plan`` show them."""
+        t = self.started
+        return {
+            "plan_seconds": round(t["done"] - t["streams"], 3),
+            "timings": {
+                "access_s": round(t["assign"] - t["access"], 3),
+                "assign_s": round(t["summary"] - t["assign"], 3),
+                "summary_s": round(t["done"] - t["summary"], 3),
+            },
+        }
+
+    def stamp(self, plan: Plan) -> Plan:
+        """``plan`` with :meth:`fields` added to its summary (persisted with it, never digested)."""
+        plan.summary().update(self.fields())
+        return plan
+
+
+PLAN_THREADS = 2
+"""Threads a plan's independent numpy passes run in (:mod:`placement.parallel`): a second one saves
+about a third of the access pass (``tools/bench_plan``); the plan worker shares the node's cores."""
+
+
+@contextlib.contextmanager
+def plan_pool(threads: int | None = None) -> Iterator[tuple[ThreadPoolExecutor | None, int]]:
+    """``(pool, width)`` for :meth:`placement.plan.Plan.build`: ``threads`` of them (default: up to
+    :data:`PLAN_THREADS`, as the machine's cores allow), or ``(None, 1)`` for 1 or fewer (the calling
+    thread does everything).  The cores are counted here because placement may not look at the machine:
+    the plan must not depend on which one makes it (``tests/test_layering.py``)."""
+    width = min(PLAN_THREADS, os.cpu_count() or 1) if threads is None else threads
+    if width <= 1:
+        yield None, 1
+        return
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="seerfs-plan") as pool:
+        yield pool, width
+
+
 def build_plan(snapshot: Snapshot, config: Mapping[str, Any], seed: int, backend: Backend = "auto") -> Plan:
-    """The plan for ``seed`` over ``snapshot`` (``config`` from :func:`planning_config`)."""
+    """The plan for ``seed`` over ``snapshot`` (``config`` from :func:`planning_config`), its
+    summary carrying how long planning took (:class:`PlanTimer`)."""
     from placement.plan import Plan
 
     lists, orders = side_inputs(config["datasets"], snapshot.source)
-    return Plan.build(snapshot.tree, config, seed, lists=lists, orders=orders, backend=backend)
+    timer = PlanTimer()
+    with plan_pool() as (pool, width):
+        plan = Plan.build(
+            snapshot.tree,
+            config,
+            seed,
+            lists=lists,
+            orders=orders,
+            backend=backend,
+            pool=pool,
+            width=width,
+            phases=timer,
+        )
+    return timer.stamp(plan)

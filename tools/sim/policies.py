@@ -71,7 +71,7 @@ def nowhere(setup: Setup) -> Tiers:
 def job_stats(setup: Setup) -> AccessStats:
     """Per-node read counts and first uses over the job, by placement's own pass."""
     segments = job_segments([[(0, e)] for e in range(setup.epochs)], [setup.per_epoch])
-    return access_stats([setup.sampler_streams], [0, setup.files], segments, workers=1)
+    return access_stats([setup.sampler_streams], [0, setup.files], segments)
 
 
 def perfect(setup: Setup) -> Routing:

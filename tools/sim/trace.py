@@ -76,7 +76,7 @@ def make_trace(
     st = Streams(DistributedSamplerModel(files, nodes, seed, backend="numpy"), shape)
     reads = np.concatenate([st.node_stream(e, 0) for e in range(epochs)]).astype(np.int64)
     segments = job_segments([[(0, e)] for e in range(epochs)], [st.length])
-    stats = access_stats([st], [0, files], segments, workers=1)
+    stats = access_stats([st], [0, files], segments)
     return Trace(reads, stats.counts, stats.first_use, sizes, int(fraction * sizes.sum()))
 
 
