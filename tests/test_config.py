@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from fusefs import config
+from fusefs.cli import mountopts
 from fusefs.errors import ConfigError
 from placement.model import PerfModel
 
@@ -104,9 +105,9 @@ def test_overrides_reach_nested_keys_and_list_items(tmp_path: Path) -> None:
 
 
 def test_mount_option_parsing() -> None:
-    cfg_file, overrides, ignored = config.parse_mount_options(["config=/etc/s.yaml,rw,noauto", "job.epochs=2"])
+    cfg_file, overrides, ignored = mountopts.parse_mount_options(["config=/etc/s.yaml,rw,noauto", "job.epochs=2"])
     assert cfg_file == "/etc/s.yaml" and overrides == {"job.epochs": "2"} and ignored == ["rw", "noauto"]
-    assert config.parse_mount_options(["allow_other"])[1] == {"allow_other": "true"}
+    assert mountopts.parse_mount_options(["allow_other"])[1] == {"allow_other": "true"}
 
 
 def test_every_key_is_in_the_man_page() -> None:

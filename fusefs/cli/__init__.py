@@ -1,5 +1,6 @@
 """The ``seerfs`` command line: the parser and dispatch (:mod:`.main`), what each subcommand does
-(:mod:`.commands`), shared options, the status view, ``seerfs umount`` and the ``seerfs plan`` report.
+(:mod:`.commands`), shared options, mount(8)'s ``-o`` syntax (:mod:`.mountopts`), the status view,
+``seerfs umount`` and the ``seerfs plan`` report.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from fusefs.cli.mountopts import parse_mount_options
 from fusefs.errors import EXIT_MEANINGS, ExitCode
 
 EXIT_CODES = "\n".join(f"  {int(c):>2}  {EXIT_MEANINGS[c]}" for c in ExitCode)
@@ -34,5 +35,5 @@ def load_config(args: argparse.Namespace) -> Any:
     """The validated config named by ``-c``/``config=`` with the ``-o`` overrides applied."""
     from fusefs import config
 
-    cfg_file, overrides, _ignored = config.parse_mount_options(args.options)
+    cfg_file, overrides, _ignored = parse_mount_options(args.options)
     return config.load(args.config or cfg_file, overrides)
