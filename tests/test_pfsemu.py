@@ -27,6 +27,7 @@ from pfsemu_fixture import PfsemuClient, RunningEmulator, emulated_pfs, requires
 from trees import NON_UTF8, describe, tricky_tree
 
 from tools import bench_pfsemu, pfsemu
+from tools.pfsemu.ops import _is_memory_fs
 
 PFSEMU = [sys.executable, str(pfsemu.LAUNCHER)]
 TOL = 0.15
@@ -350,7 +351,7 @@ def test_metadata_latency_delays_each_lookup(tmp_path: Path) -> None:
 @pytest.mark.mount
 def test_reads_missing_from_the_page_cache_go_to_threads_and_stay_exact(tmp_path: Path) -> None:
     """Data not in the host page cache is read in a worker thread (never on the loop), bytes intact."""
-    if pfsemu._is_memory_fs(os.fsencode(tmp_path)):
+    if _is_memory_fs(os.fsencode(tmp_path)):
         pytest.skip("tmp_path is on tmpfs: every read is served from memory inline")
     data = os.urandom(3 << 20)
     (tmp_path / "cold").write_bytes(data)

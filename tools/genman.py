@@ -927,6 +927,14 @@ TOOLS = (
 )
 """The programs under tools/ that take options (tools/demo passes its own to bench_train)."""
 
+PACKAGES = frozenset({"pfsemu"})
+"""Tools that are a package directory, not a launcher script: they run as ``python3 tools/NAME``."""
+
+
+def tool_command(name: str) -> str:
+    """How seerfs-tools(7) shows ``name`` being run from the repository root."""
+    return f"python3 tools/{name}" if name.split()[0] in PACKAGES else f"tools/{name}"
+
 
 def tool_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each tool's parser, and each subcommand's as "tool sub": what --help and seerfs-tools(7) show."""
@@ -970,6 +978,8 @@ seerfs\-tools \- the benchmarks, emulator and generators under tools/ in the see
 .SH DESCRIPTION
 Every program runs from the repository root as
 .BI tools/ NAME
+(the emulator, a package directory, as
+.BR "python3 tools/pfsemu" )
 and uses the project's .venv when it exists (tools/setup makes it).  Each program's
 .B \-\-help
 prints the text of its section below; tools/RESULTS.md has the measured tables and the exact
@@ -1003,7 +1013,7 @@ def seerfs_tools_7() -> str:
     out = [f'.TH SEERFS\\-TOOLS 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"', *_roff(TOOLS_HEAD)]
     for name, p in tool_parsers().items():
         usage = " ".join(p.format_usage().strip().removeprefix("usage: ").split())
-        out += [".SH " + esc("tools/" + name), ".nf", esc("tools/" + usage), ".fi"]
+        out += [".SH " + esc("tools/" + name), ".nf", esc(tool_command(usage)), ".fi"]
         if p.description:
             out += [".PP", *description_lines(p.description)]
         out += _positional_lines(p) + _option_lines(p)
