@@ -200,7 +200,7 @@ def warm_memory(nbytes: int) -> float:
 
     A VM's host may take back memory the guest has freed (a balloon, free page reporting, DAMON's
     page-out), and the guest's next first touch of such a page faults on the host as well.  On the
-    host of RESULTS.md's "2026-11-28, night" section that cost 12 us per page, against 2.2 us for
+    host of tools/results/2026-11-28-bench-train-night.md that cost 12 us per page, against 2.2 us for
     memory the guest had freed just before.  The cost fell on whichever configuration allocated
     after the others had used up the recently freed memory: seerfs+seed x2, which runs last and
     allocates its tiers and page cache during epochs 1-2, read 1.05-1.08x there after rclone, and

@@ -523,7 +523,8 @@ def seerfs_yaml_5() -> str:
             f"snapshot.revalidate_round_min_s ({min_round:g} s by default, as long as rclone mount's "
             "--dir-cache-time: a few thousand cached files are not stat'ed every few seconds for the "
             "whole job, each stat a metadata request to the PFS; on the benchmark's host, 30 s rounds of two "
-            "nodes over 4,400 cached files cost 3-5% of a training epoch, tools/RESULTS.md).  "
+            "nodes over 4,400 cached files cost 3-5% of a training epoch, "
+            "tools/results/2026-11-30-bench-train-night.md).  "
             f"At the default {rate:g} stats per second per node, a node holding all {files:,} files of "
             f"ImageNet's training set checks each once every {files / rate:,.0f} s "
             f"({files / rate / 60:.1f} minutes); in a group of N nodes each file is checked by its owner, "
@@ -982,8 +983,8 @@ Every program runs from the repository root as
 .BR "python3 tools/pfsemu" )
 and uses the project's .venv when it exists (tools/setup makes it).  Each program's
 .B \-\-help
-prints the text of its section below; tools/RESULTS.md has the measured tables and the exact
-commands.  The programs without options of their own:
+prints the text of its section below; tools/RESULTS.md has each benchmark's current table and the
+exact command, tools/results/ the earlier runs and the raw outputs.  The programs without options of their own:
 .TP
 .B tools/demo [BENCH_TRAIN OPTIONS]
 The README's demo: tools/setup, then tools/bench_train at a small size (about 1.5 minutes once set
