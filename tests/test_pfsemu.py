@@ -1,6 +1,6 @@
 """The emulated contended PFS (tools/pfsemu): faithful bytes, exact counters, the configured curve.
 
-The benchmark tools/bench_pfsemu prints the full calibration table (3 s per point); the tests here
+The benchmark tools/bench/pfsemu prints the full calibration table (3 s per point); the tests here
 check the same properties with shorter windows and the same 15 % band, re-measuring a point once
 when it falls outside (the machine is shared with other engineers' builds).
 """
@@ -26,7 +26,8 @@ from mounting import force_unmount, is_mounted, mounted, wait_for
 from pfsemu_fixture import PfsemuClient, RunningEmulator, emulated_pfs, requires_fuse, running_pfsemu  # noqa: F401
 from trees import NON_UTF8, describe, tricky_tree
 
-from tools import bench_pfsemu, pfsemu
+from tools import pfsemu
+from tools.bench import pfsemu as bench_pfsemu
 from tools.pfsemu.ops import _is_memory_fs
 
 PFSEMU = [sys.executable, str(pfsemu.LAUNCHER)]

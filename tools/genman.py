@@ -910,23 +910,23 @@ def seerfs_control_7() -> str:
 
 
 TOOLS = (
-    "bench_train",
-    "bench_ceiling",
-    "bench_nodes",
-    "bench_prefetch",
-    "bench_mount",
-    "bench_plan",
-    "bench_streams",
-    "bench_seedsearch",
-    "bench_tiers",
-    "bench_peers",
-    "bench_pfsemu",
+    "bench/train",
+    "bench/ceiling",
+    "bench/nodes",
+    "bench/prefetch",
+    "bench/mount",
+    "bench/plan",
+    "bench/streams",
+    "bench/seedsearch",
+    "bench/tiers",
+    "bench/peers",
+    "bench/pfsemu",
     "simulate",
     "pfsemu",
     "mkdataset",
     "genman",
 )
-"""The programs under tools/ that take options (tools/demo passes its own to bench_train)."""
+"""The programs under tools/ that take options, by path under tools/ (tools/demo passes its own to bench/train)."""
 
 PACKAGES = frozenset({"pfsemu"})
 """Tools that are a package directory, not a launcher script: they run as ``python3 tools/NAME``."""
@@ -943,7 +943,7 @@ def tool_parsers() -> dict[str, argparse.ArgumentParser]:
 
     out: dict[str, argparse.ArgumentParser] = {}
     for name in TOOLS:
-        parser: argparse.ArgumentParser = importlib.import_module(f"tools.{name}").build_parser()
+        parser: argparse.ArgumentParser = importlib.import_module("tools." + name.replace("/", ".")).build_parser()
         out[name] = parser
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
@@ -987,7 +987,7 @@ prints the text of its section below; tools/RESULTS.md has each benchmark's curr
 exact command, tools/results/ the earlier runs and the raw outputs.  The programs without options of their own:
 .TP
 .B tools/demo [BENCH_TRAIN OPTIONS]
-The README's demo: tools/setup, then tools/bench_train at a small size (about 1.5 minutes once set
+The README's demo: tools/setup, then tools/bench/train at a small size (about 1.5 minutes once set
 up; the first run's setup adds about 6): the lower bound, the PFS directly, copy\-then\-train
 staging, rclone, seerfs without a seed and seerfs with the seed, then the seeded mount's
 .B seerfs status

@@ -71,7 +71,7 @@ system calls it would offload.  So:
 
 A watchdog task measures how late the loop wakes (``loop_lag_ms`` in the counters: blocking work
 on the loop shows up there) and the counters carry the process's CPU seconds; the calibration
-benchmark (tools/bench_pfsemu) prints both.
+benchmark (tools/bench/pfsemu) prints both.
 
 Defaults and how they relate to NoPFS
 -------------------------------------

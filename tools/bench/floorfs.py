@@ -22,9 +22,9 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from tools.mounts import force_unmount, is_mounted, wait_for
+from tools.harness.mounts import force_unmount, is_mounted, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Page cache kept across opens while mtime and size are unchanged, and lookups cached as long as
 # seerfs and rclone cache them here: mergerfs at its fastest for read-only small files.
@@ -114,7 +114,7 @@ def serve_floor(source: str, mountpoint: str) -> None:
 
 def command(source: Path, mountpoint: Path) -> list[str]:
     """The command line of a pyfuse3 floor serving ``source`` at ``mountpoint`` in the foreground."""
-    code = "import sys; from tools.floorfs import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
+    code = "import sys; from tools.bench.floorfs import serve_floor; serve_floor(sys.argv[1], sys.argv[2])"
     return [sys.executable, "-c", code, str(source), str(mountpoint)]
 
 

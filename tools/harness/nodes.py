@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from tools.jobs import Job
-from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.harness.jobs import Job
+from tools.harness.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -138,7 +138,7 @@ def mpi_group(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         for mnt in mnts:

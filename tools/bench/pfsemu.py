@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools import pfsemu
-from tools.quantiles import quantile
+from tools.harness.quantiles import quantile
 
 TOLERANCE = 0.15
 
@@ -210,7 +210,7 @@ def _verdict(ratio: float) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bench_pfsemu",
+        prog="bench/pfsemu",
         description="Calibrate tools/pfsemu: configured vs measured aggregate throughput for several "
         "concurrent readers, open latency, and the emulator's own CPU use.",
     )

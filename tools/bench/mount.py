@@ -179,7 +179,7 @@ def synthetic_snapshot(entries: int, per_dir: int) -> tuple[float, float, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_mount", description=__doc__)
+    p = argparse.ArgumentParser(prog="bench/mount", description=__doc__)
     p.add_argument("--files", type=int, default=100_000, help="files in the walked tree (default 100000)")
     p.add_argument("--per-dir", type=int, default=100, help="files per directory (default 100)")
     p.add_argument("--pfs", action="store_true", help="also measure with the source behind the PFS emulator")

@@ -5,7 +5,7 @@ really is memory.  The same reader then reads every file through each configurat
 
   direct     the tmpfs itself (the ceiling; every ratio is to its warm rate)
   seerfs     seerfs mounted over the tmpfs (no seed written; see below)
-  pyfuse3    the least a pyfuse3 filesystem can do (tools/floorfs.py: open replies
+  pyfuse3    the least a pyfuse3 filesystem can do (tools/bench/floorfs.py: open replies
              keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
              floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
   mergerfs   mergerfs over the tmpfs, a C passthrough with its page cache kept across opens
@@ -71,13 +71,13 @@ from typing import Any
 
 import numpy as np
 
-from tools import floorfs
-from tools.bench_train import rclone_mount
-from tools.jobs import Job, seerfs_config
+from tools.bench import floorfs
+from tools.bench.options import pick_configs
+from tools.bench.procstat import CLK_TCK, cpu_seconds_of
+from tools.bench.train import rclone_mount
+from tools.harness.jobs import Job, seerfs_config
+from tools.harness.mounts import force_unmount, seerfs, status, wait_for
 from tools.mkdataset import Spec, make_dataset, parse_size
-from tools.mounts import force_unmount, seerfs, status, wait_for
-from tools.options import pick_configs
-from tools.procstat import CLK_TCK, cpu_seconds_of
 
 CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
 LABELS = {
@@ -631,7 +631,7 @@ def to_json(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, l
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--files", type=int, default=10_000, help="files in the dataset (default 10000)")
     p.add_argument(

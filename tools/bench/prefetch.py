@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.jobs import Job, make_source, run_readers, seerfs_config, wait_plan, write_seed
-from tools.mounts import seerfs as run_seerfs
-from tools.mounts import status
+from tools.harness.jobs import Job, make_source, run_readers, seerfs_config, wait_plan, write_seed
+from tools.harness.mounts import seerfs as run_seerfs
+from tools.harness.mounts import status
+from tools.harness.quantiles import quantile
 from tools.pfsemu import running as running_pfsemu
-from tools.quantiles import quantile
 
 
 def seerfs(*args: str) -> None:
@@ -163,7 +163,7 @@ def planning_latency(root: Path, cache: Path, work: Path) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_prefetch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/prefetch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--files", type=int, default=2000, help="training files (default 2000)")
     p.add_argument("--val-files", type=int, default=200, help="validation files (default 200)")

@@ -72,7 +72,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_child(argv: list[str], backend: str, part: str, workers: int) -> dict[str, Any]:
     prelude = f"import sys; {NO_TORCH}; " if backend == "numpy" else "import sys; "
-    code = prelude + "from tools.bench_streams import main; sys.exit(main(sys.argv[1:]))"
+    code = prelude + "from tools.bench.streams import main; sys.exit(main(sys.argv[1:]))"
     cmd = [sys.executable, "-c", code, *argv, "--child", "--part", part, "--workers", str(workers)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -84,7 +84,7 @@ def run_child(argv: list[str], backend: str, part: str, workers: int) -> dict[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_streams", description=__doc__)
+    p = argparse.ArgumentParser(prog="bench/streams", description=__doc__)
     p.add_argument("--files", type=int, default=1_281_167, help="dataset size (default 1281167)")
     p.add_argument("--epochs", type=int, default=90, help="epochs folded into node counts (default 90)")
     p.add_argument("--nodes", type=int, default=16, help="nodes (default 16)")

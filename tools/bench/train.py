@@ -8,7 +8,7 @@ invocation, over:
   lower bound   the same loop with samples of the files' sizes made in RAM (no I/O at all)
   direct        reading the emulated PFS directly
   staging       copy the dataset to local disk first (8 threads), then train; the copy is counted
-  pyfuse3 floor staging's local copy through the least a pyfuse3 filesystem does (tools/floorfs.py):
+  pyfuse3 floor staging's local copy through the least a pyfuse3 filesystem does (tools/bench/floorfs.py):
                 its later epochs are what FUSE and pyfuse3 alone cost this job, which no pyfuse3
                 filesystem, seerfs included, can go below (the copy is not counted)
   mergerfs      staging's local copy through mergerfs, a C passthrough: FUSE's own cost, without Python
@@ -56,15 +56,15 @@ from pathlib import Path
 from typing import Any
 
 from fusefs.readpath.counters import OPEN_SOURCES
-from tools import floorfs
-from tools.jobs import Job, make_source, run_readers, seerfs_config
-from tools.mounts import force_unmount, is_mounted, seerfs, status, wait_for
-from tools.nodes import mpi_group
-from tools.options import pick_configs
+from tools.bench import floorfs
+from tools.bench.options import pick_configs
+from tools.bench.procstat import process_cpu
+from tools.harness.jobs import Job, make_source, run_readers, seerfs_config
+from tools.harness.mounts import force_unmount, is_mounted, seerfs, status, wait_for
+from tools.harness.nodes import mpi_group
+from tools.harness.quantiles import quantile
 from tools.pfsemu import RunningEmulator
 from tools.pfsemu import running as running_pfsemu
-from tools.procstat import process_cpu
-from tools.quantiles import quantile
 
 # The parameters the targets are set for; output options (--png, --json, --configs, --read-times) do not count.
 SIZING = (
@@ -385,7 +385,7 @@ def run_staging(emu: RunningEmulator, work: Path, job: Job, src: Path) -> Result
 
 
 def run_reference(name: str, emu: RunningEmulator, work: Path, job: Job, src: Path, nodes: int = 1) -> Result:
-    """A reference filesystem (tools/floorfs.py) over the local copy; the copy is not counted.
+    """A reference filesystem (tools/bench/floorfs.py) over the local copy; the copy is not counted.
 
     With ``nodes`` > 1 it runs on that many mounts, each with its own daemon and page cache, and
     world_size/nodes ranks on each as seerfs+seed xN splits them: what FUSE alone costs the job spread
@@ -684,7 +684,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         print(
             f"verdict: {len(judged) - len(missed)} of {len(judged)} targets judged at this size held"
             + (f"; MISSED: {'; '.join(missed)}" if missed else "")
-            + ("" if sized else " (run tools/bench_train with its defaults for the timing verdict)")
+            + ("" if sized else " (run tools/bench/train with its defaults for the timing verdict)")
         )
     refs = [r for r in results if r.config.startswith("pyfuse3 floor x")]
     if lower is not None and refs:
@@ -738,7 +738,7 @@ def save(fig: Any, ax: Any, ylabel: str, title: str, path: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--files", type=int, default=4000, help="training files (default 4000)")
     p.add_argument("--val-files", type=int, default=400, help="validation files (default 400)")

@@ -7,8 +7,8 @@ peak RSS is its own; "numpy" hides torch from that process (``sys.modules['torch
 which is how a node without torch plans.  Prints one row per backend: catalog, access pass,
 assignment and summary seconds, total, peak RSS, and the ratio to the targets (15 s, 1.5 GB).
 
-    tools/bench_plan                    # both backends, default ImageNet job
-    tools/bench_plan --modes numpy --epochs 10
+    tools/bench/plan                    # both backends, default ImageNet job
+    tools/bench/plan --modes numpy --epochs 10
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--modes", default="torch,numpy", help="comma list of torch, numpy (default both)")
     p.add_argument("--files", type=int, default=1_281_167)
@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        cmd = [sys.executable, "-m", "tools.bench_plan", "--child", mode, *_forwarded(args)]
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = [sys.executable, "-m", "tools.bench.plan", "--child", mode, *_forwarded(args)]
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
         if out.returncode:
             print(out.stderr, file=sys.stderr)

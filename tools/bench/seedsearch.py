@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.quantiles import quantile
+from tools.harness.quantiles import quantile
 
 PLANS = ("common", "likely", "full")
 JOBS = ("distributed", "random")
@@ -104,7 +104,7 @@ def child(args: argparse.Namespace, opens: list[int]) -> dict[str, Any]:
 
 def run_child(argv: list[str], plan: str, opens: list[int]) -> dict[str, Any]:
     """The child gets the opens on stdin, so its peak RSS is the search's (and numpy's) alone."""
-    code = "import sys; from tools.bench_seedsearch import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tools.bench.seedsearch import main; sys.exit(main(sys.argv[1:]))"
     cmd = [sys.executable, "-c", code, *argv, "--child", "--plan", plan]
     proc = subprocess.run(cmd, input=json.dumps(opens), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -115,7 +115,7 @@ def run_child(argv: list[str], plan: str, opens: list[int]) -> dict[str, Any]:
 
 def _tree(args: argparse.Namespace) -> tuple[Path, int]:
     """The tree of about --files files (CLASSES directories of hard links) and its files per class."""
-    from tools.bench_prefetch import make_big_tree
+    from tools.bench.prefetch import make_big_tree
 
     per_class = max(1, args.files // CLASSES)
     root = Path(args.tree or f"/var/tmp/seerfs-bench-tree-{CLASSES * per_class}")
@@ -142,8 +142,8 @@ def latency_run(
 ) -> dict[str, Any]:
     """One mount: open random files, and time those opened while the search runs (``search``) or,
     without one, during ``window`` seconds after as many opens as a search waits for."""
-    from tools.jobs import Job, seerfs_config, wait_plan
-    from tools.mounts import force_unmount, seerfs, status, wait_for
+    from tools.harness.jobs import Job, seerfs_config, wait_plan
+    from tools.harness.mounts import force_unmount, seerfs, status, wait_for
 
     label = "search" if search else "nosearch"
     job = Job(world_size=args.world, epochs=2, batch_size=args.batch, num_workers=2, seed=0, val=False)
@@ -243,7 +243,7 @@ def open_latency(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_seedsearch", description=__doc__)
+    p = argparse.ArgumentParser(prog="bench/seedsearch", description=__doc__)
     p.add_argument("--files", type=int, default=1_281_167, help="dataset size (default 1281167)")
     p.add_argument("--world", type=int, default=8, help="ranks in the job (default 8)")
     p.add_argument("--ranks-per-node", type=int, default=4, help="ranks per node (default 4)")

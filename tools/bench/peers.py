@@ -35,12 +35,12 @@ from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.peer_server import PeerServer, Provider, Provision
 from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import format_bytes, parse_bytes
-from tools.procstat import process_cpu
+from tools.bench.procstat import process_cpu
 
 MB = 1e6
 TOKEN_ENV = "SEERFS_PEER_TOKEN"
 PLAN_DIGEST = b"bench-plan-digest"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def file_bytes(index: int, size: int) -> bytes:
@@ -92,7 +92,7 @@ def server_process(
     token: bytes, files: int, size: int, *, block_size: int = 1 << 20, host: str = "127.0.0.1", port: int = 0
 ) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """A ``bench_peers serve`` process and its port; killed (and reaped) on exit."""
-    cmd = [sys.executable, "-m", "tools.bench_peers", "serve", "--host", host, "--port", str(port)]
+    cmd = [sys.executable, "-m", "tools.bench.peers", "serve", "--host", host, "--port", str(port)]
     cmd += ["--files", str(files), "--size", str(size), "--block-size", str(block_size)]
     env = dict(os.environ, **{TOKEN_ENV: token.hex()})
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -176,7 +176,7 @@ async def measure(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_peers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/peers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command")
     s = sub.add_parser("serve", help="run a peer server over generated files (token in $SEERFS_PEER_TOKEN)")

@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tools.jobs import Job, make_source, run_readers, wait_plan, write_seed
-from tools.mounts import status
-from tools.nodes import rendezvous_group
+from tools.harness.jobs import Job, make_source, run_readers, wait_plan, write_seed
+from tools.harness.mounts import status
+from tools.harness.nodes import rendezvous_group
 from tools.pfsemu import running as running_pfsemu
 
 
@@ -45,7 +45,7 @@ def run(source: Path, total: int, work: Path, job: Job, share: float, peers: boo
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_nodes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/nodes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--files", type=int, default=1500, help="training files (default 1500)")
     p.add_argument("--val-files", type=int, default=150, help="validation files (default 150)")

@@ -142,7 +142,7 @@ def fmt_size(n: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_tiers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench/tiers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--dir", type=Path, default=Path.cwd(), help="where directory tiers go (default: .)")
     p.add_argument("--sizes", default="128KiB,4MiB", help="file sizes (default: %(default)s)")

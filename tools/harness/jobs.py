@@ -1,6 +1,6 @@
 """Running a data-parallel reading job for tests and benchmarks: dataset, config, ranks, seed.
 
-The ranks are :mod:`tools.train_reader` processes (real ImageFolder, DataLoader workers,
+The ranks are :mod:`tools.harness.train_reader` processes (real ImageFolder, DataLoader workers,
 DistributedSampler, a gloo barrier per batch); this module prepares what they read and launches
 them, and talks to a mount through its control files the way a job script would.
 """
@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
+from tools.harness.mounts import status, wait_for
 from tools.mkdataset import Spec, make_dataset
-from tools.mounts import status, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -107,7 +107,7 @@ def run_readers(
     spec_file.write_text(json.dumps(spec))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tools.train_reader", str(spec_file), str(r)],
+            [sys.executable, "-m", "tools.harness.train_reader", str(spec_file), str(r)],
             cwd=ROOT,
             stderr=subprocess.PIPE,
             text=True,

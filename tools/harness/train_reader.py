@@ -9,7 +9,7 @@ store, so the check itself reads nothing that could be cached.  Writes a JSON re
 compute sleeps as slept, the barrier, and each batch waited for over 20 ms: the first batch of
 each loader, whose fresh workers read it file by file while the rank waits, shows there).
 
-usage: python -m tools.train_reader SPEC.json RANK   (SPEC: see tools.jobs.Job)
+usage: python -m tools.harness.train_reader SPEC.json RANK   (SPEC: see tools.harness.jobs.Job)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def raw(path: str) -> bytes:
@@ -97,8 +97,8 @@ def main() -> int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from tools import torchvision_cpu
-    from tools.quantiles import quantile
+    from tools.harness import torchvision_cpu
+    from tools.harness.quantiles import quantile
 
     tv = torchvision_cpu.load()
     world = spec["world_size"]
