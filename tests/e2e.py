@@ -19,7 +19,7 @@ from typing import Any
 from mounting import mounted, status
 
 from fusefs.waiting import WaitTimeout, wait_until
-from tools.jobs import (  # the shared job runner; re-exported here for the tests
+from tools.harness.jobs import (  # the shared job runner; re-exported here for the tests
     Job,
     daemon_pid,
     free_port,

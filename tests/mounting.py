@@ -1,9 +1,9 @@
-"""Real-mount helpers for tests (shared with the benchmarks, see tools.mounts)."""
+"""Real-mount helpers for tests (shared with the benchmarks, see tools.harness.mounts)."""
 
 import os
 
 from fusefs import mountinfo
-from tools.mounts import force_unmount, is_mounted, mounted, seerfs, status, wait_for
+from tools.harness.mounts import force_unmount, is_mounted, mounted, seerfs, status, wait_for
 
 __all__ = ["force_unmount", "fuse_mounts", "is_mounted", "mounted", "seerfs", "status", "wait_for"]
 

@@ -15,7 +15,7 @@ emulator's own counters, never from seerfs::
     with running_pfsemu(src, curve="1:200", open_latency_ms=0) as emu:   # own parameters
         ... emu.mountpoint ..., emu.counters().bytes, emu.counters().pids[pid]
 
-The API (all defined in tools/pfsemu.py, documented there):
+The API (all defined in the package tools/pfsemu/, documented there):
 
 * ``running_pfsemu(backing, mountpoint=None, *, curve=None, open_latency_ms=None,
   read_latency_ms=None, meta_latency_ms=None, active_window_ms=None, extra_args=(),

@@ -3,10 +3,10 @@
 ``srun python slurm_train.py --data MOUNT/train`` starts one per task.  The rank is ``SLURM_PROCID``,
 the world ``SLURM_NTASKS``, and the gloo rendezvous is rank 0's node: the node srun ran on
 (``SLURM_LAUNCH_NODE_IPADDR``; block distribution puts rank 0 there), port ``MASTER_PORT``.  The
-reading loop is tools.train_reader's, unchanged: torchvision ImageFolder on ``--data``, DataLoader
+reading loop is tools.harness.train_reader's, unchanged: torchvision ImageFolder on ``--data``, DataLoader
 workers, DistributedSampler with set_epoch, a gloo barrier per batch, and every sample's bytes checked
 against a manifest computed from the source beforehand.  ``SEERFS_TRAIN_SPEC`` names the job's spec
-(tools.jobs.Job fields, ``digests``, ``out``); each rank writes ``OUT.rankN.json``.
+(tools.harness.jobs.Job fields, ``digests``, ``out``); each rank writes ``OUT.rankN.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools import train_reader
+from tools.harness import train_reader
 
 
 def main() -> int:

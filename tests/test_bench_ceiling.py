@@ -1,4 +1,4 @@
-"""tools/bench_ceiling end to end at a tiny size: real tmpfs, real seerfs mount, real reader threads."""
+"""tools/bench/ceiling end to end at a tiny size: real tmpfs, real seerfs mount, real reader threads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mounting import fuse_mounts
 
-from tools import bench_ceiling
+from tools.bench import ceiling as bench_ceiling
 
 pytestmark = pytest.mark.mount
 

@@ -1,4 +1,4 @@
-"""tools/bench_train end to end at a tiny size: real emulated PFS, real ranks, real seerfs mount."""
+"""tools/bench/train end to end at a tiny size: real emulated PFS, real ranks, real seerfs mount."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from mounting import fuse_mounts
 
 from fusefs.readpath.counters import OPEN_SOURCES
-from tools import bench_train
+from tools.bench import train as bench_train
 
 pytestmark = pytest.mark.mount
 
@@ -208,7 +208,7 @@ def test_read_times_leave_out_epoch_0_and_pool_every_rank() -> None:
     ]
     summary = bench_train.read_time_summary(ranks)
     assert summary["max"] == pytest.approx(100.0)  # ms: epoch 0's 9 s never counts
-    # The benchmarks' one convention (tools/quantiles.py): the median, then sample int(q * (n - 1)).
+    # The benchmarks' one convention (tools/harness/quantiles.py): the median, then sample int(q * (n - 1)).
     assert summary["p50"] == pytest.approx(50.5) and summary["p90"] == pytest.approx(90.0)
     assert summary["p99"] == pytest.approx(99.0)
     assert summary["sum_s"] == pytest.approx(sum(0.001 * k for k in range(1, 101)) / 2)

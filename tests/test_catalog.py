@@ -10,7 +10,7 @@ import pytest
 
 from fusefs.meta.snapshot import Snapshot
 from placement.catalog import Catalog, build_catalog, build_catalogs
-from tools import torchvision_cpu
+from tools.harness import torchvision_cpu
 
 LATIN1 = b"\x80x.jpg"  # not UTF-8: str sort puts it (\udc80) after CJK, bytes sort before
 CJK = "中.jpg".encode()

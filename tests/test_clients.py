@@ -41,7 +41,7 @@ import pytest
 from mounting import mounted, status
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
-from tools.jobs import free_port, make_source, wait_plan
+from tools.harness.jobs import free_port, make_source, wait_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "clients"))
 from statusfields import status_fields

@@ -499,7 +499,7 @@ def test_a_seeded_shuffling_dataloader_is_found(tmp_path: Path, source: tuple[Pa
 def test_two_nodes_each_find_the_seed(tmp_path: Path, source: tuple[Path, dict[str, str], int]) -> None:
     """Two daemons (a rendezvous group), one rank each: the seed is found from each node's own opens
     (or taken from the peer that found it first), the group plans it and reads the PFS about once."""
-    from tools.nodes import rendezvous_group
+    from tools.harness.nodes import rendezvous_group
 
     root, digests, total = source
     job = Job(seed=42, epochs=2, world_size=2)
@@ -519,7 +519,7 @@ def test_two_nodes_each_find_the_seed(tmp_path: Path, source: tuple[Path, dict[s
 
 
 def wait_discovery(mnt: Path, timeout: float) -> dict[str, Any]:
-    from tools.mounts import wait_for
+    from tools.harness.mounts import wait_for
 
     wait_for(lambda: status(mnt)["discovery"]["state"] not in ("waiting", "preparing", "searching"), timeout=timeout)
     return status(mnt)

@@ -25,7 +25,7 @@ from faults.nodes import Nodes, members
 from mounting import status, wait_for
 from pfsemu_fixture import requires_fuse
 
-from tools.jobs import wait_plan, write_seed
+from tools.harness.jobs import wait_plan, write_seed
 
 pytestmark = [pytest.mark.mount, pytest.mark.faults, requires_fuse]
 

@@ -32,7 +32,7 @@ from faults.ranks import Rank, ranks
 from mounting import status, wait_for
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
-from tools.nodes import member_state, wait_seed
+from tools.harness.nodes import member_state, wait_seed
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.faults, requires_fuse]
 

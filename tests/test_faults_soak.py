@@ -25,7 +25,7 @@ from faults.ranks import Rank, ranks
 from mounting import status, wait_for
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
-from tools.nodes import wait_seed
+from tools.harness.nodes import wait_seed
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.faults, pytest.mark.slow, requires_fuse]
 

@@ -41,7 +41,7 @@ from placement.jobstreams import DatasetStreams, JobStreams
 from placement.randperm import randperm
 from placement.samplers import DistributedSamplerModel
 from placement.streams import JobShape, Streams
-from tools import torchvision_cpu
+from tools.harness import torchvision_cpu
 
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 stateful = pytest.importorskip("torchdata.stateful_dataloader")

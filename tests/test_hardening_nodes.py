@@ -40,7 +40,7 @@ from fusefs.cluster.protocol import (
     parse_frame_header,
 )
 from fusefs.planning.seed import SEED_MAX, SEED_MIN
-from tools.nodes import node_config
+from tools.harness.nodes import node_config
 
 pytestmark = [pytest.mark.mount]
 

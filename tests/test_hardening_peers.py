@@ -44,7 +44,7 @@ from fusefs.cluster.protocol import (
     frame_header,
     parse_frame_header,
 )
-from tools.bench_peers import file_id
+from tools.bench.peers import file_id
 
 TOKEN = b"job-token-for-the-hardening-tests"
 DIGEST = b"plan-digest-1"

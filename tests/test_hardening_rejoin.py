@@ -27,7 +27,7 @@ from e2e import Job, make_source, run_readers, wait_plan, write_seed
 from mounting import force_unmount, is_mounted, seerfs, status, wait_for
 from pfsemu_fixture import running_pfsemu
 
-from tools.nodes import member_state, mountpoints, node_config
+from tools.harness.nodes import member_state, mountpoints, node_config
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.slow]
 

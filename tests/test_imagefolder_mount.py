@@ -9,7 +9,7 @@ import pytest
 from mounting import mounted
 from trees import tricky_tree
 
-from tools import torchvision_cpu
+from tools.harness import torchvision_cpu
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch]
 

@@ -11,7 +11,7 @@ from e2e import Job, make_source, run_readers, wait_plan, write_seed
 from mounting import status, wait_for
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
-from tools.nodes import rendezvous_group
+from tools.harness.nodes import rendezvous_group
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, pytest.mark.slow]
 

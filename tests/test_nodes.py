@@ -23,7 +23,7 @@ from pfsemu_fixture import running_pfsemu
 
 from fusefs.cluster.peer_client import PeerClient, PeerLinkStatus
 from fusefs.cluster.protocol import FileId
-from tools.nodes import member_state, mpi_group, peer_reads, rendezvous_group, wait_seed
+from tools.harness.nodes import member_state, mpi_group, peer_reads, rendezvous_group, wait_seed
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch]  # and mpi on the one test that runs mpirun
 

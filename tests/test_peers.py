@@ -44,7 +44,7 @@ from fusefs.cluster.protocol import (
     parse_frame_header,
 )
 from fusefs.tiers.digest import BlockDigests
-from tools.bench_peers import PLAN_DIGEST, file_bytes, file_id, server_process
+from tools.bench.peers import PLAN_DIGEST, file_bytes, file_id, server_process
 
 TOKEN = b"job-token-for-the-peer-tests-0123"
 DIGEST = b"plan-digest-1"

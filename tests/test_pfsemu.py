@@ -1,6 +1,6 @@
 """The emulated contended PFS (tools/pfsemu): faithful bytes, exact counters, the configured curve.
 
-The benchmark tools/bench_pfsemu prints the full calibration table (3 s per point); the tests here
+The benchmark tools/bench/pfsemu prints the full calibration table (3 s per point); the tests here
 check the same properties with shorter windows and the same 15 % band, re-measuring a point once
 when it falls outside (the machine is shared with other engineers' builds).
 """
@@ -26,7 +26,9 @@ from mounting import force_unmount, is_mounted, mounted, wait_for
 from pfsemu_fixture import PfsemuClient, RunningEmulator, emulated_pfs, requires_fuse, running_pfsemu  # noqa: F401
 from trees import NON_UTF8, describe, tricky_tree
 
-from tools import bench_pfsemu, pfsemu
+from tools import pfsemu
+from tools.bench import pfsemu as bench_pfsemu
+from tools.pfsemu.ops import _is_memory_fs
 
 PFSEMU = [sys.executable, str(pfsemu.LAUNCHER)]
 TOL = 0.15
@@ -350,7 +352,7 @@ def test_metadata_latency_delays_each_lookup(tmp_path: Path) -> None:
 @pytest.mark.mount
 def test_reads_missing_from_the_page_cache_go_to_threads_and_stay_exact(tmp_path: Path) -> None:
     """Data not in the host page cache is read in a worker thread (never on the loop), bytes intact."""
-    if pfsemu._is_memory_fs(os.fsencode(tmp_path)):
+    if _is_memory_fs(os.fsencode(tmp_path)):
         pytest.skip("tmp_path is on tmpfs: every read is served from memory inline")
     data = os.urandom(3 << 20)
     (tmp_path / "cold").write_bytes(data)

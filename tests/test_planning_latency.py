@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench_prefetch import planning_latency
+from tools.bench.prefetch import planning_latency
 
 pytestmark = [pytest.mark.slow, pytest.mark.mount]
 

@@ -28,7 +28,7 @@ from pfsemu_fixture import requires_fuse, running_pfsemu
 
 from fusefs.daemon.runtime import pid_alive
 from fusefs.progress import Progress, ProgressPrinter, describe, shown
-from tools.mounts import SEERFS
+from tools.harness.mounts import SEERFS
 
 DIRS, FILES_PER_DIR = 30, 60
 META_LATENCY_MS = 100  # a loaded metadata server; with 2 walk threads the walk takes ~4 s

@@ -29,8 +29,8 @@ from pfsemu_fixture import requires_fuse, running_pfsemu
 from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.protocol import FileId
 from fusefs.meta.snapshot import load_or_scan
-from tools.jobs import Job, make_source
-from tools.nodes import rendezvous_group
+from tools.harness.jobs import Job, make_source
+from tools.harness.nodes import rendezvous_group
 
 pytestmark = [pytest.mark.mount, requires_fuse]
 

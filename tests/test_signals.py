@@ -13,7 +13,7 @@ import pytest
 from mounting import force_unmount, is_mounted, seerfs
 
 from fusefs.cli.main import SIGNALS
-from tools.mounts import SEERFS
+from tools.harness.mounts import SEERFS
 
 
 def test_seerfs_1_says_what_each_signal_does() -> None:

@@ -131,7 +131,7 @@ def user_python(cluster: SlurmCluster, user: str) -> tuple[Path, str]:
     under /root): then the system's python3 of the same version runs with the venv's packages, as a
     cluster's shared Python module would.
     """
-    probe = "import torch, fusefs; from tools import torchvision_cpu; torchvision_cpu.load()"
+    probe = "import torch, fusefs; from tools.harness import torchvision_cpu; torchvision_cpu.load()"
     if cluster.run(str(VENV_BIN / "python"), "-c", probe, user=user, check=False).returncode == 0:
         return VENV_BIN, str(ROOT)
     site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)]

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fusefs.cluster.peergroup import PeeredGroupStatus
 from fusefs.daemon import schema
 from fusefs.daemon.status import StatusDocument
-from tools.nodes import rendezvous_group
+from tools.harness.nodes import rendezvous_group
 
 pytestmark = [pytest.mark.mount]
 

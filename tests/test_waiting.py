@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from fusefs.waiting import WaitTimeout, wait_until
-from tools.mounts import wait_for
+from tools.harness.mounts import wait_for
 
 
 def test_returns_the_first_truthy_answer() -> None:

@@ -20,7 +20,7 @@ from mounting import force_unmount, is_mounted, status, wait_for
 from trees import tricky_tree
 from wheelhouse import REPO, SYSTEM_PATH, Installed, in_private_mounts, private_mounts_unavailable
 
-from tools.jobs import free_port
+from tools.harness.jobs import free_port
 
 pytestmark = pytest.mark.mount
 

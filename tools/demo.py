@@ -7,17 +7,17 @@ the seed, then prints the table of epoch times, ratios and PFS bytes, and the se
 ``seerfs status`` (tiers, cursor, reads per source) taken before it was unmounted, and a verdict line:
 at this size only the PFS-bytes targets are judged (the timing targets are set for bench_train's
 defaults).  Any ``bench_train`` option given here overrides the demo's sizes (``tools/demo --files
-4000`` ...); ``tools/bench_train --help`` lists them.
+4000`` ...); ``tools/bench/train --help`` lists them.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tools import bench_train
+from tools.bench import train as bench_train
 
 # Small enough for about 1.5 minutes on 2 cores, large enough that the PFS, not start-up, dominates.
-# The reference filesystems (pyfuse3 floor, mergerfs) are left to tools/bench_train itself.
+# The reference filesystems (pyfuse3 floor, mergerfs) are left to tools/bench/train itself.
 DEMO_ARGS = ["--files", "800", "--val-files", "80", "--epochs", "3", "--show-status"]
 DEMO_ARGS += ["--configs", "lower bound,direct,staging,rclone,seerfs,seerfs+seed"]
 

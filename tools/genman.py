@@ -523,7 +523,8 @@ def seerfs_yaml_5() -> str:
             f"snapshot.revalidate_round_min_s ({min_round:g} s by default, as long as rclone mount's "
             "--dir-cache-time: a few thousand cached files are not stat'ed every few seconds for the "
             "whole job, each stat a metadata request to the PFS; on the benchmark's host, 30 s rounds of two "
-            "nodes over 4,400 cached files cost 3-5% of a training epoch, tools/RESULTS.md).  "
+            "nodes over 4,400 cached files cost 3-5% of a training epoch, "
+            "tools/results/2026-11-30-bench-train-night.md).  "
             f"At the default {rate:g} stats per second per node, a node holding all {files:,} files of "
             f"ImageNet's training set checks each once every {files / rate:,.0f} s "
             f"({files / rate / 60:.1f} minutes); in a group of N nodes each file is checked by its owner, "
@@ -909,23 +910,31 @@ def seerfs_control_7() -> str:
 
 
 TOOLS = (
-    "bench_train",
-    "bench_ceiling",
-    "bench_nodes",
-    "bench_prefetch",
-    "bench_mount",
-    "bench_plan",
-    "bench_streams",
-    "bench_seedsearch",
-    "bench_tiers",
-    "bench_peers",
-    "bench_pfsemu",
+    "bench/train",
+    "bench/ceiling",
+    "bench/nodes",
+    "bench/prefetch",
+    "bench/mount",
+    "bench/plan",
+    "bench/streams",
+    "bench/seedsearch",
+    "bench/tiers",
+    "bench/peers",
+    "bench/pfsemu",
     "simulate",
     "pfsemu",
     "mkdataset",
     "genman",
 )
-"""The programs under tools/ that take options (tools/demo passes its own to bench_train)."""
+"""The programs under tools/ that take options, by path under tools/ (tools/demo passes its own to bench/train)."""
+
+PACKAGES = frozenset({"pfsemu"})
+"""Tools that are a package directory, not a launcher script: they run as ``python3 tools/NAME``."""
+
+
+def tool_command(name: str) -> str:
+    """How seerfs-tools(7) shows ``name`` being run from the repository root."""
+    return f"python3 tools/{name}" if name.split()[0] in PACKAGES else f"tools/{name}"
 
 
 def tool_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -934,7 +943,7 @@ def tool_parsers() -> dict[str, argparse.ArgumentParser]:
 
     out: dict[str, argparse.ArgumentParser] = {}
     for name in TOOLS:
-        parser: argparse.ArgumentParser = importlib.import_module(f"tools.{name}").build_parser()
+        parser: argparse.ArgumentParser = importlib.import_module("tools." + name.replace("/", ".")).build_parser()
         out[name] = parser
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
@@ -970,13 +979,15 @@ seerfs\-tools \- the benchmarks, emulator and generators under tools/ in the see
 .SH DESCRIPTION
 Every program runs from the repository root as
 .BI tools/ NAME
+(the emulator, a package directory, as
+.BR "python3 tools/pfsemu" )
 and uses the project's .venv when it exists (tools/setup makes it).  Each program's
 .B \-\-help
-prints the text of its section below; tools/RESULTS.md has the measured tables and the exact
-commands.  The programs without options of their own:
+prints the text of its section below; tools/RESULTS.md has each benchmark's current table and the
+exact command, tools/results/ the earlier runs and the raw outputs.  The programs without options of their own:
 .TP
 .B tools/demo [BENCH_TRAIN OPTIONS]
-The README's demo: tools/setup, then tools/bench_train at a small size (about 1.5 minutes once set
+The README's demo: tools/setup, then tools/bench/train at a small size (about 1.5 minutes once set
 up; the first run's setup adds about 6): the lower bound, the PFS directly, copy\-then\-train
 staging, rclone, seerfs without a seed and seerfs with the seed, then the seeded mount's
 .B seerfs status
@@ -1003,7 +1014,7 @@ def seerfs_tools_7() -> str:
     out = [f'.TH SEERFS\\-TOOLS 7 "{DATE}" "seerfs {__version__}" "Miscellaneous"', *_roff(TOOLS_HEAD)]
     for name, p in tool_parsers().items():
         usage = " ".join(p.format_usage().strip().removeprefix("usage: ").split())
-        out += [".SH " + esc("tools/" + name), ".nf", esc("tools/" + usage), ".fi"]
+        out += [".SH " + esc("tools/" + name), ".nf", esc(tool_command(usage)), ".fi"]
         if p.description:
             out += [".PP", *description_lines(p.description)]
         out += _positional_lines(p) + _option_lines(p)

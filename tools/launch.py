@@ -1,8 +1,8 @@
 """Shared body of the executable launchers in tools/: run a tool under the project's venv.
 
-The launchers are called as `tools/NAME` from any shell; the system python lacks pyfuse3, torch and
-the package, so the launcher re-executes under `.venv/bin/python` when that exists and is not the
-interpreter already running.
+The launchers are called as `tools/NAME` or `tools/bench/NAME` from any shell (``module`` is then
+``NAME`` or ``bench.NAME``); the system python lacks pyfuse3, torch and the package, so the launcher
+re-executes under `.venv/bin/python` when that exists and is not the interpreter already running.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def main() -> int:
         if value is None:
             raise AssertionError("no synchronized generator to take the seed from")
         clientlib.write_seed(args.data, value)
-        from tools.jobs import wait_plan  # the job waits for the plan, as the harness does for seeds it writes
+        from tools.harness.jobs import wait_plan  # the job waits for the plan, as the harness does for seeds it writes
 
         wait_plan(Path(args.data), value)
     accelerator.wait_for_everyone()

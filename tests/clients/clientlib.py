@@ -27,11 +27,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # tools.torchvision_cpu
+    sys.path.insert(0, str(ROOT))  # tools.harness.torchvision_cpu
 
 from statusfields import status_fields  # noqa: E402  (the harness judges by the same fields)
 
-from tools import torchvision_cpu  # noqa: E402  (needs ROOT on sys.path)
+from tools.harness import torchvision_cpu  # noqa: E402  (needs ROOT on sys.path)
 
 # Lightning and accelerate import torchvision themselves (through torchmetrics and friends): it must
 # be loaded the CPU-safe way before either, so importing this module first does it.

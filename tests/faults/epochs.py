@@ -1,7 +1,7 @@
 """One rank of a data-parallel job whose epochs a test starts one at a time (the soak test's reader).
 
 Real torchvision ImageFolder + DataLoader + DistributedSampler with ``set_epoch``, as in training;
-unlike tools/train_reader.py the epochs are driven from stdin, so the test can rewrite the seed,
+unlike tools/harness/train_reader.py the epochs are driven from stdin, so the test can rewrite the seed,
 kill a daemon and sample the daemons between (or during) epochs.  Every sample's bytes are compared
 with a manifest the test made from the source directly (size and xxh3_64), never through a mount.
 
@@ -46,7 +46,7 @@ def main() -> int:
     import xxhash
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from tools import torchvision_cpu
+    from tools.harness import torchvision_cpu
 
     tv = torchvision_cpu.load()
     root = spec["root"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tools.mounts import force_unmount, is_mounted, seerfs, status
+from tools.harness.mounts import force_unmount, is_mounted, seerfs, status
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.mounts import force_unmount, is_mounted, seerfs, wait_for
+from tools.harness.mounts import force_unmount, is_mounted, seerfs, wait_for
 
 
 def daemon_pid(mnt: Path) -> int:

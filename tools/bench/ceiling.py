@@ -1,0 +1,716 @@
+"""FUSE ceiling: how fast files already cached can be read through seerfs, next to the same reads without it.
+
+A dataset of small files (default 10,000 of ~125 KB, lognormal) is made on a tmpfs, so the baseline
+really is memory.  The same reader then reads every file through each configuration:
+
+  direct     the tmpfs itself (the ceiling; every ratio is to its warm rate)
+  seerfs     seerfs mounted over the tmpfs (no seed written; see below)
+  pyfuse3    the least a pyfuse3 filesystem can do (tools/bench/floorfs.py: open replies
+             keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
+             floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
+  mergerfs   mergerfs over the tmpfs, a C passthrough with its page cache kept across opens
+             (options printed with the results)
+  rclone     rclone mount --vfs-cache-mode full over the tmpfs
+
+The reader is --threads threads in this process, each taking the next file of a random permutation
+of all files.  --reader loader (the default) reads each file the way torchvision's default loader
+does before decoding (``with open(path, "rb") as f: f.read()``): the per-file cost a DataLoader
+worker really pays, and what the figures in tools/RESULTS.md were taken with.  --reader readv is the
+leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it makes
+the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
+same permutations (a new one per pass, drawn from --seed).  Per configuration the first pass is the
+*cold* pass (a fresh mount: it fills whatever the filesystem caches) and the warm-up; then *warm*
+passes follow until at least --passes of them ran and they took at least --seconds together.  The
+headline is the median warm pass, as a ratio to direct's median warm pass.  Each pass must read
+exactly the dataset's bytes, or the benchmark fails.
+
+CPU columns say who is CPU-bound, in cores (1.00 = one core busy all the time), over all warm
+passes (the cold pass's are listed below the table): "rdr CPU" is this process (the readers; the
+kernel's FUSE work on their side is their system time), "fs CPU" the filesystem daemon (all its
+threads, /proc/PID/stat), "top thr" its busiest thread (near 1.00: the daemon is serialised on
+it), "busy" the whole machine (/proc/stat): when it exceeds rdr + fs by more than 0.25 cores,
+something else was using the cores and a warning after the table says to rerun.  "RA KB" is the
+mount's read_ahead_kb (the largest READ the kernel sends).
+
+seerfs is mounted without a seed: the reader's order is a plain random permutation, not a sampler
+order a seed could predict, so seerfs assumes the default seed, sees the mismatch and serves by its
+reactive policy.  Its memory tier is sized for the dataset twice over (the reactive set's RAM copies
+plus the pages readers leave in the page cache, which the budget also counts), so nothing is evicted
+and warm passes are served from the kernel page cache (keep_cache): they measure the cost of the
+FUSE round trips the daemon still answers per file: OPEN, RELEASE and, with the loader reader, the
+IOCTL that Python's open() sends when it asks isatty() (answered ENOSYS by libfuse, never cached).
+The table's notes count where seerfs served each warm open from.
+
+--seerfs-o passes config overrides to the seerfs mount (e.g. fuse.max_tasks=8); --profile records
+the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
+collapsed stacks per thread; the profiler slows the daemons, so that run's rates do not count).
+
+Mounting a tmpfs needs root; --tmpfs DIR uses an existing tmpfs instead.  Exit status: 0 done (the
+targets are reported, not enforced), 1 a pass read the wrong number of bytes or a mount failed, 2 a
+usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.bench import floorfs
+from tools.bench.options import pick_configs
+from tools.bench.procstat import CLK_TCK, cpu_seconds_of
+from tools.bench.train import rclone_mount
+from tools.harness.jobs import Job, seerfs_config
+from tools.harness.mounts import force_unmount, seerfs, status, wait_for
+from tools.mkdataset import Spec, make_dataset, parse_size
+
+CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
+LABELS = {
+    "direct": "direct tmpfs",
+    "seerfs": "seerfs",
+    "pyfuse3": "pyfuse3 floor",
+    "mergerfs": "mergerfs",
+    "rclone": "rclone",
+}
+RCLONE_OPTIONS = "--vfs-cache-mode full --dir-cache-time 1h --attr-timeout 1h (cache dir on local disk)"
+# The parameters the targets are set for; output options do not count.
+SIZING = ("files", "mean_size", "sigma", "classes", "threads", "read_size", "reader")
+TARGET, STRETCH = 0.5, 0.8
+OTHERS_WARN = 0.25  # cores used by other processes during warm passes that make a run suspect
+
+
+class BenchError(Exception):
+    """The benchmark cannot go on (wrong bytes read, a mount that failed): one line for the user."""
+
+
+@dataclass
+class PassResult:
+    files: int
+    bytes: int
+    seconds: float
+    reader_cpu_s: float  # this process, user + system
+    fs_cpu_s: float | None  # the filesystem daemon, all threads (None: no daemon)
+    busy_cores: float  # the whole machine's non-idle time over the pass, in cores
+    fs_top_thread_s: float | None = None  # the daemon's busiest thread (near 1 core: serialised there)
+
+    @property
+    def files_per_s(self) -> float:
+        return self.files / max(self.seconds, 1e-9)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / max(self.seconds, 1e-9)
+
+    @property
+    def reader_cores(self) -> float:
+        return self.reader_cpu_s / max(self.seconds, 1e-9)
+
+    @property
+    def fs_cores(self) -> float | None:
+        return None if self.fs_cpu_s is None else self.fs_cpu_s / max(self.seconds, 1e-9)
+
+    @property
+    def others_cores(self) -> float:
+        """Machine CPU used by neither the readers nor the daemon (someone else, or the kernel's own threads)."""
+        return self.busy_cores - self.reader_cores - (self.fs_cores or 0.0)
+
+    @property
+    def fs_top_thread_cores(self) -> float | None:
+        return None if self.fs_top_thread_s is None else self.fs_top_thread_s / max(self.seconds, 1e-9)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "files_per_s": self.files_per_s,
+            "mb_per_s": self.mb_per_s,
+            "reader_cores": self.reader_cores,
+            "fs_cores": self.fs_cores,
+            "fs_top_thread_cores": self.fs_top_thread_cores,
+            "others_cores": self.others_cores,
+        }
+
+
+@dataclass
+class ConfigResult:
+    config: str
+    cold: PassResult
+    warm: list[PassResult]
+    bytes_verified: bool = True  # every pass read exactly the dataset's bytes (else BenchError)
+    read_ahead_kb: int | None = None  # of the mount's bdi (None: not a FUSE mount)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> PassResult:
+        """The warm pass of median files/s (the headline rate)."""
+        ranked = sorted(self.warm, key=lambda p: p.files_per_s)
+        return ranked[(len(ranked) - 1) // 2]
+
+    @property
+    def warm_total(self) -> PassResult:
+        """All warm passes as one: CPU shares of short passes are too coarse (clock ticks) on their own."""
+        fs = [p.fs_cpu_s for p in self.warm]
+        top = [p.fs_top_thread_s for p in self.warm]
+        seconds = sum(p.seconds for p in self.warm)
+        return PassResult(
+            sum(p.files for p in self.warm),
+            sum(p.bytes for p in self.warm),
+            seconds,
+            sum(p.reader_cpu_s for p in self.warm),
+            None if None in fs else sum(x or 0.0 for x in fs),
+            sum(p.busy_cores * p.seconds for p in self.warm) / max(seconds, 1e-9),
+            None if None in top else sum(x or 0.0 for x in top),
+        )
+
+
+@dataclass
+class Dataset:
+    root: Path  # the source directory the configurations mirror
+    rel: list[bytes]  # files relative to root, sorted
+    sizes: list[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def thread_seconds(pid: int) -> dict[int, float]:
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just exited
+            out[int(task.name)] = cpu_seconds_of(str(task / "stat"))
+    return out
+
+
+def machine_busy_s() -> float:
+    """Non-idle CPU seconds of the whole machine so far (all cores), from /proc/stat."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = parts[3] + parts[4]  # idle + iowait
+    return (sum(parts[:8]) - idle) / CLK_TCK
+
+
+def read_ahead_kb(mountpoint: Path) -> int | None:
+    target = os.path.abspath(mountpoint)
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            parts = line.split()
+            if parts[4] == target:
+                with contextlib.suppress(OSError, ValueError):
+                    return int(Path(f"/sys/class/bdi/{parts[2]}/read_ahead_kb").read_text())
+    return None
+
+
+def is_tmpfs(path: Path) -> bool:
+    """Whether ``path`` lies on a tmpfs (the longest mount point that contains it)."""
+    target, best, fstype = os.path.realpath(path), "", ""
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            parts = line.split()
+            mnt = parts[4]
+            if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, parts[parts.index("-") + 1]
+    return fstype == "tmpfs"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_pass(
+    root: Path, data: Dataset, order: np.ndarray, threads: int, read_size: int, daemon: int | None, kind: str = "loader"
+) -> PassResult:
+    """Read every file once in ``order`` with ``threads`` threads; fail unless the bytes add up."""
+    base = os.fsencode(root) + b"/"
+    paths = [base + data.rel[i] for i in order.tolist()]
+    counter = itertools.count()  # next() on it is atomic: the threads share one queue position
+    got = [0] * threads
+    done = [0] * threads
+    errors: list[BaseException] = []
+
+    def reader(slot: int) -> None:
+        buf = [bytearray(read_size)]
+        n = nbytes = 0
+        try:
+            while (k := next(counter)) < len(paths):
+                if kind == "loader":
+                    with open(paths[k], "rb") as fh:
+                        nbytes += len(fh.read())
+                else:
+                    fd = os.open(paths[k], os.O_RDONLY)
+                    try:
+                        while chunk := os.readv(fd, buf):
+                            nbytes += chunk
+                    finally:
+                        os.close(fd)
+                n += 1
+        except BaseException as exc:
+            errors.append(exc)
+        got[slot], done[slot] = nbytes, n
+
+    workers = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(threads)]
+    fs0 = cpu_seconds_of(f"/proc/{daemon}/stat") if daemon else None
+    threads0 = thread_seconds(daemon) if daemon else {}
+    cpu0, busy0, t0 = os.times(), machine_busy_s(), time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.monotonic() - t0
+    cpu1, busy1 = os.times(), machine_busy_s()
+    fs_cpu = top = None
+    if daemon and fs0 is not None:
+        fs_cpu = cpu_seconds_of(f"/proc/{daemon}/stat") - fs0
+        top = max((t - threads0.get(tid, 0.0) for tid, t in thread_seconds(daemon).items()), default=0.0)
+    if errors:
+        raise BenchError(f"reading {root}: {errors[0]!r}")
+    result = PassResult(
+        sum(done),
+        sum(got),
+        wall,
+        cpu1.user + cpu1.system - cpu0.user - cpu0.system,
+        fs_cpu,
+        (busy1 - busy0) / max(wall, 1e-9),
+        top,
+    )
+    if result.files != len(paths) or result.bytes != data.total:
+        raise BenchError(
+            f"reading {root}: {result.files} files and {result.bytes} bytes read, expected "
+            f"{len(paths)} files and {data.total} bytes"
+        )
+    return result
+
+
+def orders(n: int, seed: int) -> Iterator[np.ndarray]:
+    """Pass k's permutation: the same k-th permutation for every configuration."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield rng.permutation(n)
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+@dataclass
+class Mounted:
+    root: Path  # where the readers find the dataset
+    daemon: int | None  # the filesystem daemon's pid
+    notes: list[str] = field(default_factory=list)
+    seerfs_mnt: Path | None = None  # seerfs: the mountpoint, for its status
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: int) -> Iterator[Path]:
+    path.mkdir(parents=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        raise BenchError(f"mount -t tmpfs {path}: {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def direct(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
+    yield Mounted(data.root, None)
+
+
+@contextlib.contextmanager
+def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
+    d = work / "seerfs"
+    d.mkdir()
+    lookahead = 64 << 20
+    job = Job(world_size=1, epochs=1 + a.passes, batch_size=32, num_workers=0, val=False)
+    tier = int(data.total * 2.1) + lookahead
+    cfg = seerfs_config(
+        d / "seerfs.yaml",
+        job,
+        cache_dir=d / "cache",
+        lookahead=str(lookahead),
+        tiers=[{"kind": "memory", "bytes": tier, "threads": 8}],
+    )
+    mnt = d / "mnt"
+    mnt.mkdir()
+    extra = ["-o", a.seerfs_o] if a.seerfs_o else []
+    res = seerfs("mount", str(data.root.parent), str(mnt), "-c", str(cfg), *extra)
+    if res.returncode != 0:
+        raise BenchError(f"seerfs mount failed ({res.returncode}): {res.stderr.strip()}")
+    try:
+        # Planning for the assumed seed runs in a subprocess at mount: let it finish before timing.
+        wait_for(lambda: status(mnt)["plan"]["state"] != "planning", timeout=120, what="seerfs planning")
+        yield Mounted(mnt / data.root.name, int(status(mnt)["pid"]), [f"memory tier {tier / 1e6:.0f} MB"], mnt)
+    finally:
+        seerfs("umount", str(mnt), timeout=120)
+        force_unmount(mnt)
+
+
+@contextlib.contextmanager
+def foreground_mounted(cmd: list[str], mnt: Path, what: str, data: Dataset) -> Iterator[Mounted]:
+    """A filesystem process serving in the foreground at ``mnt``; unmounted and stopped in all cases."""
+    try:
+        with floorfs.foreground(cmd, mnt, what) as proc:
+            yield Mounted(mnt / data.root.name, proc.pid)
+    except floorfs.MountError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def floor_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
+    mnt = work / "pyfuse3-mnt"
+    return foreground_mounted(floorfs.command(data.root.parent, mnt), mnt, "pyfuse3 floor", data)
+
+
+def mergerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
+    mnt = work / "mergerfs-mnt"
+    cmd = floorfs.mergerfs_command(data.root.parent, mnt)
+    assert cmd is not None  # main() skips mergerfs when it is not installed
+    return foreground_mounted(cmd, mnt, "mergerfs", data)
+
+
+@contextlib.contextmanager
+def rclone_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
+    mnt, cache = work / "rclone-mnt", work / "rclone-cache"
+    mnt.mkdir()
+    try:
+        proc = rclone_mount(data.root.parent, mnt, cache)
+    except (RuntimeError, AssertionError) as exc:
+        force_unmount(mnt)
+        raise BenchError(f"rclone mount: {exc}") from None
+    try:
+        yield Mounted(mnt / data.root.name, proc.pid)
+    finally:
+        force_unmount(mnt)
+        floorfs.stop(proc)
+
+
+MOUNTS = {
+    "direct": direct,
+    "seerfs": seerfs_mounted,
+    "pyfuse3": floor_mounted,
+    "mergerfs": mergerfs_mounted,
+    "rclone": rclone_mounted,
+}
+
+
+@contextlib.contextmanager
+def profiled(pid: int | None, out: Path | None, name: str) -> Iterator[None]:
+    """py-spy record of a Python daemon (seerfs, the pyfuse3 floor) for the block."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if out is None or pid is None or not Path(spy).exists():
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-warm.txt"
+    proc = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--threads",
+            "--nonblocking",
+            "--output",
+            str(path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # py-spy attaches within a fraction of a second; the warm passes are several seconds
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(f"bench_ceiling: py-spy profile of {name} (warm passes) in {path}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def seerfs_sources(mnt: Path) -> dict[str, int]:
+    """Opens served per source, and (as "READ requests") the reads that reached the daemon."""
+    reads = status(mnt)["reads"]
+    return {**{k: int(v["files"]) for k, v in reads["by_source"].items()}, "READ requests": int(reads["reads"])}
+
+
+def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> ConfigResult:
+    with MOUNTS[config](data, work, a) as m:
+        perms = orders(len(data.rel), a.seed)
+        cold = read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader)
+        before = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
+        warm: list[PassResult] = []
+        python_daemon = m.daemon if config in ("seerfs", "pyfuse3") else None
+        with profiled(python_daemon, Path(a.profile) if a.profile else None, config):
+            while len(warm) < a.passes or sum(p.seconds for p in warm) < a.seconds:
+                warm.append(read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader))
+        result = ConfigResult(config, cold, warm, read_ahead_kb=read_ahead_kb(m.root.parent), notes=m.notes)
+        if m.seerfs_mnt:
+            after = seerfs_sources(m.seerfs_mnt)
+            opened = len(warm) * len(data.rel)
+            reads = after.pop("READ requests") - before.pop("READ requests")
+            by = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
+            doc = status(m.seerfs_mnt)
+            st = doc["prefetch"]["staging"]
+            result.notes += [
+                f"mode {doc['prefetch']['mode']}",
+                "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
+                f"warm READ requests {reads}",
+                f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}",
+            ]
+    return result
+
+
+def make_data(root: Path, a: argparse.Namespace) -> Dataset:
+    spec = Spec(classes=a.classes, files=a.files, mean_size=a.mean_size, sigma=a.sigma, seed=a.seed)
+    written = make_dataset(root, spec)
+    rel = sorted(os.fsencode(p.relative_to(root)) for p in written)
+    return Dataset(root, rel, [os.stat(os.fsencode(root) + b"/" + r).st_size for r in rel])
+
+
+def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[Dataset, list[ConfigResult]]:
+    size = max(256 << 20, 3 * a.files * a.mean_size)
+    with contextlib.ExitStack() as stack:
+        if a.tmpfs:
+            base = Path(tempfile.mkdtemp(prefix="seerfs-ceiling-src-", dir=a.tmpfs))
+            stack.callback(shutil.rmtree, base, True)
+        else:
+            base = stack.enter_context(tmpfs(work / "tmpfs", size))
+        t0 = time.monotonic()
+        data = make_data(base / "train", a)
+        print(
+            f"bench_ceiling: {len(data.rel)} files, {data.total / 1e6:.0f} MB made on tmpfs {base} in "
+            f"{time.monotonic() - t0:.1f}s",
+            file=sys.stderr,
+        )
+        results = []
+        for config in configs:
+            print(f"bench_ceiling: running {config}", file=sys.stderr)
+            results.append(measure(config, data, work, a))
+        return data, results
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def ratios(results: list[ConfigResult]) -> dict[str, dict[str, float | None]]:
+    """Each configuration's cold and median-warm files/s as a ratio to direct's median warm pass."""
+    base = next((r.median.files_per_s for r in results if r.config == "direct"), None)
+    return {
+        r.config: {
+            "cold_ratio": r.cold.files_per_s / base if base else None,
+            "warm_ratio": r.median.files_per_s / base if base else None,
+        }
+        for r in results
+    }
+
+
+def targets(results: list[ConfigResult]) -> list[tuple[str, bool, str]]:
+    warm = ratios(results).get("seerfs", {}).get("warm_ratio")
+    if warm is None:
+        return []
+    return [
+        (f"seerfs warm >= {TARGET}x direct tmpfs", warm >= TARGET, f"{warm:.2f}x"),
+        (f"stretch: seerfs warm >= {STRETCH}x direct tmpfs", warm >= STRETCH, f"{warm:.2f}x"),
+    ]
+
+
+def is_default(a: argparse.Namespace) -> bool:
+    defaults = vars(build_parser().parse_args([]))
+    return all(getattr(a, k) == defaults[k] for k in SIZING)
+
+
+def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, load: list[float]) -> None:
+    print(f"parameters: {json.dumps(vars(a))}")
+    print(
+        f"dataset: {len(data.rel)} files, {data.total / 1e6:.1f} MB (mean {data.total / len(data.rel) / 1e3:.1f} KB) "
+        f"on tmpfs; {a.threads} reader threads, reader {a.reader}, random order"
+    )
+    print(f"mergerfs -o {floorfs.MERGERFS_OPTIONS}")
+    print(f"rclone mount {RCLONE_OPTIONS}")
+    print(f"machine: {os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after\n")
+    rat = ratios(results)
+
+    def x(v: float | None) -> str:
+        return f"{v:5.2f}x" if v is not None else "    - "
+
+    def cores(v: float | None) -> str:
+        return f"{v:5.2f}" if v is not None else "    -"
+
+    print(
+        f"{'configuration':<13}  {'cold files/s':>12}  {'MB/s':>6}  {'ratio':>6}  {'warm files/s':>12}  "
+        f"{'MB/s':>6}  {'ratio':>6}  {'warm range':>13}  {'n':>2}  {'rdr CPU':>7}  {'fs CPU':>6}  {'top thr':>7}  "
+        f"{'busy':>5}  {'RA KB':>5}"
+    )
+    for r in results:
+        m, t = r.median, r.warm_total
+        lo, hi = min(p.files_per_s for p in r.warm), max(p.files_per_s for p in r.warm)
+        ra = str(r.read_ahead_kb) if r.read_ahead_kb is not None else "-"
+        cold_x, warm_x = x(rat[r.config]["cold_ratio"]), x(rat[r.config]["warm_ratio"])
+        print(
+            f"{LABELS[r.config]:<13}  {r.cold.files_per_s:12.0f}  {r.cold.mb_per_s:6.0f}  {cold_x}  "
+            f"{m.files_per_s:12.0f}  {m.mb_per_s:6.0f}  {warm_x}  "
+            f"{lo:6.0f}-{hi:<6.0f}  {len(r.warm):2d}  {cores(t.reader_cores):>7}  {cores(t.fs_cores):>6}  "
+            f"{cores(t.fs_top_thread_cores):>7}  {t.busy_cores:5.2f}  {ra:>5}"
+        )
+    print("\nratios are to direct tmpfs's median warm pass; CPU columns (cores) are over all warm passes; cold CPU:")
+    for r in results:
+        print(
+            f"  {LABELS[r.config]:<13} cold: rdr {r.cold.reader_cores:.2f}, fs {cores(r.cold.fs_cores).strip()} "
+            f"(top thread {cores(r.cold.fs_top_thread_cores).strip()}), "
+            f"busy {r.cold.busy_cores:.2f}" + (f"; {'; '.join(r.notes)}" if r.notes else "")
+        )
+    print(f"bytes verified: every pass read exactly {data.total} bytes in {len(data.rel)} files")
+    busy = {LABELS[r.config]: r.warm_total.others_cores for r in results if r.warm_total.others_cores > OTHERS_WARN}
+    if busy:
+        print(
+            "WARNING: other processes used the cores during the warm passes of "
+            + ", ".join(f"{k} ({v:.2f} cores)" for k, v in busy.items())
+            + ": rerun on a quieter machine"
+        )
+    checks = targets(results)
+    if checks:
+        sized = ")" if is_default(a) else "; set for the default sizes, which this run does not use)"
+        print(f"\ntargets of seerfs's median warm pass against direct tmpfs's (files/s{sized}")
+        for name, ok, detail in checks:
+            print(f"  [{'ok' if ok else 'MISSED'}] {name}: {detail}")
+
+
+def to_json(data: Dataset, results: list[ConfigResult], a: argparse.Namespace, load: list[float]) -> dict[str, Any]:
+    rat = ratios(results)
+    return {
+        "parameters": vars(a),
+        "dataset": {"files": len(data.rel), "bytes": data.total},
+        "mergerfs_options": floorfs.MERGERFS_OPTIONS,
+        "rclone_options": RCLONE_OPTIONS,
+        "load_average": {"before": load[0], "after": load[1]},
+        "results": [
+            {
+                "config": r.config,
+                "cold": r.cold.to_json(),
+                "warm": [p.to_json() for p in r.warm],
+                "warm_median": r.median.to_json(),
+                "warm_total": r.warm_total.to_json(),
+                **rat[r.config],
+                "bytes_verified": r.bytes_verified,
+                "read_ahead_kb": r.read_ahead_kb,
+                "notes": r.notes,
+            }
+            for r in results
+        ],
+        "targets": targets(results),
+    }
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench/ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--files", type=int, default=10_000, help="files in the dataset (default 10000)")
+    p.add_argument(
+        "--mean-size",
+        type=parse_size,
+        default=125_000,
+        help="mean file size, lognormal (default 125KB; units as mkdataset: 125KB, 1MiB)",
+    )
+    p.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma of file sizes (default 0.5)")
+    p.add_argument("--classes", type=int, default=10, help="class directories the files are spread over (default 10)")
+    p.add_argument("--threads", type=int, default=8, help="reader threads (default 8)")
+    p.add_argument(
+        "--reader",
+        choices=("loader", "readv"),
+        default="loader",
+        help="how each file is read: loader (open().read(), as torchvision's loader) or readv "
+        "(os.readv into a reused buffer); default loader",
+    )
+    p.add_argument("--read-size", type=parse_size, default=1 << 20, help="bytes per readv() (default 1MiB)")
+    p.add_argument("--passes", type=int, default=3, help="warm passes at least, after the cold one (default 3)")
+    p.add_argument(
+        "--seconds", type=float, default=5.0, help="warm passes continue until they took this long together (default 5)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the dataset and of the read orders (default 0)")
+    p.add_argument("--seerfs-o", metavar="KEY=VAL[,...]", help="config overrides for the seerfs mount (its -o)")
+    p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")
+    p.add_argument("--tmpfs", metavar="DIR", help="make the dataset in DIR, an existing tmpfs (default: mount one)")
+    p.add_argument("--profile", metavar="DIR", help="py-spy record the Python daemons' warm passes into DIR")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    p.add_argument("--workdir", help="scratch directory for mountpoints and caches (default: a temp dir, removed)")
+    return p
+
+
+def usage_error(a: argparse.Namespace) -> str | None:
+    try:
+        pick_configs(a.configs, CONFIGS)
+    except ValueError as exc:
+        return str(exc)
+    if min(a.files, a.threads, a.passes, a.classes, a.mean_size, a.read_size) < 1 or a.seconds < 0:
+        return "--files, --threads, --passes, --classes, --mean-size and --read-size must be positive"
+    if a.tmpfs and not is_tmpfs(Path(a.tmpfs)):
+        return f"--tmpfs {a.tmpfs}: not a directory on a tmpfs"
+    if not a.tmpfs and os.geteuid() != 0:
+        return "mounting a tmpfs needs root: run as root or pass --tmpfs DIR (an existing tmpfs such as /dev/shm)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    problem = usage_error(a)
+    if problem:
+        print(f"bench_ceiling: {problem}", file=sys.stderr)
+        return 2
+    configs = pick_configs(a.configs, CONFIGS)
+    for tool in ("mergerfs", "rclone"):
+        if tool in configs and shutil.which(tool) is None:
+            print(f"bench_ceiling: {tool} not installed: skipped", file=sys.stderr)
+            configs.remove(tool)
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-ceiling-"))
+    load0 = os.getloadavg()[0]
+    try:
+        data, results = run_all(a, work, configs)
+    except BenchError as exc:
+        print(f"bench_ceiling: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for mnt in work.glob("*mnt"):
+            force_unmount(mnt)
+        for mnt in work.glob("*/mnt"):
+            force_unmount(mnt)
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    load = [load0, os.getloadavg()[0]]
+    if a.json:
+        print(json.dumps(to_json(data, results, a, load), indent=1))
+    else:
+        print_table(data, results, a, load)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
