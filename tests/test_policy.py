@@ -217,6 +217,27 @@ def test_an_open_racing_its_files_push_keeps_the_pages(one_node: tuple[Plan, npt
     assert s.policy.unused == 0
 
 
+def test_a_reader_whose_file_another_released_meanwhile_takes_the_kept_pages_not_a_second_charge(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """Two readers open a file kept from an earlier read; the one served the kept pages releases it
+    before the other pulls its pages: those are the kept pages, charged once (validate() after each
+    step of the in-process tests found them charged twice, as kept and as read)."""
+    s = Setup(*one_node)
+    a = s.files[0]
+    n = s.size(a)
+    s.do(Opened(a))
+    s.do(ReadThrough(a, n))
+    s.do(Released(a))
+    assert s.policy.kept == {a: n}
+    assert UsePages(a) in s.do(Opened(a))  # reader 1: the kept pages
+    assert s.do(Opened(a)) == []  # reader 2, open meanwhile: it pulls them through the mount ...
+    s.do(Released(a))  # ... after reader 1 released them
+    assert s.do(ReadThrough(a, n)) == [] and s.budget.used == n and a not in s.policy.kept
+    s.do(Released(a))
+    assert s.policy.kept == {a: n} and s.budget.used == n
+
+
 def test_an_open_during_the_push_is_served_the_bytes_on_their_way(
     one_node: tuple[Plan, npt.NDArray[np.int64]],
 ) -> None:

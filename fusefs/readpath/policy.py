@@ -958,6 +958,16 @@ class ReadPolicy:
         (direct_io), since a read is never refused and the budget is never exceeded."""
         if ev.entry in self.pages:
             return
+        charge = self.kept.pop(ev.entry, None)
+        if charge is not None:
+            # Charged already: another reader of the file, who opened it after this one, released it
+            # meanwhile and its pages were kept.  They are this reader's pages again (kept at its
+            # release), not charged twice (validate() after each step found that double charge).
+            self.kept_bytes -= charge
+            self._kept_unused.discard(ev.entry)
+            self.cached_bytes += charge
+            self.pages[ev.entry] = Pages(charge, "reading", taken=True)
+            return
         if not self._reserve(ev.nbytes, due=-1):
             self.uncached_opens += 1
             self._out.append(Bypass(ev.entry))
