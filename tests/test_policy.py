@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fusefs.config import load
 from fusefs.meta.snapshot import Snapshot
 from fusefs.planning.inputs import planning_config
-from fusefs.readpath.policy import (
+from fusefs.readpath.contract import (
     Bypass,
     CancelStage,
     CursorView,
@@ -41,11 +41,9 @@ from fusefs.readpath.policy import (
     PeerDown,
     PeerUp,
     PlanChanged,
-    PolicySettings,
     Presume,
     Push,
     Pushed,
-    ReadPolicy,
     ReadThrough,
     Released,
     RetryFillLater,
@@ -54,13 +52,12 @@ from fusefs.readpath.policy import (
     SourceChanged,
     Stage,
     StageFetched,
-    StagingMode,
     Tick,
     UseHeld,
     UsePages,
     ViewPublished,
-    entries_due,
 )
+from fusefs.readpath.policy import PolicySettings, ReadPolicy, StagingMode, entries_due
 from fusefs.tiers import Budget
 from placement.cursor import CursorStatus
 from placement.plan import Plan
@@ -144,6 +141,8 @@ class Setup:
         tiers: Sequence[Held] | None = None,
         reactive: int = 4_000,
         loader_start: int = 0,
+        log_steps: int = 0,
+        validate: bool = False,
     ) -> None:
         self.plan = plan
         self.sizes = sizes
@@ -156,6 +155,8 @@ class Setup:
             tuple(2 for _ in self.tiers),
             tuple(reactive for _ in self.tiers),
             loader_start=loader_start,
+            log_steps=log_steps,
+            validate=validate,
         )
         self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
         self.budget.reclaim = self.policy.reclaim

@@ -52,11 +52,12 @@ from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
 from fusefs.progress import LOG_INTERVAL_S, Progress, ProgressDoc
+from fusefs.readpath.contract import CursorView
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
-from fusefs.readpath.policy import CursorView, PolicySettings, ReadPolicy
+from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Pyfuse3Kernel, Staging
@@ -281,7 +282,7 @@ class Daemon:
                 self.counters,
                 self.rendezvous,
             )
-            self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
+            self.prefetcher.presume_node(self.group.me)  # torchrun may number nodes otherwise: opens decide
             self.revalidator.mine = self._mine
             self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
