@@ -146,6 +146,8 @@ def build_readpath(
         fill_threads=tuple(max(1, t.threads) for t in cfg.tiers),
         reactive_capacities=tuple(t["bytes"] for t in planning_config(ram)["tiers"]),
         loader_start=CursorSettings.for_job(cfg.job.batch_size, cfg.job.num_workers, cfg.job.prefetch_factor).window,
+        log_steps=cfg.debug.policy_log,
+        validate=cfg.debug.validate,
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
     staging = Staging(policy, kernel if kernel is not None else Pyfuse3Kernel(snapshot.tree.path))
@@ -406,6 +408,7 @@ class Daemon:
             "progress": {"walk": self.walk.doc(), "plan": self.plans.progress.doc()},
             "metrics": self.metrics.status(),
             "requests": self.ops.requests.status(),
+            "policy_log": self.readpath.policy.log_status(),
         }
 
     # ------------------------------------------------------------------ serving
