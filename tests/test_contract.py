@@ -272,10 +272,10 @@ def test_the_presumed_node_arrives_as_an_event(two_nodes: Built) -> None:
         assert follow.presume == presume
 
 
-def test_step_entries_name_what_a_view_places_and_stages() -> None:
+def test_a_step_names_what_a_view_placed_and_staged_not_its_whole_horizon() -> None:
     view = CursorView("tracking", 0, 0, {1: 0, 2: 1, 9: 2}, (2, 9))
     step = Step(1, ViewPublished(view, [5], 1), (Stage(2, None, None),))
-    assert step.entries() == [2, 5, 9]  # the horizon's other files (1) are not named
+    assert step.entries() == [2, 5]  # 1 and 9, only due or to stage later, are not named
 
 
 def test_the_harness_and_the_daemon_take_the_debug_keys(tmp_path: Path) -> None:

@@ -472,19 +472,16 @@ class Step:
     out: tuple[Instruction, ...]
 
     def entries(self) -> list[int]:
-        """The snapshot entries this step names: the event's and each instruction's ``entry``, the
-        opens a view placed and what it stages next, the files of a next-epoch lane."""
+        """The snapshot entries this step names: the event's and each instruction's ``entry``, and the
+        opens a view placed.  Not a view's horizon or stage list, nor a next-epoch lane's files:
+        thousands each, and what the policy did with one of them is an instruction naming it."""
         found: dict[int, None] = {}
         for item in (self.event, *self.out):
             entry = getattr(item, "entry", None)
             if isinstance(entry, int):
                 found[entry] = None
-        ev = self.event
-        if isinstance(ev, ViewPublished):
-            found.update(dict.fromkeys(int(e) for e in ev.placed))
-            found.update(dict.fromkeys(ev.view.stage))
-        elif isinstance(ev, NextEpoch):
-            found.update(dict.fromkeys(int(e) for e in np.asarray(ev.entries).tolist()))
+        if isinstance(self.event, ViewPublished):
+            found.update(dict.fromkeys(int(e) for e in self.event.placed))
         return list(found)
 
     def describe(self) -> str:

@@ -28,9 +28,11 @@ Concurrency rules:
   on it; a stage starts 10-30 ms later.
 * Whatever follows the view (the lane, the peer group's note) is woken by :meth:`_view_changed`, on
   the trio thread, right after the plan or view changed; none of them polls.
-* The memory tier's puts may ask the budget for room, and the budget asks the policy (:meth:`_reclaim`).
-  Inside a policy step the drops it decides come back with that step's instructions; otherwise
-  they are carried out at once.
+* Everything the policy learns comes through :meth:`_handle`, one step at a time: the executor's own
+  events and those other components report (:meth:`report`: staging's changed sources).  THE one
+  exception, re-entrant, is the budget's reclaim (:meth:`_reclaim`): a reservation (the policy's own,
+  inside a step, or a memory tier's put) needs the bytes freed at once.  Inside a policy step the
+  drops it decides come back with that step's instructions; otherwise they are carried out at once.
 """
 
 from __future__ import annotations
