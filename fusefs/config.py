@@ -360,6 +360,21 @@ def _default_disk_write() -> ThroughputTable:
 
 
 @dataclass(frozen=True)
+class DebugConfig:
+    policy_log: int = doc(
+        "steps of the read policy kept in its log (each event and the instructions it decided), shown in "
+        "status section policy_log, where the steps naming one file tell why it was staged, kept, dropped "
+        "or read again; 0: no log (a step then costs nothing more)",
+        0,
+    )
+    validate: bool = doc(
+        "check the read policy's bookkeeping after every step (a contradiction raises at once, in the step "
+        "that made it); for tests and debugging: it costs a pass over every file the policy holds",
+        False,
+    )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     pfs_mbps: ThroughputTable = doc(
         "t(gamma): PFS aggregate random-read MB/s with gamma reading nodes", factory=_default_pfs_table
@@ -407,6 +422,7 @@ class Config:
     seed_discovery: SeedDiscoveryConfig = doc(
         "finding the sampler's seed from the first opens", factory=SeedDiscoveryConfig
     )
+    debug: DebugConfig = doc("developer checks of the read path", factory=DebugConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested mapping (the form ``placement`` takes and ``.control/config`` shows)."""
@@ -580,6 +596,7 @@ def check(cfg: Config) -> Config:
         _check_positive(key, ivalue)
     _check_positive("job.num_workers", cfg.job.num_workers, allow_zero=True)
     _check_positive("model.open_latency_s", cfg.model.open_latency_s, allow_zero=True)
+    _check_positive("debug.policy_log", cfg.debug.policy_log, allow_zero=True)
     if cfg.job.world_size % cfg.job.ranks_per_node:
         raise ConfigError(
             f"job.ranks_per_node: expected a divisor of job.world_size ({cfg.job.world_size}), "

@@ -109,6 +109,10 @@ def assemble(
         "fuse.whole_file_max": "64KiB",
         "job.batch_size": "2",
         "job.epochs": "2",
+        # Every policy step of every in-process test checks the policy's books (ReadPolicy.validate),
+        # and the last steps are logged, so a failing test's policy_log tells what led there.
+        "debug.validate": "true",
+        "debug.policy_log": "256",
         **(overrides or {}),
     }
     cfg = load(None, options)

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fusefs.config import load
 from fusefs.meta.snapshot import Snapshot
 from fusefs.planning.inputs import planning_config
-from fusefs.readpath.policy import (
+from fusefs.readpath.contract import (
     Bypass,
     CancelStage,
     CursorView,
@@ -41,11 +41,9 @@ from fusefs.readpath.policy import (
     PeerDown,
     PeerUp,
     PlanChanged,
-    PolicySettings,
     Presume,
     Push,
     Pushed,
-    ReadPolicy,
     ReadThrough,
     Released,
     RetryFillLater,
@@ -54,13 +52,12 @@ from fusefs.readpath.policy import (
     SourceChanged,
     Stage,
     StageFetched,
-    StagingMode,
     Tick,
     UseHeld,
     UsePages,
     ViewPublished,
-    entries_due,
 )
+from fusefs.readpath.policy import PolicySettings, ReadPolicy, StagingMode, entries_due
 from fusefs.tiers import Budget
 from placement.cursor import CursorStatus
 from placement.plan import Plan
@@ -144,6 +141,8 @@ class Setup:
         tiers: Sequence[Held] | None = None,
         reactive: int = 4_000,
         loader_start: int = 0,
+        log_steps: int = 0,
+        validate: bool = False,
     ) -> None:
         self.plan = plan
         self.sizes = sizes
@@ -156,6 +155,8 @@ class Setup:
             tuple(2 for _ in self.tiers),
             tuple(reactive for _ in self.tiers),
             loader_start=loader_start,
+            log_steps=log_steps,
+            validate=validate,
         )
         self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
         self.budget.reclaim = self.policy.reclaim
@@ -215,6 +216,27 @@ def test_an_open_racing_its_files_push_keeps_the_pages(one_node: tuple[Plan, npt
     assert dropped(s.do(Pushed(a, ok=True))) == []
     assert s.policy.kept == {a: s.size(a)} and s.budget.used == s.size(a)
     assert s.policy.unused == 0
+
+
+def test_a_reader_whose_file_another_released_meanwhile_takes_the_kept_pages_not_a_second_charge(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """Two readers open a file kept from an earlier read; the one served the kept pages releases it
+    before the other pulls its pages: those are the kept pages, charged once (validate() after each
+    step of the in-process tests found them charged twice, as kept and as read)."""
+    s = Setup(*one_node)
+    a = s.files[0]
+    n = s.size(a)
+    s.do(Opened(a))
+    s.do(ReadThrough(a, n))
+    s.do(Released(a))
+    assert s.policy.kept == {a: n}
+    assert UsePages(a) in s.do(Opened(a))  # reader 1: the kept pages
+    assert s.do(Opened(a)) == []  # reader 2, open meanwhile: it pulls them through the mount ...
+    s.do(Released(a))  # ... after reader 1 released them
+    assert s.do(ReadThrough(a, n)) == [] and s.budget.used == n and a not in s.policy.kept
+    s.do(Released(a))
+    assert s.policy.kept == {a: n} and s.budget.used == n
 
 
 def test_an_open_during_the_push_is_served_the_bytes_on_their_way(

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pytest
 from test_policy import Held, Setup, build, make_tree, staged, tracking
 
-from fusefs.readpath.policy import (
+from fusefs.readpath.contract import (
     CursorView,
     DropCopy,
     FetchForPeer,
@@ -30,14 +30,13 @@ from fusefs.readpath.policy import (
     NextPushed,
     Opened,
     PeerAsked,
-    PlanHolder,
     PushNext,
     ReadFromPfs,
-    RuleHolder,
     StageNext,
     UsePages,
     ViewPublished,
 )
+from fusefs.readpath.policy import PlanHolder, RuleHolder
 from placement.nextepoch import SPREAD, first_read, next_epoch_reads, reads_first
 from placement.owners import member_seed, owner, owners
 from placement.plan import Plan

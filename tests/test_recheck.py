@@ -22,8 +22,8 @@ import pytest
 import trio
 from inprocess import assemble, make_source, serve, until
 
+from fusefs.readpath.contract import Stage, StageNext
 from fusefs.readpath.opens import OpenFile
-from fusefs.readpath.policy import Stage, StageNext
 from placement import recheck
 
 

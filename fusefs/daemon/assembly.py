@@ -52,11 +52,12 @@ from fusefs.planning.inputs import planning_config
 from fusefs.planning.manager import PlanManager
 from fusefs.planning.seed import SeedState
 from fusefs.progress import LOG_INTERVAL_S, Progress, ProgressDoc
+from fusefs.readpath.contract import CursorView
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
 from fusefs.readpath.opens import CachedFiles
 from fusefs.readpath.pfs import PfsReader
-from fusefs.readpath.policy import CursorView, PolicySettings, ReadPolicy
+from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Pyfuse3Kernel, Staging
@@ -145,6 +146,8 @@ def build_readpath(
         fill_threads=tuple(max(1, t.threads) for t in cfg.tiers),
         reactive_capacities=tuple(t["bytes"] for t in planning_config(ram)["tiers"]),
         loader_start=CursorSettings.for_job(cfg.job.batch_size, cfg.job.num_workers, cfg.job.prefetch_factor).window,
+        log_steps=cfg.debug.policy_log,
+        validate=cfg.debug.validate,
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
     staging = Staging(policy, kernel if kernel is not None else Pyfuse3Kernel(snapshot.tree.path))
@@ -281,7 +284,7 @@ class Daemon:
                 self.counters,
                 self.rendezvous,
             )
-            self.prefetcher.presumed_node = self.group.me  # torchrun may number nodes otherwise: opens decide
+            self.prefetcher.presume_node(self.group.me)  # torchrun may number nodes otherwise: opens decide
             self.revalidator.mine = self._mine
             self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
@@ -405,6 +408,7 @@ class Daemon:
             "progress": {"walk": self.walk.doc(), "plan": self.plans.progress.doc()},
             "metrics": self.metrics.status(),
             "requests": self.ops.requests.status(),
+            "policy_log": self.readpath.policy.log_status(),
         }
 
     # ------------------------------------------------------------------ serving

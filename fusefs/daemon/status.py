@@ -25,6 +25,7 @@ from fusefs.planning.manager import PlanStatus
 from fusefs.planning.seed import SeedStatus
 from fusefs.progress import ProgressDoc
 from fusefs.readpath.counters import ReadsStatus
+from fusefs.readpath.policy import PolicyLogStatus
 from fusefs.readpath.prefetch import PrefetchStatus
 from fusefs.readpath.revalidate import RevalidationStatus
 from fusefs.tiers.base import DirectoryTierStatus, MemoryTierStatus
@@ -124,6 +125,15 @@ class StatusSections(TypedDict):
     metrics: Annotated[MetricsStatus, text("the Prometheus endpoint (the metrics key of seerfs.yaml(5))")]
     requests: Annotated[
         RequestsStatus, text("readers' requests the daemon is serving now (seerfs umount names their processes)")
+    ]
+    policy_log: Annotated[
+        PolicyLogStatus,
+        text(
+            "the read policy's last steps, each event and the instructions it decided (kept with the "
+            "debug.policy_log key of seerfs.yaml(5); empty otherwise).  Why a file was staged, kept, dropped "
+            "or read from the PFS again is told by the steps naming its entry (its inode number minus 1): "
+            "jq '.policy_log.log[] | select(.entries | contains([ENTRY]))'"
+        ),
     ]
 
 

@@ -18,10 +18,10 @@ from typing import Literal
 
 import pyfuse3
 
+from fusefs.readpath.contract import UseHeld, UsePages
 from fusefs.readpath.counters import ReadCounters, Source
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer
 from fusefs.readpath.pfs import SourceFile, StaleFile
-from fusefs.readpath.policy import UseHeld, UsePages
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 

@@ -22,9 +22,16 @@ NoPFS's rules as applied here:
    only while no staging is in flight ("staging first": the readers' window has the bandwidth).
 
 When no plan can be trusted (no plan, or the cursor reports a mismatch) the reactive policy
-(:mod:`placement.reactive`) decides what to keep, and nothing is staged.  Three events decide how
-a plan is trusted and are handled in one place each: :class:`PlanChanged`, :class:`Mismatch` and
-:class:`Relock`.
+(:mod:`placement.reactive`) decides what to keep, and nothing is staged.  Three transitions decide
+how a plan is trusted and are handled in one place each: a :class:`PlanChanged` event
+(:meth:`ReadPolicy._plan_changed`), and the mismatch and the relock a :class:`ViewPublished` may
+report (:meth:`ReadPolicy._mismatch`, :meth:`ReadPolicy._relock`: the policy derives them from the
+view's state, so they are not events of their own).
+
+The contract (:mod:`fusefs.readpath.contract`) is closed: every event comes in through
+:meth:`ReadPolicy.handle` and nowhere else, the one exception being the budget's re-entrant
+:meth:`ReadPolicy.reclaim`.  The last steps may be logged (``debug.policy_log``; :meth:`ReadPolicy.story`
+tells one file's), and checked after each (``debug.validate``; :meth:`ReadPolicy.validate`).
 
 Budgets: the staging window, the pages readers leave cached and the memory tier charge one byte
 budget (``Charges``, the daemon's memory budget); the window alone never exceeds
@@ -41,15 +48,62 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Protocol, TypedDict
+from typing import Annotated, Literal, Protocol, TypedDict, assert_never
 
 import numpy as np
 import numpy.typing as npt
 
-from placement.cursor import CursorState, CursorStatus
+from fusefs.readpath.contract import (
+    Bypass,
+    CancelStage,
+    CopyLost,
+    CursorView,
+    DropCopy,
+    DropPages,
+    Event,
+    FetchForPeer,
+    Fill,
+    FillDone,
+    FillRetry,
+    FollowPlan,
+    GroupChanged,
+    Instruction,
+    KeepIn,
+    Missed,
+    NextEpoch,
+    NextFetched,
+    NextPushed,
+    NodePresumed,
+    Opened,
+    PeerAsked,
+    PeerDown,
+    PeerUp,
+    Place,
+    PlanChanged,
+    Presume,
+    Push,
+    Pushed,
+    PushNext,
+    ReadFromPfs,
+    ReadThrough,
+    Reclaimed,
+    Released,
+    RetryFillLater,
+    SeedInDoubt,
+    SeedTrusted,
+    SourceChanged,
+    Stage,
+    StageFetched,
+    StageNext,
+    Step,
+    Tick,
+    UseHeld,
+    UsePages,
+    ViewPublished,
+)
 from placement.owners import owners
 from placement.plan import Plan
 from placement.reactive import StaticFrequencySet
@@ -63,9 +117,6 @@ PageState = Literal["fetching", "pushing", "pushed", "held", "reading"]
 the page cache; held: in daemon RAM (memory staging, or a push the kernel refused); reading: pages
 a reader pulls through the mount (not the window's)."""
 StagingMode = Literal["page_cache", "memory"]
-FillOutcome = Literal["stored", "refused", "later", "failed"]
-"""stored: the tier holds it; refused: fetched but not kept (budget); later: a replica whose owner
-could not serve it yet; failed: the fetch failed."""
 
 _STAGED: frozenset[PageState] = frozenset(("fetching", "pushing", "pushed", "held"))
 FILL_RETRY_SECONDS = 1.0  # between passes over replicas whose owners could not serve them yet
@@ -125,22 +176,34 @@ class WindowStatus(TypedDict):
     next_epoch: Annotated[NextEpochStatus, text("the next epoch's files staged from peers and local tiers")]
 
 
+class PolicyStepStatus(TypedDict):
+    """One step of the read policy's log."""
+
+    seq: Annotated[int, gauge("the step's number since the mount")]
+    step: Annotated[
+        str,
+        text(
+            "the event (or a Reclaimed: the budget's reclaim outside any step) and the instructions the "
+            "policy decided: 'Event(fields) -> Instruction(fields), ...'"
+        ),
+    ]
+    entries: Annotated[
+        list[int],
+        text("the snapshot entries the step names (an entry is the file's inode number minus 1)"),
+    ]
+
+
+class PolicyLogStatus(TypedDict):
+    """Status section ``policy_log``: the read policy's last steps (the ``debug.policy_log`` key of
+    seerfs.yaml(5)), so that why a file was staged, kept, dropped or read from the PFS again is read
+    off the steps naming it (jq: ``.policy_log.log[] | select(.entries | index(ENTRY))``)."""
+
+    capacity: Annotated[int, gauge("steps the log keeps at most (debug.policy_log; 0: no log)")]
+    steps: Annotated[int, counter("policy steps since the mount: events handled, and reclaims outside a step")]
+    log: Annotated[list[PolicyStepStatus], text("the steps kept, oldest first (empty without the log)", export=False)]
+
+
 # ---------------------------------------------------------------------------------------- state
-
-
-@dataclass(frozen=True)
-class CursorView:
-    """What the cursor's worker thread last computed (the event-loop side reads only this)."""
-
-    state: CursorState = "detecting"
-    node: int | None = None
-    epoch: int = 0
-    due: Mapping[int, int] = field(default_factory=dict)  # entry -> first position in the predicted horizon
-    stage: tuple[int, ...] = ()  # what to stage next, in order (not held already, fits the window)
-    status: CursorStatus | None = None  # the cursor's status section, computed with the view
-    predicted: int = 0  # opens of this batch the plan predicted
-    fresh: bool = True  # False: the horizon was carried over from the last view (nobody moved a step)
-    upcoming: tuple[int, ...] = ()  # the horizon's entries in predicted read order (what revalidation checks first)
 
 
 @dataclass(slots=True)
@@ -188,390 +251,6 @@ class _NextRun:
     unreleased: set[int] = field(default_factory=set)  # not released yet: the window leaves them to it
 
 
-# ---------------------------------------------------------------------------------------- events
-
-
-@dataclass(slots=True)
-class PlanChanged:
-    """A new plan (or a failed one: None); ``seed_trusted``: the job wrote the seed (not assumed)."""
-
-    plan: Plan | None
-    seed_trusted: bool = True
-
-
-@dataclass(slots=True)
-class SeedTrusted:
-    """The job wrote ``seed`` after the daemon had planned for it as an assumption (the default 0):
-    the plan is the same, only now it may be predicted from before any open."""
-
-    seed: int
-
-
-@dataclass(slots=True)
-class Opened:
-    """A reader opened a dataset file: answers :class:`UsePages`, :class:`UseHeld` or nothing."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class ReadThrough:
-    """A reader is about to pull ``entry`` through the mount (its pages stay cached): answers
-    :class:`Bypass` when the budget has no room for them."""
-
-    entry: int
-    nbytes: int
-
-
-@dataclass(slots=True)
-class Missed:
-    """An open found ``entry`` nowhere local and fetches it: answers :class:`KeepIn` (where to keep a copy)."""
-
-    entry: int
-    nbytes: int
-
-
-@dataclass(slots=True)
-class Released:
-    """A reader closed ``entry``: it was consumed."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class ViewPublished:
-    """The cursor placed a batch of opens (``placed``: their entries) and computed ``view``."""
-
-    view: CursorView
-    placed: Sequence[int]
-    generation: int
-
-
-@dataclass(slots=True)
-class Mismatch:
-    """The cursor found the opens do not follow the plan (derived from :class:`ViewPublished`)."""
-
-    view: CursorView
-
-
-@dataclass(slots=True)
-class Relock:
-    """The cursor follows the plan again after a mismatch (derived from :class:`ViewPublished`)."""
-
-    view: CursorView
-
-
-@dataclass(slots=True)
-class StageFetched:
-    """A :class:`Stage` got its bytes (``data``), or failed (None)."""
-
-    entry: int
-    data: bytes | None
-
-
-@dataclass(slots=True)
-class Pushed:
-    """A :class:`Push` ended: ``ok`` False when the kernel refused the pages (the bytes stay in RAM)."""
-
-    entry: int
-    ok: bool
-
-
-@dataclass(slots=True)
-class FillDone:
-    entry: int
-    tier: int
-    outcome: FillOutcome
-    generation: int
-
-
-@dataclass(slots=True)
-class FillRetry:
-    """The pause a :class:`RetryFillLater` asked for is over."""
-
-    generation: int
-
-
-@dataclass(slots=True)
-class CopyLost:
-    """Tier ``tier`` no longer holds ``entry`` (its copy was found stale or damaged and dropped)."""
-
-    entry: int
-    tier: int
-
-
-@dataclass(slots=True)
-class ReadFromPfs:
-    """This node read ``entry`` from the PFS (for a reader, a stage, a fill or a peer): in a group
-    its copy here may be the only one (see :meth:`ReadPolicy._pinned`)."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class SourceChanged:
-    """The source of ``entry`` was seen changed since the snapshot: no copy of it may be served."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class PeerDown:
-    """Training node ``node``'s daemon stopped answering."""
-
-    node: int
-
-
-@dataclass(slots=True)
-class PeerUp:
-    node: int
-
-
-@dataclass(slots=True)
-class GroupChanged:
-    """The daemon group's members, as hashing seeds in member order, and this daemon's index: who
-    reads each file from the PFS while no plan is trusted (:mod:`placement.owners`)."""
-
-    seeds: tuple[int, ...]
-    me: int
-
-
-@dataclass(slots=True)
-class PeerAsked:
-    """A peer asked for ``entry``, which this node neither holds nor fetches: answers
-    :class:`FetchForPeer` when this node is the one to read it from the PFS, else nothing.
-    ``by_plan``: the request named the plan (the asker predicts and takes this node for the plan's
-    owner); otherwise it named the file alone (the asker follows the group rule)."""
-
-    entry: int
-    nbytes: int
-    by_plan: bool
-
-
-@dataclass(slots=True)
-class NextEpoch:
-    """What this node reads in job epoch ``epoch`` that it does not read in the epoch before, in
-    the order it reads them, with the position of the epoch before (this node's ranks' progress)
-    from which the peer that holds each one has it (-1: it has it already).  Computed off the
-    event loop by the executor (:func:`placement.nextepoch.next_epoch_reads`)."""
-
-    generation: int
-    node: int
-    epoch: int
-    entries: npt.NDArray[np.int64]
-    ready_at: npt.NDArray[np.int64]
-    # The epoch before reads a training dataset for the first time (placement.nextepoch.reads_first): its
-    # readers wait on the PFS, and the lane pushes memory-tier copies too (see _pump_lane).
-    first_read: bool = False
-
-
-@dataclass(slots=True)
-class NextFetched:
-    """A :class:`StageNext` got its bytes, or failed or found no peer holding them yet (None)."""
-
-    entry: int
-    data: bytes | None
-
-
-@dataclass(slots=True)
-class NextPushed:
-    """A :class:`PushNext` ended: ``ok`` False when the kernel refused the pages."""
-
-    entry: int
-    ok: bool
-
-
-@dataclass(slots=True)
-class Tick:
-    """Periodic: retry what waits for room that something outside the policy may have freed."""
-
-
-Event = (
-    PlanChanged
-    | SeedTrusted
-    | Opened
-    | ReadThrough
-    | Missed
-    | Released
-    | ViewPublished
-    | Mismatch
-    | Relock
-    | StageFetched
-    | Pushed
-    | FillDone
-    | FillRetry
-    | CopyLost
-    | ReadFromPfs
-    | SourceChanged
-    | PeerDown
-    | PeerUp
-    | Tick
-    | GroupChanged
-    | PeerAsked
-    | NextEpoch
-    | NextFetched
-    | NextPushed
-)
-
-
-# ---------------------------------------------------------------------------------------- instructions
-
-
-@dataclass(slots=True)
-class FollowPlan:
-    """Give the cursor this plan (None: no cursor), presumed on ``presume``'s node from epoch 0."""
-
-    plan: Plan | None
-    presume: int | None
-    generation: int
-
-
-@dataclass(slots=True)
-class Presume:
-    """Let the cursor of plan ``generation`` predict from the start of epoch 0 on ``node`` (ignored
-    once it has seen opens: those decide)."""
-
-    node: int
-    generation: int
-
-
-@dataclass(slots=True)
-class SeedInDoubt:
-    """The opens fit no epoch, node or position of the plan for the seed in use (``trusted``: the job
-    wrote it; else it was only assumed).  The hook for whatever may find the right seed from the
-    opens seen (the cursor keeps the recent ones); nothing is required of the executor."""
-
-    seed: int
-    trusted: bool
-    reason: str
-    generation: int
-
-
-@dataclass(slots=True)
-class Place:
-    """Give the cursor this open (a global file id of the plan)."""
-
-    gid: int
-
-
-@dataclass(slots=True)
-class UsePages:
-    """Answer to :class:`Opened`: the file's pages are in the page cache."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class UseHeld:
-    """Answer to :class:`Opened`: serve the file from these bytes."""
-
-    entry: int
-    data: bytes
-
-
-@dataclass(slots=True)
-class Bypass:
-    """Answer to :class:`ReadThrough`: no room for the pages, open with direct_io."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class KeepIn:
-    """Answer to :class:`Missed`: keep the fetched copy in tier ``tier``."""
-
-    entry: int
-    tier: int
-
-
-@dataclass(slots=True)
-class Stage:
-    """Get ``entry``'s bytes and report :class:`StageFetched`: from local tier ``from_tier`` when not
-    None, else (or when that copy is gone) by a fetch (in flight, peer, PFS) that keeps a copy in
-    tier ``keep_in`` when not None."""
-
-    entry: int
-    from_tier: int | None
-    keep_in: int | None
-
-
-@dataclass(slots=True)
-class CancelStage:
-    """Stop waiting for ``entry``'s stage (the fetch itself goes on for anyone else awaiting it)."""
-
-    entry: int
-
-
-@dataclass(slots=True)
-class Push:
-    """notify_store ``data`` as ``entry``'s pages (in a worker thread), then report :class:`Pushed`."""
-
-    entry: int
-    data: bytes
-
-
-@dataclass(slots=True)
-class DropPages:
-    """invalidate_inode ``entry`` (in a worker thread): ``nbytes`` of its pages are no longer charged."""
-
-    entry: int
-    nbytes: int
-
-
-@dataclass(slots=True)
-class Fill:
-    """Fetch ``entry`` into tier ``tier`` (from the PFS only when ``from_pfs``: this node owns it),
-    then report :class:`FillDone`."""
-
-    entry: int
-    tier: int
-    from_pfs: bool
-    generation: int
-
-
-@dataclass(slots=True)
-class DropCopy:
-    """Drop tier ``tier``'s copy of ``entry``."""
-
-    entry: int
-    tier: int
-
-
-@dataclass(slots=True)
-class RetryFillLater:
-    """Report :class:`FillRetry` after ``seconds``."""
-
-    seconds: float
-    generation: int
-
-
-@dataclass(slots=True)
-class FetchForPeer:
-    """Answer to :class:`PeerAsked`: read ``entry`` from the PFS for the peer, keeping a copy in tier
-    ``keep_in`` when not None."""
-
-    entry: int
-    keep_in: int | None
-
-
-@dataclass(slots=True)
-class StageNext:
-    """Get ``entry``'s bytes for the next epoch, from local tier ``from_tier`` when not None, else from
-    the peer that holds it (never the PFS), keeping a copy in ``keep_in``; report :class:`NextFetched`."""
-
-    entry: int
-    from_tier: int | None
-    keep_in: int | None
-
-
-@dataclass(slots=True)
-class PushNext:
-    """notify_store ``data`` as ``entry``'s pages (in a worker thread), then report :class:`NextPushed`."""
-
-    entry: int
-    data: bytes
-
-
 @dataclass(frozen=True, slots=True)
 class PlanHolder:
     """The member that was training node ``node`` under the plan with ``digest``: that plan made it
@@ -592,29 +271,6 @@ class RuleHolder:
 Holder = PlanHolder | RuleHolder
 
 
-Instruction = (
-    FollowPlan
-    | Presume
-    | SeedInDoubt
-    | Place
-    | UsePages
-    | UseHeld
-    | Bypass
-    | KeepIn
-    | Stage
-    | CancelStage
-    | Push
-    | DropPages
-    | Fill
-    | DropCopy
-    | RetryFillLater
-    | StageNext
-    | PushNext
-    | FetchForPeer
-)
-Answer = UsePages | UseHeld | Bypass | KeepIn | FetchForPeer
-
-
 @dataclass(frozen=True)
 class PolicySettings:
     staging_limit: int  # bytes the staging window may hold (a share of the budget)
@@ -626,6 +282,10 @@ class PolicySettings:
     # Positions of each epoch its DataLoaders read in their first moments, which tier fills and the
     # next-epoch lane leave to the readers (see _pump_fill; the cursor's window, CursorSettings).
     loader_start: int = 0
+    # Developer checks (the config's debug keys): the steps the policy's log keeps (0: no log), and
+    # whether every step ends with validate() (a contradiction in the books then raises at once).
+    log_steps: int = 0
+    validate: bool = False
 
 
 # ---------------------------------------------------------------------------------------- the policy
@@ -651,7 +311,7 @@ class ReadPolicy:
         self.trusted = False  # the job wrote the plan's seed (not merely assumed)
         self.generation = 0
         self.view = CursorView()
-        self.presumed_node: int | None = None  # this daemon's group index: the node to presume
+        self.presumed_node: int | None = None  # this daemon's group index: the node to presume (NodePresumed)
         self.entry_gid: npt.NDArray[np.int32] = np.full(0, -1, np.int32)
         self.tier_of_gid: npt.NDArray[np.int8] | None = None  # this node's assignment, per gid
         self._unplaced: dict[int, int] = {}  # entry -> opens the published view does not reflect yet
@@ -706,46 +366,101 @@ class ReadPolicy:
         self._out: list[Instruction] = []
         self._busy = False
         self._due_for: int | None = None  # the horizon position of the file a reservation is for
-        self._handlers: dict[type[Any], Callable[[Any], None]] = {
-            PlanChanged: self._plan_changed,
-            SeedTrusted: self._seed_trusted,
-            Opened: self._opened,
-            ReadThrough: self._read_through,
-            Missed: self._missed,
-            Released: self._released,
-            ViewPublished: self._view_published,
-            Mismatch: self._mismatch,
-            Relock: self._relock,
-            StageFetched: self._stage_fetched,
-            Pushed: self._pushed,
-            FillDone: self._fill_done,
-            FillRetry: self._fill_retry,
-            CopyLost: self._copy_lost,
-            ReadFromPfs: self._read_from_pfs,
-            SourceChanged: self._source_changed,
-            PeerDown: self._peer_down,
-            PeerUp: self._peer_up,
-            Tick: self._tick,
-            GroupChanged: self._group_changed,
-            PeerAsked: self._peer_asked,
-            NextEpoch: self._next_epoch,
-            NextFetched: self._next_fetched,
-            NextPushed: self._next_pushed,
-        }
+        # The log (PolicySettings.log_steps): the last steps, for story() and the debug status section.
+        self._log: deque[Step] | None = deque(maxlen=settings.log_steps) if settings.log_steps > 0 else None
+        self.steps = 0  # steps taken since the mount (events handled, reclaims outside a step)
 
     # ------------------------------------------------------------------ the interface
 
     def handle(self, event: Event) -> list[Instruction]:
-        """Decide on one event; the instructions are carried out in order, before the next event."""
+        """Decide on one event; the instructions are carried out in order, before the next event.
+
+        Every event the executor reports comes here, and only here; the one other way in is the
+        budget's :meth:`reclaim`, which may re-enter a step (see there).  The ``match`` is closed:
+        an event class added to :data:`Event` without its case fails the type check (``assert_never``).
+        The readers' events come first: they are by far the most frequent.
+        """
         self._busy = True
         try:
-            self._handlers[type(event)](event)
+            match event:
+                case Opened():
+                    self._opened(event)
+                case Released():
+                    self._released(event)
+                case ReadThrough():
+                    self._read_through(event)
+                case Missed():
+                    self._missed(event)
+                case ReadFromPfs():
+                    self._read_from_pfs(event)
+                case ViewPublished():
+                    self._view_published(event)
+                case StageFetched():
+                    self._stage_fetched(event)
+                case Pushed():
+                    self._pushed(event)
+                case FillDone():
+                    self._fill_done(event)
+                case FillRetry():
+                    self._fill_retry(event)
+                case NextFetched():
+                    self._next_fetched(event)
+                case NextPushed():
+                    self._next_pushed(event)
+                case Tick():
+                    self._tick(event)
+                case PeerAsked():
+                    self._peer_asked(event)
+                case CopyLost():
+                    self._copy_lost(event)
+                case SourceChanged():
+                    self._source_changed(event)
+                case NextEpoch():
+                    self._next_epoch(event)
+                case PlanChanged():
+                    self._plan_changed(event)
+                case SeedTrusted():
+                    self._seed_trusted(event)
+                case NodePresumed():
+                    self._node_presumed(event)
+                case PeerDown():
+                    self._peer_down(event)
+                case PeerUp():
+                    self._peer_up(event)
+                case GroupChanged():
+                    self._group_changed(event)
+                case _:
+                    assert_never(event)
         finally:
             self._busy = False
         out, self._out = self._out, []
         if not self.followed and any(isinstance(i, (Fill, Stage)) for i in out):
             self.followed = True
+        self._record(event, out)
+        if self.settings.validate:
+            self.validate()
         return out
+
+    def _record(self, event: Event | Reclaimed, out: list[Instruction]) -> None:
+        self.steps += 1
+        if self._log is not None:
+            self._log.append(Step(self.steps, event, tuple(out)))
+
+    def log(self) -> list[Step]:
+        """The steps the log keeps, oldest first (empty with ``log_steps`` 0)."""
+        return list(self._log) if self._log is not None else []
+
+    def log_status(self) -> PolicyLogStatus:
+        return {
+            "capacity": self.settings.log_steps,
+            "steps": self.steps,
+            "log": [{"seq": st.seq, "step": st.describe(), "entries": st.entries()} for st in self.log()],
+        }
+
+    def story(self, entry: int) -> list[Step]:
+        """The logged steps that name ``entry``, oldest first: why it was staged, kept, dropped,
+        reclaimed or read again ("why did this node read X from the PFS again?")."""
+        return [step for step in self.log() if entry in step.entries()]
 
     @property
     def busy(self) -> bool:
@@ -842,6 +557,11 @@ class ReadPolicy:
             return self.presumed_node
         return None
 
+    def _node_presumed(self, ev: NodePresumed) -> None:
+        """Remembered for the next trusted plan (and a seed trusted later); a plan followed already
+        keeps its presumption, and the opens decide in any case."""
+        self.presumed_node = ev.node
+
     def _seed_trusted(self, ev: SeedTrusted) -> None:
         """The job wrote the seed the plan was made for as the assumed default (README's ``echo 0``):
         the same plan, now trusted; presume as for a plan made for a written seed."""
@@ -872,15 +592,15 @@ class ReadPolicy:
         if view.state in ("tracking", "presumed"):
             self.followed = True
         if view.state == "mismatch" and previous.state != "mismatch":
-            self._mismatch(Mismatch(view))
+            self._mismatch(view)
         elif previous.state == "mismatch" and view.state != "mismatch":
-            self._relock(Relock(view))
+            self._relock()
         if self._fill is None and self.filled_node is None:
             self._start_fill()
         self._sweep()
         self._pump()
 
-    def _mismatch(self, ev: Mismatch) -> None:
+    def _mismatch(self, view: CursorView) -> None:
         """The plan is wrong for these readers: the reactive policy decides, and nothing held is lost.
 
         A mismatch must never cost more PFS reads than having no plan at all, so what the plan
@@ -896,11 +616,11 @@ class ReadPolicy:
         self._adopt_into_reactive()
         self._settle_window()
         if self.plan is not None:
-            status = ev.view.status
+            status = view.status
             reason = (status and status["mismatch_reason"]) or "the opens fit no epoch, node or position"
             self._out.append(SeedInDoubt(self.plan.seed, self.trusted, reason, self.generation))
 
-    def _relock(self, ev: Relock) -> None:
+    def _relock(self) -> None:
         """The readers follow the plan again: prediction resumes with the view that said so; the
         sweep of that view retires what the window held outside the new horizon into kept pages."""
         self._swept_for = None
@@ -957,6 +677,16 @@ class ReadPolicy:
         """Charge the pages a reader pulls through the mount; no room: it must bypass the page cache
         (direct_io), since a read is never refused and the budget is never exceeded."""
         if ev.entry in self.pages:
+            return
+        charge = self.kept.pop(ev.entry, None)
+        if charge is not None:
+            # Charged already: another reader of the file, who opened it after this one, released it
+            # meanwhile and its pages were kept.  They are this reader's pages again (kept at its
+            # release), not charged twice (validate() after each step found that double charge).
+            self.kept_bytes -= charge
+            self._kept_unused.discard(ev.entry)
+            self.cached_bytes += charge
+            self.pages[ev.entry] = Pages(charge, "reading", taken=True)
             return
         if not self._reserve(ev.nbytes, due=-1):
             self.uncached_opens += 1
@@ -1154,7 +884,22 @@ class ReadPolicy:
     def reclaim(self, need: int) -> int:
         """Budget callback: drop kept pages until ``need`` bytes are free; returns the bytes freed.
 
-        Pages outside the horizon go first, oldest first, then the horizon's, furthest due first.
+        THE one way into the policy that is not an event through :meth:`handle`, and the one
+        re-entrant path: the budget calls it from inside whatever reserves bytes, which is either
+        this policy's own step (the window's reservation, a reader's pages) or a memory-tier put
+        outside any step.  It cannot be an event: the reservation needs its answer (the bytes
+        freed) synchronously, in the middle of that step or put, and a step cannot start another.
+        Inside a step its drops join that step's instructions (and its log entry); outside one
+        they wait in the outbox for :meth:`drain`, and the log records a :class:`Reclaimed` step.
+        """
+        start = len(self._out)
+        freed = self._reclaim(need)
+        if freed and not self._busy:
+            self._record(Reclaimed(need, freed), self._out[start:])
+        return freed
+
+    def _reclaim(self, need: int) -> int:
+        """Pages outside the horizon go first, oldest first, then the horizon's, furthest due first.
         For the window's own reservation only pages due after the file being staged may go (rule
         2); for a reader's, or a memory-tier put's, any may.  All or nothing: when the pages that
         may go do not free ``need`` bytes the reservation fails anyway, so none is dropped.  The
@@ -1735,7 +1480,8 @@ class ReadPolicy:
     # ------------------------------------------------------------------ checks and status
 
     def validate(self) -> None:
-        """Raise AssertionError when the bookkeeping contradicts itself (tests call this after each event)."""
+        """Raise AssertionError when the bookkeeping contradicts itself: after every step with
+        ``debug.validate`` (the in-process tests set it), and after each event in ``tests/test_policy.py``."""
         staged = sum(p.nbytes for p in self.pages.values() if p.staged)
         cached = sum(p.nbytes for p in self.pages.values() if not p.staged)
         assert staged == self.staged_bytes, (staged, self.staged_bytes)

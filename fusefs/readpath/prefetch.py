@@ -28,9 +28,11 @@ Concurrency rules:
   on it; a stage starts 10-30 ms later.
 * Whatever follows the view (the lane, the peer group's note) is woken by :meth:`_view_changed`, on
   the trio thread, right after the plan or view changed; none of them polls.
-* The memory tier's puts may ask the budget for room, and the budget asks the policy (:meth:`_reclaim`).
-  Inside a policy step the drops it decides come back with that step's instructions; otherwise
-  they are carried out at once.
+* Everything the policy learns comes through :meth:`_handle`, one step at a time: the executor's own
+  events and those other components report (:meth:`report`: staging's changed sources).  THE one
+  exception, re-entrant, is the budget's reclaim (:meth:`_reclaim`): a reservation (the policy's own,
+  inside a step, or a memory tier's put) needs the bytes freed at once.  Inside a policy step the
+  drops it decides come back with that step's instructions; otherwise they are carried out at once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, TypedDict, assert_never
 
 import numpy as np
 import numpy.typing as npt
@@ -46,10 +48,9 @@ import trio
 
 from fusefs.config import Config
 from fusefs.meta.snapshot import Snapshot
-from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher, NotFromPeer
-from fusefs.readpath.policy import (
+from fusefs.readpath.contract import (
     Answer,
+    Bypass,
     CancelStage,
     CopyLost,
     CursorView,
@@ -63,13 +64,13 @@ from fusefs.readpath.policy import (
     FillRetry,
     FollowPlan,
     GroupChanged,
-    Holder,
+    Instruction,
     KeepIn,
     Missed,
-    Mode,
     NextEpoch,
     NextFetched,
     NextPushed,
+    NodePresumed,
     Opened,
     PeerAsked,
     PeerDown,
@@ -81,7 +82,6 @@ from fusefs.readpath.policy import (
     Pushed,
     PushNext,
     ReadFromPfs,
-    ReadPolicy,
     ReadThrough,
     Released,
     RetryFillLater,
@@ -94,8 +94,10 @@ from fusefs.readpath.policy import (
     UseHeld,
     UsePages,
     ViewPublished,
-    entries_due,
 )
+from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.fetcher import Fetcher, NotFromPeer
+from fusefs.readpath.policy import Holder, Mode, ReadPolicy, entries_due
 from fusefs.readpath.staging import Staging, StagingStatus
 from fusefs.tiers import Budget, Tier
 from placement.cursor import CursorSettings, CursorStatus, NodeCursor
@@ -204,23 +206,8 @@ class Prefetcher:
         self._presume_node: int | None = None  # a Presume for the cursor loop to carry out
         self._retired: NodeCursor | None = None  # the cursor of the last plan, while no plan is followed
         self.seed_doubt_hooks: list[Callable[[SeedInDoubt], None]] = []  # told when the seed is in doubt
-        self._do: dict[type[Any], Callable[[Any], None]] = {
-            FollowPlan: self._follow_plan,
-            Place: self._place,
-            Stage: self._stage,
-            CancelStage: self._cancel_stage,
-            Push: self._push,
-            DropPages: self._drop_pages,
-            Fill: self._fill,
-            DropCopy: self._drop_copy,
-            RetryFillLater: self._retry_fill_later,
-            Presume: self._presume,
-            SeedInDoubt: self._seed_in_doubt,
-            StageNext: self._stage_next,
-            PushNext: self._push_next,
-        }
         budget.reclaim = self._reclaim
-        staging.carry_out = self._carry_out
+        staging.report = self.report
         fetcher.on_pfs_read = self._read_from_pfs
 
     # ------------------------------------------------------------------ what others read
@@ -241,14 +228,6 @@ class Prefetcher:
     def mode(self) -> str:
         return self.policy.mode
 
-    @property
-    def presumed_node(self) -> int | None:
-        return self.policy.presumed_node
-
-    @presumed_node.setter
-    def presumed_node(self, node: int | None) -> None:
-        self.policy.presumed_node = node
-
     def planned_tier_for(self, entry: int) -> Tier | None:
         """The tier the plan gives ``entry`` on this node (once the node is known), else None."""
         t = self.policy.planned_tier(entry)
@@ -260,26 +239,70 @@ class Prefetcher:
         """One policy step: the event, then every instruction it decided (the answer is returned)."""
         answer: Answer | None = None
         for ins in self.policy.handle(event):
-            run = self._do.get(type(ins))
-            if run is None:
-                answer = ins  # type: ignore[assignment]
-            else:
-                run(ins)
+            answer = self._execute(ins) or answer
         return answer
+
+    def _execute(self, ins: Instruction) -> Answer | None:
+        """Carry out one instruction, or return it when it answers the event that decided it.  The
+        ``match`` is closed: an instruction class added to :data:`Instruction` without its case
+        fails the type check (``assert_never``), where it used to pass silently as an answer."""
+        match ins:
+            case UsePages() | UseHeld() | Bypass() | KeepIn() | FetchForPeer():
+                return ins
+            case Place():
+                self._place(ins)
+            case Stage():
+                self._stage(ins)
+            case CancelStage():
+                self._cancel_stage(ins)
+            case Push():
+                self._push(ins)
+            case DropPages():
+                self._drop_pages(ins)
+            case Fill():
+                self._fill(ins)
+            case DropCopy():
+                self._drop_copy(ins)
+            case RetryFillLater():
+                self._retry_fill_later(ins)
+            case StageNext():
+                self._stage_next(ins)
+            case PushNext():
+                self._push_next(ins)
+            case FollowPlan():
+                self._follow_plan(ins)
+            case Presume():
+                self._presume(ins)
+            case SeedInDoubt():
+                self._seed_in_doubt(ins)
+            case _:
+                assert_never(ins)
+        return None
+
+    def report(self, event: Event) -> None:
+        """An event from a component that carries out the policy's work (staging: a source seen
+        changed), handled as one step like the executor's own; it answers nothing."""
+        self._handle(event)
 
     def _read_from_pfs(self, entry: int) -> None:
         self._handle(ReadFromPfs(entry))  # (no answer, no instruction)
 
-    def _carry_out(self, instructions: list[Any]) -> None:
+    def _carry_out(self, instructions: list[Instruction]) -> None:
         for ins in instructions:
-            self._do[type(ins)](ins)
+            answer = self._execute(ins)
+            assert answer is None, answer  # outside a step nothing asks a question
 
     def _reclaim(self, need: int) -> int:
-        """Budget callback (see the concurrency rules)."""
+        """Budget callback, THE re-entrant path into the policy (see :meth:`ReadPolicy.reclaim`): inside a
+        policy step the drops come back with its instructions; outside one they are carried out here."""
         freed = self.policy.reclaim(need)
         if not self.policy.busy:
             self._carry_out(self.policy.drain())
         return freed
+
+    def presume_node(self, node: int | None) -> None:
+        """This daemon's index in its group: the training node to presume for a trusted plan."""
+        self._handle(NodePresumed(node))
 
     def on_plan(self, plan: Plan | None) -> None:
         """A new plan (or a failed one): restart prediction from detection."""

@@ -50,7 +50,8 @@ import pyfuse3
 import trio
 
 from fusefs.meta.ids import entry_of, inode_of
-from fusefs.readpath.policy import DropPages, Instruction, Pages, ReadPolicy, SourceChanged, WindowStatus
+from fusefs.readpath.contract import Event, SourceChanged
+from fusefs.readpath.policy import Pages, ReadPolicy, WindowStatus
 from placement.statusfields import counter
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,10 @@ class Pyfuse3Kernel:
             self.readers.discard(tid)
 
 
+def _unwired(event: Event) -> None:
+    raise RuntimeError(f"staging reported {event} with no executor to feed the policy (Prefetcher installs one)")
+
+
 class Staging:
     def __init__(self, policy: ReadPolicy, kernel: Kernel | None = None) -> None:
         self.policy = policy
@@ -173,8 +178,10 @@ class Staging:
         self.drops_queued = 0
         self.limiter = trio.CapacityLimiter(2)
         self._drop_send, self._drop_recv = trio.open_memory_channel[int](1_000_000)
-        # Carries out what the policy decides on forget(); the prefetcher installs its own executor.
-        self.carry_out: Callable[[list[Instruction]], None] = self._drops_only
+        # Where staging reports what the policy must learn (forget(): a source changed).  The executor
+        # installs its own (Prefetcher.report), which feeds the policy and carries out what it decides:
+        # staging never calls the policy's handle itself.
+        self.report: Callable[[Event], None] = _unwired
 
     @property
     def files(self) -> dict[int, Pages]:
@@ -260,10 +267,11 @@ class Staging:
     def forget(self, entry: int) -> None:
         """The source of ``entry`` changed: drop every copy of it here and its pages in the kernel.
 
-        The policy drops its record of the file (staged, open, kept) and always asks for the
-        invalidation: pages a reader pulled with direct_io off may be cached unrecorded, and an
+        Reported to the executor as :class:`SourceChanged`: the policy drops its record of the file
+        (staged, open, kept) and always asks for the invalidation, which comes back here through
+        :meth:`drop_pages`: pages a reader pulled with direct_io off may be cached unrecorded, and an
         inode the kernel does not know costs nothing."""
-        self.carry_out(self.policy.handle(SourceChanged(entry)))
+        self.report(SourceChanged(entry))
 
     def serves(self, entry: int) -> bool:
         """Whether this node's pages have ``entry`` in hand: kept pages, or a file the window staged
@@ -275,12 +283,6 @@ class Staging:
     def cached_entries(self) -> list[int]:
         """Entries whose bytes this node holds here (staged, or pages in the page cache)."""
         return self.policy.held_entries()
-
-    def _drops_only(self, instructions: list[Instruction]) -> None:
-        """Without a prefetcher to carry out the rest (a stage to cancel), only page drops are expected."""
-        for ins in instructions:
-            assert isinstance(ins, DropPages), ins
-            self.drop_pages(ins.entry)
 
     def status(self) -> StagingStatus:
         return {
