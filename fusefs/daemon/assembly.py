@@ -45,7 +45,7 @@ from fusefs.daemon.status import StartupTask, StatusBoard, StatusDocument, Statu
 from fusefs.errors import FuseUnavailable, MountpointError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
-from fusefs.fuse.front import EntryAttributes, NewFileInfo, PlainAttributes, PlainFileInfo
+from fusefs.fuse.front import EntryAttributes, Front, NewFileInfo, PlainAttributes, PlainFileInfo
 from fusefs.fuse.operations import SeerOperations
 from fusefs.fuse.pyfuse3_front import Pyfuse3Front
 from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_file
@@ -301,7 +301,9 @@ class Daemon:
     def _build_cache(self) -> None:
         """The read path and the planner for this mount."""
         cfg = self.cfg
-        self.front = Pyfuse3Front(self.snapshot.tree.path)  # the FUSE binding; staging's kernel calls
+        # The FUSE binding, which also makes staging's kernel calls; typed as the seam, so mypy holds
+        # the pyfuse3 front to it.
+        self.front: Front[SeerOperations] = Pyfuse3Front(self.snapshot.tree.path)
         rp = self.readpath = build_readpath(
             cfg,
             self.snapshot,
