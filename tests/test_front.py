@@ -5,6 +5,7 @@ handlers turn the binding-free answers and errors into pyfuse3's."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from kernel_contract import KNOWN, STORED, UNKNOWN, run_contract
 from readpath_fakes import RecordingKernel
 
 from fusefs.errors import FsError
-from fusefs.fuse.front import Context, PlainAttributes
+from fusefs.fuse.front import Context
 from fusefs.fuse.pyfuse3_front import Pyfuse3Operations
 
 HERE = Path(__file__).resolve().parent
@@ -63,8 +64,6 @@ def test_the_pyfuse3_front_keeps_the_same_contract_under_a_real_mount(mountpoint
 
 
 def _sha(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()[:16]
 
 
@@ -86,10 +85,6 @@ class _Handlers:
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         raise ValueError("a bug")
-
-    async def readdir(self, fh: int, start_id: int, reply: object) -> None:
-        assert callable(reply)
-        reply(b"x", PlainAttributes(), 1)
 
 
 def test_the_pyfuse3_handlers_answer_fs_errors_with_fuse_errors_and_let_bugs_through() -> None:
