@@ -6,6 +6,7 @@ one line, never a traceback.
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
 
 
@@ -85,3 +86,17 @@ class GroupError(SeerfsError):
 
 class DeadMount(SeerfsError):
     code = ExitCode.DEAD
+
+
+class FsError(OSError):
+    """A filesystem request fails with ``errno``: what the FUSE front answers the kernel.
+
+    Only this class is a reply; any other exception escaping a handler is a bug, and the front
+    treats it as the binding does (pyfuse3 ends its main loop, so the mount, on it).  Lives here,
+    not in :mod:`fusefs.fuse`, because the read path below that layer raises it too.
+    """
+
+    errno: int  # always set: the constructor takes it
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code, os.strerror(code))

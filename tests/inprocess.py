@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyfuse3
 import trio
 from readpath_fakes import MemoryPeer, RecordingKernel
 
 from fusefs.config import load
 from fusefs.daemon.assembly import ReadPath, build_operations, build_readpath
 from fusefs.daemon.status import StatusBoard
+from fusefs.fuse.front import ROOT_INODE, Context, FileInfo
 from fusefs.fuse.operations import SeerOperations
 from fusefs.meta.snapshot import Snapshot
 from fusefs.planning.inputs import build_plan, planning_config
@@ -27,7 +27,7 @@ from fusefs.planning.seed import SeedState
 from fusefs.tiers import DirectoryTier, MemoryTier, TierCounters
 from placement.plan import Plan
 
-CTX = pyfuse3.RequestContext()
+CTX = Context()
 BIG = "c1/big.jpg"  # over whole_file_max: read from the PFS in ranges
 
 
@@ -73,14 +73,14 @@ class Mount:
         return build_plan(self.rp.snapshot, planning_config(self.rp.cfg), seed=seed, backend="numpy")
 
     async def lookup(self, rel: str) -> int:
-        inode = pyfuse3.ROOT_INODE
+        inode = ROOT_INODE
         for part in rel.split("/"):
-            inode = (await self.ops.lookup(pyfuse3.InodeT(inode), part.encode(), CTX)).st_ino
+            inode = (await self.ops.lookup(inode, part.encode(), CTX)).st_ino
         return inode
 
-    async def read_inode(self, inode: int, chunk: int = 16_384) -> tuple[bytes, pyfuse3.FileInfo]:
+    async def read_inode(self, inode: int, chunk: int = 16_384) -> tuple[bytes, FileInfo]:
         """Open, read to the end in ``chunk``-byte requests, release (as the kernel does without a cache)."""
-        fi = await self.ops.open(pyfuse3.InodeT(inode), os.O_RDONLY, CTX)
+        fi = await self.ops.open(inode, os.O_RDONLY, CTX)
         parts: list[bytes] = []
         while True:
             part = await self.ops.read(fi.fh, sum(len(p) for p in parts), chunk)
@@ -90,7 +90,7 @@ class Mount:
         await self.ops.release(fi.fh)
         return b"".join(parts), fi
 
-    async def read(self, rel: str, chunk: int = 16_384) -> tuple[bytes, pyfuse3.FileInfo]:
+    async def read(self, rel: str, chunk: int = 16_384) -> tuple[bytes, FileInfo]:
         return await self.read_inode(await self.lookup(rel), chunk)
 
 

@@ -465,3 +465,56 @@ def test_the_layering_check_catches_an_upward_import_and_a_cycle(tmp_path: Path)
     mods["fusefs.meta.snapshot"] = Module(meta.name, meta.path, ast.Module([*meta.tree.body, *upward.body], []))
     assert any("fusefs.meta.snapshot" in v and "fusefs.readpath.fetcher" in v for v in layering_violations(mods))
     assert any("fusefs.meta.snapshot" in c and "fusefs.readpath.fetcher" in c for c in cycles(mods))
+
+
+BINDING = "pyfuse3"
+FRONTS = {"fusefs.fuse.pyfuse3_front"}
+"""The only modules of the daemon that may import the FUSE binding: everything else names the
+binding-free seam (``fusefs.fuse.front``), so a second front can plug in (ARCHITECTURE.md)."""
+
+
+def binding_imports(mod: Module, known: set[str]) -> list[str]:
+    """Where ``mod`` imports the binding: import statements (function-level too) and
+    ``importlib.import_module``/``__import__`` of a constant name."""
+    bad = [
+        f"{mod.path.relative_to(REPO)}:{line}: {mod.name} imports {target}"
+        for target, line in imported_names(mod, known)
+        if target == BINDING or target.startswith(BINDING + ".")
+    ]
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Call) and (_dotted(node.func) or "").rpartition(".")[2] in (
+            "import_module",
+            "__import__",
+        ):
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.partition(".")[0] == BINDING:
+                bad.append(f"{mod.path.relative_to(REPO)}:{node.lineno}: {mod.name} imports {arg.value}")
+    return bad
+
+
+def test_only_the_pyfuse3_front_imports_pyfuse3() -> None:
+    mods = load_modules(("fusefs",))
+    assert set(mods) >= FRONTS, f"no module {FRONTS - set(mods)}"
+    assert binding_imports(mods["fusefs.fuse.pyfuse3_front"], set(mods)), "the front no longer imports pyfuse3?"
+    bad = [v for name, m in mods.items() if name not in FRONTS for v in binding_imports(m, set(mods))]
+    assert not bad, "pyfuse3 imported outside its front (use fusefs.fuse.front):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import pyfuse3",
+        "from pyfuse3 import FUSEError",
+        "import pyfuse3.asyncio",
+        "def f():\n    import pyfuse3",
+        "importlib.import_module('pyfuse3')",
+        "__import__('pyfuse3')",
+    ],
+)
+def test_the_binding_check_catches_a_planted_import(line: str) -> None:
+    """The check above can fail: each line, planted in the handlers, is reported there."""
+    mods = load_modules(("fusefs",))
+    ops = mods["fusefs.fuse.operations"]
+    assert not binding_imports(ops, set(mods))
+    planted = Module(ops.name, ops.path, ast.Module([*ops.tree.body, *ast.parse(line).body], []))
+    assert [v for v in binding_imports(planted, set(mods)) if "fusefs.fuse.operations" in v]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyfuse3
 import pytest
 import trio
 import trio.testing
 from inprocess import BIG, CTX, Mount, assemble, make_source, serve, until
 
+from fusefs.fuse.front import FileInfo
 from fusefs.meta.ids import entry_of, inode_of
 from fusefs.readpath import fetcher as fetcher_module
 from fusefs.readpath.contract import Stage
@@ -171,10 +171,10 @@ def test_a_file_the_budget_cannot_hold_bypasses_the_page_cache(
 # ---------------------------------------------------------------------------- staged sources
 
 
-def staged_then_opened(m: Mount, state: str) -> tuple[int, pyfuse3.FileInfo, bytes]:
+def staged_then_opened(m: Mount, state: str) -> tuple[int, FileInfo, bytes]:
     """Give the mount a plan; once the first file of the window is staged (``state``), open it."""
     plan = m.plan()
-    out: list[tuple[int, pyfuse3.FileInfo, bytes]] = []
+    out: list[tuple[int, FileInfo, bytes]] = []
 
     async def body() -> None:
         policy = m.rp.policy
@@ -182,7 +182,7 @@ def staged_then_opened(m: Mount, state: str) -> tuple[int, pyfuse3.FileInfo, byt
         await until(lambda: bool(policy.view.stage))
         first = policy.view.stage[0]
         await until(lambda: first in policy.pages and policy.pages[first].state == state)
-        fi = await m.ops.open(pyfuse3.InodeT(inode_of(first)), os.O_RDONLY, CTX)
+        fi = await m.ops.open(inode_of(first), os.O_RDONLY, CTX)
         data = b""
         if not fi.keep_cache or state == "held":
             data = bytes(await m.ops.read(fi.fh, 0, 1 << 20))
@@ -252,7 +252,7 @@ def test_a_request_handler_never_waits_on_a_read_back_of_its_file(
         stuck = m.rp.fetcher.start(entry, why="test")  # e.g. a tier fill: reads the file back first
         await until(m.kernel.read_waiting.is_set)
         inode = await m.lookup(rel)
-        fi = await m.ops.open(pyfuse3.InodeT(inode), os.O_RDONLY, CTX)  # served by the kept pages ...
+        fi = await m.ops.open(inode, os.O_RDONLY, CTX)  # served by the kept pages ...
         with trio.fail_after(2):
             data = await m.ops.read(fi.fh, 0, 1 << 20)  # ... which the kernel dropped: a READ arrives
         assert bytes(data) == m.files[rel]

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import pyfuse3
 import pytest
 import trio
 from inprocess import assemble, make_source, serve, until
 
+from fusefs.errors import FsError
 from fusefs.readpath.contract import Stage, StageNext
 from fusefs.readpath.opens import OpenFile
 from placement import recheck
@@ -104,7 +104,7 @@ def test_a_node_holding_only_replicas_sees_their_source_change_within_the_replic
             f"a replica's changed source went unseen for {seen['after']:.1f}s (bound {bound}s): rounds stuck "
             f"at {rv.rounds}, stats {rv.stats}"
         )
-        with pytest.raises(pyfuse3.FUSEError) as failed:
+        with pytest.raises(FsError) as failed:
             await m.read(rel)
         assert failed.value.errno == errno.EIO  # and never the old bytes again
 
@@ -226,7 +226,7 @@ def test_a_copy_whose_open_reads_kept_pages_is_not_stated_ahead_but_checked_befo
         assert int(rv.state[m.entry(paged)]) == 0  # unchecked: nothing read the copy yet
         del policy.kept[m.entry(paged)]  # the kernel dropped the pages: the copy is what a read gets
         (root / paged).write_bytes(os.urandom(len(files[paged]) + 3))
-        with pytest.raises(pyfuse3.FUSEError) as failed:
+        with pytest.raises(FsError) as failed:
             await m.read(paged)
         assert failed.value.errno == errno.EIO
 
@@ -253,7 +253,7 @@ def test_a_read_whose_pages_were_dropped_never_takes_a_peers_copy_of_a_file_seen
         handle = OpenFile(entry, len(old), pushed=True)  # opened on pages the kernel has since dropped
         try:
             got.append(bytes(await m.rp.files.read(handle, 0, len(old))))
-        except pyfuse3.FUSEError as exc:
+        except FsError as exc:
             got.append(exc.errno)
 
     serve(m, body)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyfuse3
 import pytest
 import trio
 import trio.testing
 from inprocess import CTX, Mount, assemble, drained, make_source, serve, settled, until
 
+from fusefs.fuse.front import FileInfo
 from fusefs.meta.ids import entry_of, inode_of
 
 
@@ -93,7 +93,7 @@ def test_a_file_opened_before_its_bytes_came_is_not_pushed(
     gate = trio.Event()
     for e in range(len(m.rp.snapshot)):
         m.peer.gates[e] = gate  # every fetch is held at the peer (which has nothing, then the PFS)
-    seen: list[tuple[int, bytes, pyfuse3.FileInfo]] = []
+    seen: list[tuple[int, bytes, FileInfo]] = []
 
     async def body() -> None:
         policy = m.rp.policy
@@ -102,7 +102,7 @@ def test_a_file_opened_before_its_bytes_came_is_not_pushed(
         entry = policy.view.stage[0]
 
         async def reader() -> None:
-            fi = await m.ops.open(pyfuse3.InodeT(inode_of(entry)), os.O_RDONLY, CTX)  # waits for the fetch
+            fi = await m.ops.open(inode_of(entry), os.O_RDONLY, CTX)  # waits for the fetch
             data = bytes(await m.ops.read(fi.fh, 0, 1 << 20))
             await m.ops.release(fi.fh)
             seen.append((entry, data, fi))

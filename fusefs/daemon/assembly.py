@@ -1,4 +1,4 @@
-"""Builds the daemon's components for one mount, mounts it, and runs the pyfuse3 loop.
+"""Builds the daemon's components for one mount, mounts it, and runs the FUSE front's loop.
 
 Kept apart from :mod:`fusefs.daemon.lifecycle` (forking, readiness, logging) so the assembly can be
 built in-process.  Building and mounting are separate steps: :func:`build_readpath` and
@@ -16,11 +16,11 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import pyfuse3
 import trio
 import xxhash
 
@@ -45,7 +45,9 @@ from fusefs.daemon.status import StartupTask, StatusBoard, StatusDocument, Statu
 from fusefs.errors import FuseUnavailable, MountpointError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import ControlFiles
+from fusefs.fuse.front import EntryAttributes, Front, NewFileInfo, PlainAttributes, PlainFileInfo
 from fusefs.fuse.operations import SeerOperations
+from fusefs.fuse.pyfuse3_front import Pyfuse3Front
 from fusefs.meta.snapshot import Snapshot, load_or_scan, mark_stale, snapshot_file
 from fusefs.planning.discovery import SeedDiscovery
 from fusefs.planning.inputs import planning_config
@@ -60,7 +62,7 @@ from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
-from fusefs.readpath.staging import Kernel, Pyfuse3Kernel, Staging
+from fusefs.readpath.staging import Kernel, Staging, ThroughMount
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import CursorSettings, DatasetState
 from placement.plan import plan_inputs
@@ -116,7 +118,7 @@ def build_readpath(
 ) -> ReadPath:
     """Tiers, staging, fetcher, policy and prefetcher for ``snapshot`` under ``cfg``.
 
-    ``kernel`` makes the page-cache calls (default: the mounted kernel, through pyfuse3), ``reader``
+    ``kernel`` makes the page-cache calls (default: the mounted kernel, through the pyfuse3 front), ``reader``
     reads the PFS, ``tiers`` (charging ``budget``) hold local copies and ``peer_fetch`` asks the
     owning peer; each defaults to what ``cfg`` configures.  ``fitted``: ``cfg`` with the memory
     tiers sized to the memory cgroup (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM
@@ -150,7 +152,7 @@ def build_readpath(
         validate=cfg.debug.validate,
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
-    staging = Staging(policy, kernel if kernel is not None else Pyfuse3Kernel(snapshot.tree.path))
+    staging = Staging(policy, kernel if kernel is not None else Pyfuse3Front(snapshot.tree.path))
     fetcher = Fetcher(reader, tiers, counters, peer_fetch)
     fetcher.page_read = staging.read_back
     revalidator = Revalidator(
@@ -173,13 +175,22 @@ def build_readpath(
     )
 
 
-def build_operations(readpath: ReadPath, seed: SeedState, status: StatusBoard) -> SeerOperations:
-    """The pyfuse3 Operations over ``readpath``, with the ``.control`` directory."""
+def build_operations(
+    readpath: ReadPath,
+    seed: SeedState,
+    status: StatusBoard,
+    new_attrs: Callable[[], EntryAttributes] = PlainAttributes,
+    new_file_info: NewFileInfo = PlainFileInfo,
+) -> SeerOperations:
+    """The FUSE handlers over ``readpath``, with the ``.control`` directory; ``new_attrs`` and
+    ``new_file_info``: the front's records (:class:`fusefs.fuse.front.Front`)."""
     cfg = readpath.cfg
     owner = os.getuid() if cfg.control_owner is None else cfg.control_owner  # who may write the seed
-    control = ControlFiles(seed, status, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout)
-    attrs = AttrFactory(readpath.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout)
-    return SeerOperations(readpath.snapshot, control, readpath.files, attrs)
+    control = ControlFiles(
+        seed, status, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout, new_attrs
+    )
+    attrs = AttrFactory(readpath.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout, new_attrs)
+    return SeerOperations(readpath.snapshot, control, readpath.files, attrs, new_file_info)
 
 
 class Daemon:
@@ -240,7 +251,9 @@ class Daemon:
         self.startup.set_phase("opening the cache tiers")
         self._build_cache()
         self._join_group()
-        self.ops = build_operations(self.readpath, self.seed, self.board)
+        self.ops = build_operations(
+            self.readpath, self.seed, self.board, self.front.new_attrs, self.front.new_file_info
+        )
         self.board.sections = self._sections
         self.metrics = MetricsExporter(cfg.metrics, StatusDocument, self.board.document)
         self.metrics.bind()
@@ -291,8 +304,16 @@ class Daemon:
     def _build_cache(self) -> None:
         """The read path and the planner for this mount."""
         cfg = self.cfg
+        # The FUSE binding, which also makes staging's kernel calls; typed as the seam, so mypy holds
+        # the pyfuse3 front to it.
+        self.front: Front[SeerOperations] = Pyfuse3Front(self.snapshot.tree.path)
         rp = self.readpath = build_readpath(
-            cfg, self.snapshot, counters=self.counters, reader=self.reader, fitted=fitted_config(cfg, self.sizing)
+            cfg,
+            self.snapshot,
+            counters=self.counters,
+            kernel=self.front,
+            reader=self.reader,
+            fitted=fitted_config(cfg, self.sizing),
         )
         self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
         self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
@@ -346,12 +367,12 @@ class Daemon:
 
     def mount(self) -> None:
         """Mount the assembled read path (the step that needs /dev/fuse)."""
-        options = set(pyfuse3.default_options)
+        options = set(self.front.default_options)
         options |= {f"fsname={_escape_opt(self.req.source)}", "subtype=seerfs", "noatime"}
         if self.cfg.allow_other:
             options.add("allow_other")
         try:
-            pyfuse3.init(self.ops, self.req.mountpoint, options)
+            self.front.mount(self.ops, self.req.mountpoint, options)
         except RuntimeError as exc:
             text = str(exc)
             if "allow_other" in text or "user_allow_other" in text:
@@ -360,7 +381,7 @@ class Daemon:
         self.mounted = True
         kernel = self.readpath.staging.kernel
         entry = mountinfo.find(self.req.mountpoint)  # the mount table only: never a request to this mount
-        if isinstance(kernel, Pyfuse3Kernel) and entry is not None:
+        if isinstance(kernel, ThroughMount) and entry is not None:
             major, _, minor = entry.device.partition(":")
             kernel.device = os.makedev(int(major), int(minor))
             kernel.mountpoint = os.fsencode(self.req.mountpoint)  # pages can be read back from now on
@@ -432,7 +453,7 @@ class Daemon:
                 nursery.start_soon(self.peering.run, self.sock)
             self.metrics.start()
             self.plans.request(self.seed.value)  # the sampler default until a seed is written
-            await pyfuse3.main(min_tasks=2, max_tasks=self.cfg.fuse.max_tasks)
+            await self.front.run(self.cfg.fuse.max_tasks)
             nursery.cancel_scope.cancel()
         for tier in self.tiers:
             await tier.close()
@@ -452,7 +473,7 @@ class Daemon:
             async for signum in signals:
                 log.info("signal %d: unmounting", signum)
                 self.board.state = "stopping"
-                pyfuse3.terminate()
+                self.front.terminate()
                 return
 
     def close(self) -> None:
@@ -461,7 +482,7 @@ class Daemon:
             metrics.close()
         if self.mounted:
             try:
-                pyfuse3.close(unmount=True)
+                self.front.unmount()
             except Exception as exc:  # already unmounted from outside: nothing left to do
                 log.debug("close: %s", exc)
             self.mounted = False

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pyfuse3
+from collections.abc import Callable
 
+from fusefs.fuse.front import EntryAttributes, PlainAttributes
 from fusefs.meta.ids import inode_of
 from fusefs.meta.snapshot import Snapshot
 
@@ -11,13 +12,20 @@ BLKSIZE = 128 * 1024  # hints buffered readers to ask for FUSE's whole 128 KiB r
 
 
 class AttrFactory:
-    def __init__(self, snapshot: Snapshot, entry_timeout: float, attr_timeout: float) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        entry_timeout: float,
+        attr_timeout: float,
+        new_attrs: Callable[[], EntryAttributes] = PlainAttributes,
+    ) -> None:
         self.snapshot = snapshot
+        self.new = new_attrs  # the front's attribute record (pyfuse3 takes only its own)
         self.entry_timeout = entry_timeout
         self.attr_timeout = attr_timeout
 
-    def batch(self, lo: int, hi: int) -> list[pyfuse3.EntryAttributes]:
-        """Attributes of consecutive entries ``lo:hi``: columns converted once, not per field."""
+    def batch(self, lo: int, hi: int) -> list[EntryAttributes]:
+        """PlainAttributes of consecutive entries ``lo:hi``: columns converted once, not per field."""
         s = self.snapshot
         t = s.tree
         rows = zip(
@@ -32,9 +40,10 @@ class AttrFactory:
             s.ctime_ns[lo:hi].tolist(),
             strict=True,
         )
+        new = self.new
         out = []
         for ino, mode, nlink, uid, gid, size, atime, mtime, ctime in rows:
-            a = pyfuse3.EntryAttributes()
+            a = new()
             a.st_ino = ino
             a.entry_timeout = self.entry_timeout
             a.attr_timeout = self.attr_timeout
@@ -51,15 +60,15 @@ class AttrFactory:
             out.append(a)
         return out
 
-    def __call__(self, entry: int) -> pyfuse3.EntryAttributes:
+    def __call__(self, entry: int) -> EntryAttributes:
         s = self.snapshot
         t = s.tree
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = pyfuse3.InodeT(inode_of(entry))
+        a = self.new()
+        a.st_ino = inode_of(entry)
         a.generation = 0
         a.entry_timeout = self.entry_timeout
         a.attr_timeout = self.attr_timeout
-        a.st_mode = pyfuse3.ModeT(int(s.mode[entry]))
+        a.st_mode = int(s.mode[entry])
         a.st_nlink = int(s.nlink[entry])
         a.st_uid = int(s.uid[entry])
         a.st_gid = int(s.gid[entry])

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-import pyfuse3
-
+from fusefs.errors import FsError
+from fusefs.fuse.front import ROOT_INODE, EntryAttributes, PlainAttributes, RequestContext
 from fusefs.planning.seed import MAX_SEED_TEXT, SeedState, SeedSyntaxError, parse_seed
 
 CONTROL_NAME = b".control"
@@ -55,6 +55,7 @@ class ControlFiles:
         gid: int,
         started_ns: int,
         timeout: float,
+        new_attrs: Callable[[], EntryAttributes] = PlainAttributes,
     ) -> None:
         self.seed = seed
         self.status = status
@@ -62,13 +63,14 @@ class ControlFiles:
         self.uid, self.gid = uid, gid
         self.started_ns = started_ns
         self.timeout = timeout
+        self.new_attrs = new_attrs  # the front's attribute record
 
     @staticmethod
     def owns(inode: int) -> bool:
         return CTL_DIR <= inode <= CTL_CONFIG
 
     def lookup(self, parent: int, name: bytes) -> int | None:
-        if parent == pyfuse3.ROOT_INODE and name == CONTROL_NAME:
+        if parent == ROOT_INODE and name == CONTROL_NAME:
             return CTL_DIR
         if parent == CTL_DIR:
             return _FILES.get(name)
@@ -77,9 +79,9 @@ class ControlFiles:
     def entries(self) -> list[tuple[bytes, int]]:
         return sorted(_FILES.items())
 
-    def attrs(self, inode: int) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = pyfuse3.InodeT(inode)
+    def attrs(self, inode: int) -> EntryAttributes:
+        a = self.new_attrs()
+        a.st_ino = inode
         a.st_uid, a.st_gid = self.uid, self.gid
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.started_ns
         a.st_blksize = 4096
@@ -87,24 +89,24 @@ class ControlFiles:
         a.entry_timeout = self.timeout
         a.attr_timeout = 1.0
         if inode == CTL_DIR:
-            a.st_mode = pyfuse3.ModeT(stat.S_IFDIR | 0o755)
+            a.st_mode = stat.S_IFDIR | 0o755
             a.st_nlink = 2
         else:
-            a.st_mode = pyfuse3.ModeT(stat.S_IFREG | (0o644 if inode == CTL_SEED else 0o444))
+            a.st_mode = stat.S_IFREG | (0o644 if inode == CTL_SEED else 0o444)
             a.st_nlink = 1
             a.st_size = len(self.seed.content()) if inode == CTL_SEED else 0
         return a
 
-    def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[ControlHandle, bool]:
+    def open(self, inode: int, flags: int, ctx: RequestContext) -> tuple[ControlHandle, bool]:
         """Return the handle and whether the kernel should bypass its page cache (direct_io)."""
         if inode == CTL_DIR:
-            raise pyfuse3.FUSEError(errno.EISDIR)
+            raise FsError(errno.EISDIR)
         writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
         if writing:
             if inode != CTL_SEED:
-                raise pyfuse3.FUSEError(errno.EACCES)
+                raise FsError(errno.EACCES)
             if ctx.uid not in (0, self.uid):
-                raise pyfuse3.FUSEError(errno.EACCES)
+                raise FsError(errno.EACCES)
         if inode == CTL_STATUS:
             content = (json.dumps(self.status(), indent=1, sort_keys=False) + "\n").encode()
         elif inode == CTL_CONFIG:
@@ -121,7 +123,7 @@ class ControlFiles:
 
     def write(self, handle: ControlHandle, off: int, buf: bytes) -> int:
         if not handle.writable:
-            raise pyfuse3.FUSEError(errno.EBADF)
+            raise FsError(errno.EBADF)
         end = off + len(buf)
         if end > MAX_SEED_TEXT:  # before touching the buffer: a pwrite at 1 GB must not allocate 1 GB
             self._refuse(f"seed text would end at byte {end} (at most {MAX_SEED_TEXT})")
@@ -138,18 +140,18 @@ class ControlFiles:
 
     def _refuse(self, reason: str) -> NoReturn:
         self.seed.reject(reason)
-        raise pyfuse3.FUSEError(errno.EINVAL)
+        raise FsError(errno.EINVAL)
 
-    def truncate(self, inode: int, size: int, ctx: pyfuse3.RequestContext, handle: ControlHandle | None) -> None:
+    def truncate(self, inode: int, size: int, ctx: RequestContext, handle: ControlHandle | None) -> None:
         """``echo N > seed`` may arrive as setattr(size=0) before open: accept it, change nothing yet.
 
         An ftruncate on an open handle empties that handle's text, so its next write starts afresh;
         any other size is not a seed edit and is refused like a bad seed.
         """
         if inode != CTL_SEED:
-            raise pyfuse3.FUSEError(errno.EACCES if inode != CTL_DIR else errno.EISDIR)
+            raise FsError(errno.EACCES if inode != CTL_DIR else errno.EISDIR)
         if ctx.uid not in (0, self.uid):
-            raise pyfuse3.FUSEError(errno.EACCES)
+            raise FsError(errno.EACCES)
         if size != 0:
             self._refuse(f"seed truncated to {size} bytes (only to 0)")
         if handle is not None and handle.inode == CTL_SEED and handle.writable:

@@ -1,4 +1,8 @@
-"""The pyfuse3 Operations: thin handlers that delegate to the snapshot, control files and file service.
+"""The FUSE handlers: thin, delegating to the snapshot, control files and file service.
+
+They name no binding: a front (:mod:`fusefs.fuse.front`; today :mod:`fusefs.fuse.pyfuse3_front`)
+calls them with binding-free arguments and answers the kernel with what they return or raise
+(:class:`~fusefs.errors.FsError`).
 
 Concurrency rule: handlers run as trio tasks on one thread.  Nothing here blocks; blocking work
 lives behind ``await`` in the file service.  The handle table is only touched between awaits, so a
@@ -16,11 +20,21 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 
-import pyfuse3
 import trio
 
+from fusefs.errors import FsError
 from fusefs.fuse.attrs import AttrFactory
 from fusefs.fuse.control import CONTROL_NAME, CTL_DIR, ControlFiles, ControlHandle
+from fusefs.fuse.front import (
+    ROOT_INODE,
+    EntryAttributes,
+    FileInfo,
+    NewFileInfo,
+    PlainFileInfo,
+    ReaddirReply,
+    RequestContext,
+    SetattrFields,
+)
 from fusefs.fuse.inflight import InFlight
 from fusefs.meta.ids import entry_of
 from fusefs.meta.snapshot import Snapshot
@@ -33,46 +47,53 @@ _READDIR_BATCH = 32
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
-def _erofs() -> pyfuse3.FUSEError:
-    return pyfuse3.FUSEError(errno.EROFS)
+def _erofs() -> FsError:
+    return FsError(errno.EROFS)
 
 
 @contextlib.contextmanager
 def _contained(what: str) -> Iterator[None]:
     """Turn a bug in a control-file handler into EIO and a log line.
 
-    pyfuse3 ends its main loop (and so the mount) on any exception but FUSEError; control files
+    A front ends its main loop (and so the mount) on any exception but FsError; control files
     take arbitrary user input, so a mistake there must cost one request, never the daemon.
     """
     try:
         yield
-    except pyfuse3.FUSEError:
+    except FsError:
         raise
     except Exception:
         log.exception("%s failed", what)
-        raise pyfuse3.FUSEError(errno.EIO) from None
+        raise FsError(errno.EIO) from None
 
 
-class SeerOperations(pyfuse3.Operations):
+class SeerOperations:
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, snapshot: Snapshot, control: ControlFiles, files: CachedFiles, attrs: AttrFactory) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        control: ControlFiles,
+        files: CachedFiles,
+        attrs: AttrFactory,
+        new_file_info: NewFileInfo = PlainFileInfo,
+    ) -> None:
         self.snapshot = snapshot
         self.tree = snapshot.tree
         self.control = control
         self.files = files
         self.attrs = attrs
+        self.file_info = new_file_info  # the front's answer to an open (pyfuse3 takes only its own)
         self._fh = itertools.count(1)
         self.handles: dict[int, OpenFile | ControlHandle] = {}
-        self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
+        self._statfs: tuple[float, os.statvfs_result] | None = None
         self.initialized = trio.Event()  # set when the kernel's INIT request has been answered
         self.requests = InFlight()
 
     def init(self) -> None:
-        # Called while pyfuse3 handles INIT, before its reply: whoever waits runs after the reply.
+        # Called while the front handles INIT, before its reply: whoever waits runs after the reply.
         self.initialized.set()
 
     # ------------------------------------------------------------------ helpers
@@ -80,64 +101,60 @@ class SeerOperations(pyfuse3.Operations):
     def _entry(self, inode: int) -> int:
         entry = entry_of(inode)
         if not 0 <= entry < len(self.tree):
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FsError(errno.ENOENT)
         return entry
 
     # ------------------------------------------------------------------ metadata
 
-    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes, ctx: RequestContext) -> EntryAttributes:
         ctl = self.control.lookup(parent_inode, name)
         if ctl is not None:
             return self.control.attrs(ctl)
         if self.control.owns(parent_inode):
             if name == b"..":
-                return (
-                    await self.getattr(pyfuse3.ROOT_INODE, ctx)
-                    if parent_inode == CTL_DIR
-                    else self.control.attrs(CTL_DIR)
-                )
+                return await self.getattr(ROOT_INODE, ctx) if parent_inode == CTL_DIR else self.control.attrs(CTL_DIR)
             if name == b".":
                 return self.control.attrs(parent_inode)
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FsError(errno.ENOENT)
         parent = self._entry(parent_inode)
         if name == b".":
             return self.attrs(parent)
         if name == b"..":
             return self.attrs(int(self.tree.parent[parent]))
         if self.tree.kind[parent] != KIND_DIR:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
+            raise FsError(errno.ENOTDIR)
         child = self.tree.find_child(parent, name)
         if child < 0:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FsError(errno.ENOENT)
         return self.attrs(child)
 
-    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def getattr(self, inode: int, ctx: RequestContext) -> EntryAttributes:
         if self.control.owns(inode):
             return self.control.attrs(inode)
         return self.attrs(self._entry(inode))
 
-    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+    async def readlink(self, inode: int, ctx: RequestContext) -> bytes:
         entry = self._entry(inode)
         if self.tree.kind[entry] != KIND_SYMLINK:
-            raise pyfuse3.FUSEError(errno.EINVAL)
+            raise FsError(errno.EINVAL)
         return self.snapshot.readlink(entry)
 
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+    async def opendir(self, inode: int, ctx: RequestContext) -> int:
         if self.control.owns(inode):
             if inode != CTL_DIR:
-                raise pyfuse3.FUSEError(errno.ENOTDIR)
+                raise FsError(errno.ENOTDIR)
             return inode
         if self.tree.kind[self._entry(inode)] != KIND_DIR:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
+            raise FsError(errno.ENOTDIR)
         return inode
 
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    async def readdir(self, fh: int, start_id: int, reply: ReaddirReply) -> None:
         # start_id is the position after the last entry the kernel received.
         if fh == CTL_DIR:
             listing = self.control.entries()
             for pos in range(start_id, len(listing)):
                 name, ino = listing[pos]
-                if not pyfuse3.readdir_reply(token, name, self.control.attrs(ino), pos + 1):
+                if not reply(name, self.control.attrs(ino), pos + 1):
                     return
             return
         entry = self._entry(fh)
@@ -153,13 +170,14 @@ class SeerOperations(pyfuse3.Operations):
                 pos += 1
                 if hide_control and name == CONTROL_NAME:
                     continue  # the source's own .control is shadowed by ours and must not become a class
-                if not pyfuse3.readdir_reply(token, name, attrs, pos):
+                if not reply(name, attrs, pos):
                     return
 
     async def releasedir(self, fh: int) -> None:
         return None
 
-    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+    async def statfs(self, ctx: RequestContext) -> os.statvfs_result:
+        """The source's statvfs, at most 5 s old (the front copies the fields it replies with)."""
         now = time.monotonic()
         if self._statfs is None or now - self._statfs[0] > 5.0:
             key = self.requests.begin(ctx.pid, "statfs")
@@ -167,12 +185,7 @@ class SeerOperations(pyfuse3.Operations):
                 st = await trio.to_thread.run_sync(os.statvfs, self.snapshot.source)
             finally:
                 self.requests.end(key)
-            data = pyfuse3.StatvfsData()
-            data.f_bsize, data.f_frsize = st.f_bsize, st.f_frsize
-            data.f_blocks, data.f_bfree, data.f_bavail = st.f_blocks, st.f_bfree, st.f_bavail
-            data.f_files, data.f_ffree, data.f_favail = st.f_files, st.f_ffree, st.f_favail
-            data.f_namemax = st.f_namemax
-            self._statfs = (now, data)
+            self._statfs = (now, st)
         return self._statfs[1]
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -180,18 +193,18 @@ class SeerOperations(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ files
 
-    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, ctx: RequestContext) -> FileInfo:
         if self.control.owns(inode):
             with _contained("control open"):
                 handle, direct = self.control.open(inode, flags, ctx)
             fh = next(self._fh)
             self.handles[fh] = handle
-            return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), direct_io=direct, keep_cache=False)
+            return self.file_info(fh, direct, False)
         entry = self._entry(inode)
         if flags & _WRITE_FLAGS:
             raise _erofs()
         if self.tree.kind[entry] != KIND_FILE:
-            raise pyfuse3.FUSEError(errno.EISDIR if self.tree.kind[entry] == KIND_DIR else errno.EACCES)
+            raise FsError(errno.EISDIR if self.tree.kind[entry] == KIND_DIR else errno.EACCES)
         key = self.requests.begin(ctx.pid, "open")
         try:
             opened = await self.files.open(entry, ctx.pid)
@@ -201,15 +214,15 @@ class SeerOperations(pyfuse3.Operations):
         self.handles[fh] = opened
         # keep_cache: the tree is immutable, so cached pages stay valid across opens (pushed pages
         # are served without reaching us); direct_io only when the memory budget cannot hold it.
-        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=not opened.direct, direct_io=opened.direct)
+        return self.file_info(fh, opened.direct, not opened.direct)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles.get(fh)
         if handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
+            raise FsError(errno.EBADF)
         if isinstance(handle, ControlHandle):
             return self.control.read(handle, off, size)
-        # pyfuse3 accepts any buffer here; a memoryview slice of a whole-file read is zero-copy.
+        # A front accepts any buffer here; a memoryview slice of a whole-file read is zero-copy.
         return await self.files.read(handle, off, size)  # type: ignore[return-value]
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -224,8 +237,9 @@ class SeerOperations(pyfuse3.Operations):
         if isinstance(handle, OpenFile):
             self.files.release(handle)
 
-    # flush and fsync are deliberately not implemented: pyfuse3's default raises ENOSYS, after which
-    # the kernel stops sending FLUSH on every close(), saving one round trip per file read.
+    # flush and fsync are deliberately not implemented: the front leaves them to its binding, whose
+    # default answers ENOSYS, after which the kernel stops sending FLUSH on every close(), saving one
+    # round trip per file read.
     # IOCTL cannot be silenced that way: Python's open() asks isatty() (TCGETS) of every file, the
     # kernel forwards each one and never caches the ENOSYS that libfuse answers in C for us.  So a
     # page-cached file read by torchvision's loader still costs OPEN, IOCTL and RELEASE here.
@@ -233,11 +247,11 @@ class SeerOperations(pyfuse3.Operations):
     async def setattr(
         self,
         inode: int,
-        attr: pyfuse3.EntryAttributes,
-        fields: pyfuse3.SetattrFields,
+        attr: EntryAttributes,
+        fields: SetattrFields,
         fh: int | None,
-        ctx: pyfuse3.RequestContext,
-    ) -> pyfuse3.EntryAttributes:
+        ctx: RequestContext,
+    ) -> EntryAttributes:
         if (
             self.control.owns(inode)
             and fields.update_size
@@ -251,25 +265,19 @@ class SeerOperations(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ read-only: every write-type call
 
-    async def mknod(
-        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: RequestContext) -> EntryAttributes:
         raise _erofs()
 
-    async def mkdir(
-        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: RequestContext) -> EntryAttributes:
         raise _erofs()
 
-    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def unlink(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
         raise _erofs()
 
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
         raise _erofs()
 
-    async def symlink(
-        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: RequestContext) -> EntryAttributes:
         raise _erofs()
 
     async def rename(
@@ -279,30 +287,28 @@ class SeerOperations(pyfuse3.Operations):
         parent_inode_new: int,
         name_new: bytes,
         flags: int,
-        ctx: pyfuse3.RequestContext,
+        ctx: RequestContext,
     ) -> None:
         raise _erofs()
 
-    async def link(
-        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: RequestContext) -> EntryAttributes:
         raise _erofs()
 
     async def create(
-        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
-    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: RequestContext
+    ) -> tuple[FileInfo, EntryAttributes]:
         raise _erofs()
 
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: RequestContext) -> None:
         raise _erofs()
 
-    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def removexattr(self, inode: int, name: bytes, ctx: RequestContext) -> None:
         raise _erofs()
 
-    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+    async def getxattr(self, inode: int, name: bytes, ctx: RequestContext) -> bytes:
+        raise FsError(errno.ENODATA)
 
-    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+    async def listxattr(self, inode: int, ctx: RequestContext) -> Sequence[bytes]:
         return []
 
 

@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-import pyfuse3
-
+from fusefs.errors import FsError
 from fusefs.readpath.contract import UseHeld, UsePages
 from fusefs.readpath.counters import ReadCounters, Source
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer
@@ -51,7 +50,7 @@ class CachedFiles:
         self.whole_file_max = whole_file_max
         self.revalidator: Revalidator | None = fetcher.revalidator
 
-    def fail_stale(self, entry: int, reason: str) -> pyfuse3.FUSEError:
+    def fail_stale(self, entry: int, reason: str) -> FsError:
         if self.revalidator is not None:
             self.revalidator.mark_changed(entry, reason)  # logs it, drops its copies and pages
         else:
@@ -59,15 +58,15 @@ class CachedFiles:
             log.warning("%s: %s; failing with EIO", path, reason)
             self.counters.mark_stale(path, reason)
         self.counters.errors_eio += 1
-        return pyfuse3.FUSEError(errno.EIO)
+        return FsError(errno.EIO)
 
-    def _io_error(self, entry: int, exc: BaseException) -> pyfuse3.FUSEError:
+    def _io_error(self, entry: int, exc: BaseException) -> FsError:
         if isinstance(exc, StaleFile):
             return self.fail_stale(entry, str(exc))
         code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
         if code == errno.EIO:
             self.counters.errors_eio += 1
-        return pyfuse3.FUSEError(code)
+        return FsError(code)
 
     async def open(self, entry: int, pid: int) -> OpenFile:
         if self.prefetcher.staging.reads_back(pid):
@@ -79,7 +78,7 @@ class CachedFiles:
         size = int(self.tree.size[entry])
         if self.revalidator is not None and self.revalidator.is_changed(entry):
             self.counters.errors_eio += 1
-            raise pyfuse3.FUSEError(errno.EIO)
+            raise FsError(errno.EIO)
         try:
             handle, source = await self._locate(entry, size, staged)
         except (OSError, StaleFile) as exc:
@@ -128,7 +127,7 @@ class CachedFiles:
 
     async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
         if handle.read_back:
-            raise pyfuse3.FUSEError(errno.EAGAIN)  # a page is not cached: the read back fails, never fetches
+            raise FsError(errno.EAGAIN)  # a page is not cached: the read back fails, never fetches
         self.counters.reads += 1
         out: bytes | memoryview
         if handle.data is None and handle.source is None:

@@ -46,7 +46,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Protocol
 
-import pyfuse3
 import trio
 
 from fusefs.meta.ids import entry_of, inode_of
@@ -95,20 +94,16 @@ class Kernel(Protocol):
     def introduce(self, inode: int) -> bool: ...
 
 
-class Pyfuse3Kernel:
-    """The mounted kernel, through pyfuse3; pages are read back through the mountpoint."""
+class ThroughMount:
+    """The half of a :class:`Kernel` every FUSE front shares: pages are read back, and inodes made
+    known, through the mountpoint itself.  A front (:mod:`fusefs.fuse.pyfuse3_front`) adds the
+    binding's ``notify_store`` and ``invalidate_inode``."""
 
     def __init__(self, path_of: Callable[[int], bytes] | None = None) -> None:
         self.path_of = path_of  # entry -> path relative to the mountpoint
         self.mountpoint: bytes | None = None  # set once mounted (with device): no reads back before
         self.device: int | None = None  # st_dev of this mount: what every read back must be on
         self.readers: set[int] = set()
-
-    def notify_store(self, inode: int, offset: int, data: bytes) -> None:
-        pyfuse3.notify_store(pyfuse3.InodeT(inode), offset, data)
-
-    def invalidate_inode(self, inode: int) -> None:
-        pyfuse3.invalidate_inode(pyfuse3.InodeT(inode), attr_only=False)
 
     def introduce(self, inode: int) -> bool:
         """Make the kernel know ``inode`` (a lookup of its path through the mount, answered by this
@@ -163,9 +158,9 @@ def _unwired(event: Event) -> None:
 
 
 class Staging:
-    def __init__(self, policy: ReadPolicy, kernel: Kernel | None = None) -> None:
+    def __init__(self, policy: ReadPolicy, kernel: Kernel) -> None:
         self.policy = policy
-        self.kernel: Kernel = kernel if kernel is not None else Pyfuse3Kernel()
+        self.kernel = kernel
         self.read_backs = 0
         self.read_back_misses = 0
         self.introduced = 0

@@ -1,0 +1,173 @@
+"""The contract of a :class:`fusefs.readpath.staging.Kernel`, one script for every implementation.
+
+``run_contract`` makes the same calls on any kernel and returns what each call did; the recording
+kernel (``readpath_fakes.RecordingKernel``) runs it in process, the pyfuse3 front
+(``fusefs.fuse.pyfuse3_front.Pyfuse3Front``) under a real mount in a child process (``main`` below),
+and ``tests/test_front.py`` asserts both logs are the same, so what in-process tests prove with the
+recording kernel holds for the kernel the daemon uses.
+
+Run as a script (``python tests/kernel_contract.py MOUNTPOINT``) it mounts two files, ``a``
+(inode 2) and ``b`` (inode 3), with handlers that answer a read back (a thread in the front's
+``readers``) with EAGAIN, as ``CachedFiles.read`` does, and any other read with ``DAEMON`` bytes;
+it prints one JSON object: the contract's log and what the extra real-mount checks saw.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import sys
+from collections import Counter
+from typing import Any
+
+SIZE = 8192  # two pages
+STORED = bytes(range(256)) * (SIZE // 256)  # what notify_store pushes
+DAEMON = b"d" * SIZE  # what the handlers answer a reader's READ with
+KNOWN, UNKNOWN = 2, 3  # inodes of a (looked up before the contract runs) and b (never looked up)
+NAMES = {KNOWN: b"a", UNKNOWN: b"b"}
+
+
+def _show(value: object) -> object:
+    if isinstance(value, bytes | bytearray):
+        return f"{len(value)} bytes sha256:{hashlib.sha256(value).hexdigest()[:16]}"
+    return value
+
+
+def run_contract(kernel: Any) -> list[list[object]]:
+    """The Kernel calls staging makes, in an order that shows each rule; one ``[call, args, outcome]``
+    per call.  ``kernel`` knows inode KNOWN and not UNKNOWN (the kernel refuses pages for an inode
+    nobody looked up); asserts what every Kernel must do, and returns the log to compare."""
+    log: list[list[object]] = []
+
+    def call(name: str, *args: object) -> object:
+        try:
+            out = getattr(kernel, name)(*args)
+        except OSError as exc:
+            log.append([name, [_show(a) for a in args], "raised " + errno.errorcode.get(exc.errno or 0, "?")])
+            return exc
+        log.append([name, [_show(a) for a in args], _show(out)])
+        return out
+
+    assert call("notify_store", KNOWN, 0, STORED) is None
+    assert call("read_pages", KNOWN, SIZE) == STORED  # the stored pages are what a read back gets
+    assert call("invalidate_inode", KNOWN) is None
+    assert call("read_pages", KNOWN, SIZE) is None  # dropped: a read back fails, it never fetches
+    refused = call("notify_store", UNKNOWN, 0, STORED)
+    assert isinstance(refused, OSError) and refused.errno == errno.ENOENT
+    assert call("introduce", UNKNOWN) is True  # a lookup through the mount makes it known
+    assert call("notify_store", UNKNOWN, 0, STORED) is None
+    assert call("read_pages", UNKNOWN, SIZE) == STORED
+    assert call("invalidate_inode", UNKNOWN) is None
+    assert call("invalidate_inode", UNKNOWN) is None  # twice: nothing cached is no error
+    return log
+
+
+def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process of tests/test_front.py
+    import trio
+
+    from fusefs.errors import FsError
+    from fusefs.fuse.front import EntryAttributes, FileInfo
+    from fusefs.fuse.pyfuse3_front import Pyfuse3Front
+
+    front = Pyfuse3Front(lambda entry: NAMES[entry + 1])
+    calls: Counter[str] = Counter()
+    read_back_handles: set[int] = set()
+
+    class Handlers:
+        """The least a front needs to serve ``a`` and ``b`` (the root is inode 1)."""
+
+        supports_dot_lookup = True
+        enable_writeback_cache = False
+        enable_acl = False
+
+        def init(self) -> None:
+            pass
+
+        def attrs(self, inode: int) -> EntryAttributes:
+            a = front.new_attrs()
+            a.st_ino = inode
+            a.st_mode = (stat.S_IFDIR | 0o555) if inode == 1 else (stat.S_IFREG | 0o444)
+            a.st_nlink = 2 if inode == 1 else 1
+            a.st_size = 0 if inode == 1 else SIZE
+            a.st_uid, a.st_gid = os.getuid(), os.getgid()
+            a.st_blksize = 4096
+            a.entry_timeout = a.attr_timeout = 300.0  # cached: a second stat never reaches us
+            return a
+
+        async def lookup(self, parent: int, name: bytes, ctx: object) -> EntryAttributes:
+            calls[f"lookup {name.decode()}"] += 1
+            for inode, known in NAMES.items():
+                if parent == 1 and name == known:
+                    return self.attrs(inode)
+            raise FsError(errno.ENOENT)
+
+        async def getattr(self, inode: int, ctx: object) -> EntryAttributes:
+            return self.attrs(inode)
+
+        async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
+            if ctx.pid in front.readers:
+                read_back_handles.add(inode)
+            return front.new_file_info(inode, False, True)  # keep_cache: an open keeps stored pages
+
+        async def read(self, fh: int, off: int, size: int) -> bytes:
+            if fh in read_back_handles:
+                raise FsError(errno.EAGAIN)
+            calls["read"] += 1
+            return DAEMON[off : off + size]
+
+        async def release(self, fh: int) -> None:
+            read_back_handles.discard(fh)
+
+        async def forget(self, inodes: object) -> None:
+            pass
+
+        async def getxattr(self, inode: int, name: bytes, ctx: object) -> bytes:
+            raise FsError(errno.ENODATA)
+
+    def checks() -> dict[str, object]:
+        """In a worker thread, as staging calls the kernel (the trio thread serves the requests)."""
+        front.device = os.stat(mountpoint).st_dev
+        front.mountpoint = os.fsencode(mountpoint)
+        path_a = os.path.join(mountpoint, "a")
+        os.stat(path_a)  # the kernel now knows a, not b
+        log = run_contract(front)
+        seen: dict[str, object] = {}
+        front.notify_store(KNOWN, 0, STORED)
+        with open(path_a, "rb") as fh:
+            seen["reader_after_store"] = _show(fh.read())
+        seen["reads_reaching_daemon_after_store"] = calls["read"]
+        front.invalidate_inode(KNOWN)
+        with open(path_a, "rb") as fh:
+            seen["reader_after_invalidate"] = _show(fh.read())
+        seen["reads_reaching_daemon_after_invalidate"] = calls["read"]
+        lookups = calls["lookup a"]
+        os.stat(path_a)
+        seen["lookups_of_a_while_cached"] = calls["lookup a"] - lookups
+        front.invalidate_entry(1, b"a")
+        os.stat(path_a)
+        seen["lookups_of_a_after_invalidate_entry"] = calls["lookup a"] - lookups
+        return {"log": log, "seen": seen}
+
+    out: dict[str, object] = {}
+
+    async def serve() -> None:
+        front.mount(Handlers(), mountpoint, set(front.default_options) | {"fsname=contract", "subtype=seerfs"})  # type: ignore[arg-type]
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(front.run, 4)
+                try:
+                    out.update(await trio.to_thread.run_sync(checks))
+                finally:
+                    front.terminate()
+        finally:
+            front.unmount()
+
+    trio.run(serve)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1])
