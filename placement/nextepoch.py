@@ -30,7 +30,7 @@ SPREAD = 0.75
 # a node reads later cost CPU nobody waits on; in a later epoch they take the trio thread the
 # readers' opens wait on.  With one epoch, epoch 1 of two nodes carried about 500 per
 # node (what epoch 2 reads and the node had not read yet), and was their slowest later epoch
-# (tools/bench_train --nodes 2, tools/RESULTS.md).  Each later epoch carries only the next one.
+# (tools/bench/train --nodes 2, tools/RESULTS.md).  Each later epoch carries only the next one.
 AHEAD_FIRST = 2
 
 
@@ -82,7 +82,7 @@ def next_epoch_reads(plan: Plan, node: int, epoch: int, hold_off: int = 0) -> tu
     the cursor's window: twice the batches its workers keep in flight).  Each epoch starts with
     fresh workers reading their first batches one file after another while the rank waits for
     them, and peer transfers then take the trio thread their opens wait on: tier fills did, 30-45
-    ms of each daemon's first 200 ms of every later epoch on two nodes (tools/bench_train --nodes
+    ms of each daemon's first 200 ms of every later epoch on two nodes (tools/bench/train --nodes
     2; they now wait the same way, ``ReadPolicy._pump_fill``).  There the lane moved few files,
     most next-epoch files being the fills' memory-tier replicas; on a node without a memory tier
     the lane moves them all.  At most half the spread is held off, so a short epoch leaves room.

@@ -4,7 +4,7 @@ Every node must compute the same plan, so placement reads no clock and no unseed
 starts no threads (``tests/test_layering.py``); the caller owns the threads.  Planning at ImageNet
 scale is seconds of numpy passes that release the GIL: an epoch's permutation, a node's row, a range
 of objects.  Running the next permutations beside the current epoch's folding saves about a third of
-the access pass on two cores (``tools/bench_plan --workers 1`` shows the sequential cost), so
+the access pass on two cores (``tools/bench/plan --workers 1`` shows the sequential cost), so
 ``fusefs.planning`` passes a :class:`Pool` (a ``concurrent.futures.ThreadPoolExecutor``) and the
 width it was made for; ``None`` runs everything in the calling thread.
 

@@ -85,7 +85,7 @@ class PlanTimer:
 
     def fields(self) -> dict[str, Any]:
         """``plan_seconds`` (catalogs excluded) and the ``timings`` of the access pass, the
-        assignment and the summary, as ``seerfs plan``, the plan worker and ``tools/bench_plan`` show them."""
+        assignment and the summary, as ``seerfs plan``, the plan worker and ``tools/bench/plan`` show them."""
         t = self.started
         return {
             "plan_seconds": round(t["done"] - t["streams"], 3),
@@ -104,7 +104,7 @@ class PlanTimer:
 
 PLAN_THREADS = 2
 """Threads a plan's independent numpy passes run in (:mod:`placement.parallel`): a second one saves
-about a third of the access pass (``tools/bench_plan``); the plan worker shares the node's cores."""
+about a third of the access pass (``tools/bench/plan``); the plan worker shares the node's cores."""
 
 
 @contextlib.contextmanager

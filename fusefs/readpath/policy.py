@@ -1004,7 +1004,7 @@ class ReadPolicy:
         window stages what is due sooner), and every fill costs this daemon and the peer serving
         it CPU that readers' opens wait on: at full speed the fills a group left for after epoch 0
         ran in a burst at the start of epoch 1 and made it 1.13-1.18x its compute-only time on two
-        nodes (tools/bench_train --nodes 2).  For the same reason, while readers read, a fill due
+        nodes (tools/bench/train --nodes 2).  For the same reason, while readers read, a fill due
         after the next epoch waits until that epoch is the next one: each epoch then carries only
         the transfers the next one needs (about 500 of 2,000 files per node in epoch 1 of the
         two-node benchmark, not all 800 still missing), and the rest run when readers stop.
@@ -1362,7 +1362,7 @@ class ReadPolicy:
         Files in a memory tier here are left out, as the window leaves them out
         (:meth:`stage_list`): an open serves them from RAM.  Pushing them ahead only moved that
         copy into the epoch before, in a burst: 500 such pushes per node made epoch 1 of two nodes
-        4-8% slower (tools/bench_train --nodes 2), while serving them at their opens in epoch 2
+        4-8% slower (tools/bench/train --nodes 2), while serving them at their opens in epoch 2
         cost nothing measurable there.  Except in a lane from an epoch in which the job reads a
         dataset for the first time (``first_read``): its readers wait on the PFS, so the copy
         costs nobody's time there, and the next epoch's opens, the first batches of which read

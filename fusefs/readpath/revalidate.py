@@ -14,7 +14,7 @@ Every copy a tier holds records its source's identity (size, mtime, ctime, inode
   the kernel dropped the pages, a stage, a peer's request).  Two nodes' tier copies of files a peer
   sent were stat'ed ahead one by one as each epoch's horizon reached them, though the opens read
   their pages: 500 stats per node in epoch 1, each a worker-thread hop and a PFS metadata request,
-  on a host whose two cores the readers were waiting for (tools/bench_train --nodes 2).
+  on a host whose two cores the readers were waiting for (tools/bench/train --nodes 2).
 * While mounted, cached files are checked again in rounds at ``snapshot.revalidate_per_s`` stats per
   second; each file once per round, by its owner when the node is in a group (``mine``).  A round
   takes (cached files) / rate seconds, at least ``snapshot.revalidate_round_min_s`` (``min_round``): the
