@@ -8,7 +8,7 @@ recording kernel holds for the kernel the daemon uses.
 
 Run as a script (``python tests/kernel_contract.py MOUNTPOINT``) it mounts two files, ``a``
 (inode 2) and ``b`` (inode 3), with handlers that answer a read back (a thread in the front's
-``readers``) with EAGAIN, as ``CachedFiles.read`` does, and any other read with ``DAEMON`` bytes;
+``readers``) with EAGAIN, as ``OpenFiles.read`` does, and any other read with ``DAEMON`` bytes;
 it prints one JSON object: the contract's log and what the extra real-mount checks saw.
 """
 

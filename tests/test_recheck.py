@@ -23,7 +23,7 @@ from inprocess import assemble, make_source, serve, until
 
 from fusefs.errors import FsError
 from fusefs.readpath.contract import Stage, StageNext
-from fusefs.readpath.opens import OpenFile
+from fusefs.readpath.openfiles import OpenFile
 from placement import recheck
 
 
@@ -252,7 +252,7 @@ def test_a_read_whose_pages_were_dropped_never_takes_a_peers_copy_of_a_file_seen
         assert await m.rp.tiers[0].put(entry, old, m.rp.reader.ids.of(entry))
         handle = OpenFile(entry, len(old), pushed=True)  # opened on pages the kernel has since dropped
         try:
-            got.append(bytes(await m.rp.files.read(handle, 0, len(old))))
+            got.append(bytes(await m.rp.open_files.read(handle, 0, len(old))))
         except FsError as exc:
             got.append(exc.errno)
 

@@ -57,7 +57,7 @@ from fusefs.progress import LOG_INTERVAL_S, Progress, ProgressDoc
 from fusefs.readpath.contract import CursorView
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
-from fusefs.readpath.opens import CachedFiles
+from fusefs.readpath.openfiles import OpenFiles
 from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
@@ -91,7 +91,7 @@ class ReadPath:
     staging: Staging
     fetcher: Fetcher
     prefetcher: Prefetcher
-    files: CachedFiles
+    open_files: OpenFiles
     revalidator: Revalidator
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -169,9 +169,9 @@ def build_readpath(
     prefetcher.upcoming_hook = revalidator.upcoming
     for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
         tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
-    files = CachedFiles(fetcher, prefetcher, counters, cfg.fuse.whole_file_max)
+    open_files = OpenFiles(fetcher, prefetcher, counters, cfg.fuse.whole_file_max)
     return ReadPath(
-        cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, files, revalidator
+        cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, open_files, revalidator
     )
 
 
@@ -190,7 +190,7 @@ def build_operations(
         seed, status, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout, new_attrs
     )
     attrs = AttrFactory(readpath.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout, new_attrs)
-    return SeerOperations(readpath.snapshot, control, readpath.files, attrs, new_file_info)
+    return SeerOperations(readpath.snapshot, control, readpath.open_files, attrs, new_file_info)
 
 
 class Daemon:
@@ -317,7 +317,7 @@ class Daemon:
         )
         self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
         self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
-        self.fetcher, self.prefetcher, self.files = rp.fetcher, rp.prefetcher, rp.files
+        self.fetcher, self.prefetcher, self.open_files = rp.fetcher, rp.prefetcher, rp.open_files
         self.revalidator = rp.revalidator
         self.revalidator.on_changed.append(self._source_changed)
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)

@@ -40,7 +40,7 @@ class OpenFile:
     read_back: bool = False  # this daemon reading its own pages back (Staging.read_back), no reader's
 
 
-class CachedFiles:
+class OpenFiles:
     def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher, counters: ReadCounters, whole_file_max: int) -> None:
         self.fetcher = fetcher
         self.pfs = fetcher.pfs
