@@ -54,7 +54,7 @@ from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState, valid_seed
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.fetcher import Fetcher, Sources
 from fusefs.readpath.policy import Holder, RuleHolder
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.staging import Staging
@@ -374,7 +374,7 @@ class PeerGroup:
                 return Provision("not_owned")
             keep = None if read.keep_in is None else self.fetcher.tiers[read.keep_in]
             # The owner reads the PFS; keeping no copy, it remembers the bytes a moment (fetcher.py).
-            job = self.fetcher.start(entry, keep_in=keep, use_peer=False, why="peer", remember=keep is None)
+            job = self.fetcher.start(entry, Sources.PAGES | Sources.PFS, keep, why="peer", remember=keep is None)
         with trio.move_on_after(self.answer_within):
             try:
                 return Provision("ok", await job.wait(), file=mine)

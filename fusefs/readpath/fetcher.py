@@ -34,6 +34,7 @@ Concurrency rules:
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -69,6 +70,23 @@ class PeerFetch(Protocol):
 
 PageRead = Callable[[int], Awaitable[bytes | None]]
 """Read an entry's pages back from this mount's page cache; None when they are not all there."""
+
+
+class Sources(enum.Flag):
+    """Where a fetch may look, after the bytes read for a peer a moment ago (always).  Local tiers
+    are not among them: callers ask :meth:`Fetcher.from_tiers` first."""
+
+    PAGES = enum.auto()
+    """This mount's page cache, read back (never for a FUSE request: see the concurrency rules)."""
+    OWNER = enum.auto()
+    """The entry's owning peer, who reads it from the PFS for us if it holds no copy."""
+    PFS = enum.auto()
+    """The PFS, after asking the members that may hold a copy from an earlier regime.  Without it a
+    fetch that found no peer's copy fails with :class:`NotFromPeer`."""
+
+    ALL = PAGES | OWNER | PFS
+    REQUEST = OWNER | PFS
+    """A FUSE request's fetch: everything but a read back."""
 
 
 class NotFromPeer(Exception):
@@ -161,52 +179,43 @@ class Fetcher:
     def start(
         self,
         entry: int,
+        sources: Sources,
         keep_in: Tier | None = None,
-        use_peer: bool = True,
         why: str = "open",
-        pfs: bool = True,
-        pages: bool = True,
         remember: bool = False,
     ) -> Inflight:
-        """The in-flight fetch of ``entry`` (started now unless one is running); ``pages``: may read
-        it back from this mount's page cache first; ``remember``: a read for a peer that keeps no
-        copy here (see the concurrency rules)."""
+        """The in-flight fetch of ``entry`` (started now unless one is running, whatever its
+        sources); ``remember``: a read for a peer that keeps no copy here (see the concurrency
+        rules).  Callers await :meth:`Inflight.wait`; a FUSE request handler uses
+        :meth:`for_request` instead."""
         running = self.inflight.get(entry)
         if running is not None:
             return running
         assert self._nursery is not None, "Fetcher.attach() was not called"
-        job = Inflight(entry, reading_pages=pages)  # from now on: its task may not have started yet
+        job = Inflight(entry, reading_pages=Sources.PAGES in sources)  # from now on: its task may not have started yet
         self.inflight[entry] = job
-        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs, pages, remember)
+        self._nursery.start_soon(self._run, job, sources, keep_in, why, remember)
         return job
 
-    async def _run(
-        self,
-        job: Inflight,
-        keep_in: Tier | None,
-        use_peer: bool,
-        why: str,
-        pfs: bool,
-        pages: bool = True,
-        remember: bool = False,
-    ) -> None:
+    async def _run(self, job: Inflight, sources: Sources, keep_in: Tier | None, why: str, remember: bool) -> None:
         entry = job.entry
+        owner, pfs = Sources.OWNER in sources, Sources.PFS in sources
         t0 = time.monotonic()
         try:
             data = self._recently_fetched(entry)
             if data is not None:
                 job.source = "inflight"  # counted once, by the fetch that got it
-            elif pages:
+            elif Sources.PAGES in sources:
                 data = await self.from_pages(entry)
                 job.reading_pages = False
                 if data is not None:
                     job.source = "page_cache"
                 else:
                     data = await self._from_apart(job)
-            if data is None and self.peer_fetch is not None and (use_peer or pfs):
+            if data is None and self.peer_fetch is not None and (owner or pfs):
                 # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
                 # from an earlier regime: the PFS is read for a file only when no member has it.
-                data = await self.peer_fetch(entry, owner=use_peer, holders=pfs)
+                data = await self.peer_fetch(entry, owner=owner, holders=pfs)
                 if data is not None:
                     job.source = "peer"
             if data is None and not pfs:
@@ -289,7 +298,7 @@ class Fetcher:
         other requests join it and the fetch reading back takes its bytes)."""
         running = self.inflight.get(entry)
         if running is None or not running.reading_pages:
-            return await self.fetch(entry, keep_in, why=why, pages=False)
+            return await self._fetch(entry, keep_in, why)
         apart = self.apart.get(entry)
         if apart is not None:
             return await apart.wait()
@@ -301,7 +310,7 @@ class Fetcher:
 
     async def _run_apart(self, job: Inflight, keep_in: Tier | None, why: str) -> None:
         try:
-            await self._run(job, keep_in, True, why, True, pages=False)
+            await self._run(job, Sources.REQUEST, keep_in, why, remember=False)
         finally:
             if self.apart.get(job.entry) is job:
                 del self.apart[job.entry]
@@ -319,8 +328,9 @@ class Fetcher:
         job.source = "inflight"  # counted once, by the fetch that got it
         return data
 
-    async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open", pages: bool = True) -> bytes:
+    async def _fetch(self, entry: int, keep_in: Tier | None, why: str) -> bytes:
+        """A request's fetch, joining one in flight (which may be a peer-only one)."""
         try:
-            return await self.start(entry, keep_in, why=why, pages=pages).wait()
+            return await self.start(entry, Sources.REQUEST, keep_in, why).wait()
         except NotFromPeer:  # joined a fetch that may only use a peer and found none ready: read it now
-            return await self.start(entry, keep_in, why=why, pages=pages).wait()
+            return await self.start(entry, Sources.REQUEST, keep_in, why).wait()

@@ -96,7 +96,7 @@ from fusefs.readpath.contract import (
     ViewPublished,
 )
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher, NotFromPeer
+from fusefs.readpath.fetcher import Fetcher, NotFromPeer, Sources
 from fusefs.readpath.policy import Holder, Mode, ReadPolicy, entries_due
 from fusefs.readpath.staging import Staging, StagingStatus
 from fusefs.tiers import Budget, Tier
@@ -567,7 +567,7 @@ class Prefetcher:
                     self.copy_lost(entry, ins.from_tier)
                 if data is None:
                     keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
-                    data = await self.fetcher.start(entry, keep_in=keep, why="staging").wait()
+                    data = await self.fetcher.start(entry, Sources.ALL, keep, why="staging").wait()
                     self.staging_fetches += 1
             except Exception as exc:  # the reader's own open reports the error; staging just skips it
                 log.debug("staging entry %d failed: %s", entry, exc)
@@ -621,7 +621,7 @@ class Prefetcher:
                 data = local.data if local is not None else None
             if data is None:
                 keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
-                data = await self.fetcher.start(entry, keep_in=keep, why="next", pfs=False).wait()
+                data = await self.fetcher.start(entry, Sources.PAGES | Sources.OWNER, keep, why="next").wait()
                 self.next_fetches += 1
         except NotFromPeer:
             pass
@@ -642,7 +642,7 @@ class Prefetcher:
         outcome: FillOutcome = "stored"
         try:
             if not tier.contains(ins.entry):
-                await self.fetcher.start(ins.entry, keep_in=tier, why="fill", pfs=ins.from_pfs).wait()
+                await self.fetcher.start(ins.entry, _fill_sources(ins.from_pfs), tier, why="fill").wait()
                 self.fill_fetches += 1
                 outcome = "stored" if tier.contains(ins.entry) else "refused"
                 if outcome == "refused":
@@ -674,6 +674,11 @@ class Prefetcher:
             "horizon_files": self.horizon_files,
             "staging": self.staging.status(),
         }
+
+
+def _fill_sources(from_pfs: bool) -> Sources:
+    """A fill's sources: a replica's fill waits for a peer's copy; the owner's reads the PFS too."""
+    return Sources.ALL if from_pfs else Sources.PAGES | Sources.OWNER
 
 
 def _lane_reads(
