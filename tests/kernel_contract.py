@@ -129,8 +129,7 @@ def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process
 
     def checks() -> dict[str, object]:
         """In a worker thread, as staging calls the kernel (the trio thread serves the requests)."""
-        front.device = os.stat(mountpoint).st_dev
-        front.mountpoint = os.fsencode(mountpoint)
+        front.mounted(os.stat(mountpoint).st_dev, os.fsencode(mountpoint))
         path_a = os.path.join(mountpoint, "a")
         os.stat(path_a)  # the kernel now knows a, not b
         log = run_contract(front)

@@ -257,7 +257,7 @@ class PeerGroup:
         self._sync_clients()
         seed.listeners.append(self._seed_changed)
         prefetcher.view_change_hooks.append(self._wake)
-        fetcher.peer_fetch = self.fetch
+        fetcher.bind_peer_fetch(self.fetch)
 
     @property
     def me(self) -> Member:
@@ -283,11 +283,11 @@ class PeerGroup:
                     max_requests=p.max_requests,
                     down_after=p.down_after,
                     retry_down_after=p.retry_down_after,
+                    on_state=partial(self._health, key),  # by key: the client keeps it while the index shifts
                 )
                 self.views[key] = PeerView()
             else:
                 client.node = m.index  # its index may have shifted; the address never does
-            self.clients[key].on_state = partial(self._health, key)
         self.seed.me = self.group.me
         # The group rule's owners follow the members (a hash over their keys: order does not matter).
         seeds = tuple(member_seed("{}@{}:{}".format(*m.key)) for m in self.group.members)

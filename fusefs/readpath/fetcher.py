@@ -48,7 +48,6 @@ import trio
 
 from fusefs.readpath.counters import FETCH_SOURCES, ReadCounters, Source
 from fusefs.readpath.pfs import PfsReader, StaleFile
-from fusefs.readpath.revalidate import Revalidator
 from fusefs.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -68,8 +67,21 @@ class PeerFetch(Protocol):
     def __call__(self, entry: int, *, owner: bool, holders: bool) -> Awaitable[bytes | None]: ...
 
 
-PageRead = Callable[[int], Awaitable[bytes | None]]
-"""Read an entry's pages back from this mount's page cache; None when they are not all there."""
+class PageReader(Protocol):
+    """What the fetcher needs from staging: this mount's page cache."""
+
+    async def read_back(self, entry: int) -> bytes | None:
+        """The entry's pages read back through this mount; None when they are not all there."""
+        ...
+
+
+class SourceChecks(Protocol):
+    """What the fetcher needs from the revalidator: whether a copy's source is unchanged."""
+
+    async def ensure(self, entry: int) -> bool: ...
+    def is_changed(self, entry: int) -> bool: ...
+    def fresh(self, entry: int) -> None: ...
+    def reason(self, entry: int) -> str: ...
 
 
 class Sources(enum.Flag):
@@ -119,8 +131,17 @@ class Fetched:
 
 class Fetcher:
     def __init__(
-        self, pfs: PfsReader, tiers: Sequence[Tier], counters: ReadCounters, peer_fetch: PeerFetch | None = None
+        self,
+        pfs: PfsReader,
+        tiers: Sequence[Tier],
+        counters: ReadCounters,
+        pages: PageReader,
+        checks: SourceChecks,
+        peer_fetch: PeerFetch | None = None,
     ) -> None:
+        """``pages``: this mount's page cache (kept or pushed pages); ``checks``: the revalidator,
+        asked before a local copy is served; ``peer_fetch``: the peers, when known now (else the
+        peer group binds its own: :meth:`bind_peer_fetch`)."""
         self.pfs = pfs
         self.snapshot = pfs.snapshot
         self.tiers = list(tiers)
@@ -130,11 +151,25 @@ class Fetcher:
         self._recent: OrderedDict[int, tuple[float, bytes]] = OrderedDict()  # entry -> (fetched at, bytes)
         self._recent_bytes = 0
         self.recent_hits = 0  # fetches served by those bytes
-        self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
-        self.page_read: PageRead | None = None  # this mount's page cache (kept or pushed pages)
-        self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
-        self.on_pfs_read: Callable[[int], None] | None = None  # told of each entry read from the PFS (the policy)
+        self.pages = pages
+        self.revalidator = checks
+        self.peer_fetch = peer_fetch  # bound once: bind_peer_fetch
+        self.on_pfs_read: Callable[[int], None] | None = None  # bound once: bind_pfs_read
         self._nursery: trio.Nursery | None = None
+
+    def bind_peer_fetch(self, peer_fetch: PeerFetch) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): the peer group's fetch.  The group serves peers
+        through this fetcher and this fetcher asks peers through the group, so the group binds its
+        fetch once, when it forms."""
+        assert self.peer_fetch is None, "the fetcher's peer fetch bound twice"
+        self.peer_fetch = peer_fetch
+
+    def bind_pfs_read(self, on_pfs_read: Callable[[int], None]) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): told of each entry read from the PFS (a policy
+        step, ``ReadFromPfs``).  The policy's executor drives this fetcher, so it binds this once,
+        when it is built."""
+        assert self.on_pfs_read is None, "the fetcher's PFS-read report bound twice"
+        self.on_pfs_read = on_pfs_read
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Fetches run in this long-lived nursery (the daemon's), not in their callers' scopes."""
@@ -156,8 +191,7 @@ class Fetcher:
     async def from_tiers(self, entry: int) -> Fetched | None:
         """The entry from the fastest tier holding a good copy (a corrupt copy is dropped by the tier),
         once its source was seen unchanged in this mount; None when there is none or it changed."""
-        revalidator = self.revalidator
-        if revalidator is not None and self.local_tier(entry) is not None and not await revalidator.ensure(entry):
+        if self.local_tier(entry) is not None and not await self.revalidator.ensure(entry):
             return None  # changed: its copies are gone, and the open fails with EIO
         for tier in self.tiers:
             if tier.contains(entry):
@@ -170,9 +204,9 @@ class Fetcher:
         """The entry from this mount's page cache (pages a reader left, or staging pushed), or None.
         Those pages were made from bytes checked when this mount fetched them, and the revalidator
         drops them once the source is seen changed: served like the local readers are served."""
-        if self.page_read is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):
+        if self.revalidator.is_changed(entry):
             return None
-        return await self.page_read(entry)
+        return await self.pages.read_back(entry)
 
     # ------------------------------------------------------------------ fetching
 
@@ -227,8 +261,7 @@ class Fetcher:
                 assert src.data is not None
                 data = src.data
                 job.source = "pfs"
-                if self.revalidator is not None:
-                    self.revalidator.fresh(entry)
+                self.revalidator.fresh(entry)
                 if self.on_pfs_read is not None:  # a policy step: on the trio thread, between awaits,
                     self.on_pfs_read(entry)  # so never inside another step (those never await)
             if job.source in FETCH_SOURCES:
@@ -236,7 +269,7 @@ class Fetcher:
                 if remember:
                     self._remember(entry, data)
             if keep_in is not None and not keep_in.contains(entry):
-                if self.revalidator is not None and self.revalidator.is_changed(entry):
+                if self.revalidator.is_changed(entry):
                     raise StaleFile(self.revalidator.reason(entry))  # seen changed while we fetched
                 # A peer's bytes are its copy of the same snapshot entry (plan digests agree).
                 await keep_in.put(entry, data, self.pfs.ids.of(entry))
@@ -278,7 +311,7 @@ class Fetcher:
             return None  # the usual case, on every fetch: no clock read, no trim
         self._trim_recent()
         hit = self._recent.get(entry)
-        if hit is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):
+        if hit is None or self.revalidator.is_changed(entry):
             return None
         self.recent_hits += 1
         return hit[1]
