@@ -24,6 +24,7 @@ from fusefs.fuse.operations import SeerOperations
 from fusefs.meta.snapshot import Snapshot
 from fusefs.planning.inputs import build_plan, planning_config
 from fusefs.planning.seed import SeedState
+from fusefs.readpath.hooks import NO_HOOKS, ReadPathHooks
 from fusefs.tiers import DirectoryTier, MemoryTier, TierCounters
 from placement.plan import Plan
 
@@ -95,10 +96,16 @@ class Mount:
 
 
 def assemble(
-    root: Path, files: dict[str, bytes], tmp_path: Path, ssd: bool = False, overrides: dict[str, str] | None = None
+    root: Path,
+    files: dict[str, bytes],
+    tmp_path: Path,
+    ssd: bool = False,
+    overrides: dict[str, str] | None = None,
+    hooks: ReadPathHooks = NO_HOOKS,
 ) -> Mount:
     """The mount's read path and handlers: a memory tier (and with ``ssd`` a directory tier after it);
-    ``overrides``: config keys by dotted name, as ``-o`` takes them."""
+    ``overrides``: config keys by dotted name, as ``-o`` takes them; ``hooks``: as the daemon's
+    (:meth:`fusefs.daemon.assembly.Daemon._hooks`), none by default."""
     tiers = "{kind: memory, bytes: 2MiB, threads: 2}"
     if ssd:
         tiers += f", {{kind: directory, path: {tmp_path / 'ssd'}, bytes: 2MiB, threads: 2}}"
@@ -118,7 +125,7 @@ def assemble(
     cfg = load(None, options)
     snapshot = Snapshot.scan(str(root), threads=2)
     kernel, peer = RecordingKernel(), MemoryPeer()
-    rp = build_readpath(cfg, snapshot, kernel=kernel, peer_fetch=peer.fetch)
+    rp = build_readpath(cfg, snapshot, kernel=kernel, peer_fetch=peer.fetch, hooks=hooks)
     ops = build_operations(rp, SeedState(), StatusBoard(str(root), str(tmp_path / "mnt")))
     return Mount(rp, ops, kernel, peer, files)
 

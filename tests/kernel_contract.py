@@ -8,7 +8,7 @@ recording kernel holds for the kernel the daemon uses.
 
 Run as a script (``python tests/kernel_contract.py MOUNTPOINT``) it mounts two files, ``a``
 (inode 2) and ``b`` (inode 3), with handlers that answer a read back (a thread in the front's
-``readers``) with EAGAIN, as ``CachedFiles.read`` does, and any other read with ``DAEMON`` bytes;
+``readers``) with EAGAIN, as ``OpenFiles.read`` does, and any other read with ``DAEMON`` bytes;
 it prints one JSON object: the contract's log and what the extra real-mount checks saw.
 """
 
@@ -129,8 +129,7 @@ def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process
 
     def checks() -> dict[str, object]:
         """In a worker thread, as staging calls the kernel (the trio thread serves the requests)."""
-        front.device = os.stat(mountpoint).st_dev
-        front.mountpoint = os.fsencode(mountpoint)
+        front.mounted(os.stat(mountpoint).st_dev, os.fsencode(mountpoint))
         path_a = os.path.join(mountpoint, "a")
         os.stat(path_a)  # the kernel now knows a, not b
         log = run_contract(front)

@@ -285,7 +285,7 @@ def test_every_function_a_walkthrough_names_exists() -> None:
     ("step", "problem"),
     [
         ("1. `Fetcher.no_such_method` (`fusefs/readpath/fetcher.py`)", "Fetcher.no_such_method"),
-        ("1. `CachedFiles.open` before its module is named", "CachedFiles.open"),
+        ("1. `OpenFiles.open` before its module is named", "OpenFiles.open"),
         ("1. `fetcher.no_such_function` (`fusefs/readpath/fetcher.py`)", "fetcher.no_such_function"),
         ("1. `Fetcher.start.deeper` (`fusefs/readpath/fetcher.py`)", "Fetcher.start.deeper"),
         ("1. `Fetcher.start` (`fusefs/readpath/no_such_module.py`)", "no module"),

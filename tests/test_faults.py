@@ -182,7 +182,7 @@ def test_a_source_file_rewritten_after_it_was_cached_is_never_served_stale(node:
     assert not failures, (
         f"{victim} rewritten in the source ({len(old)} -> {len(new)} bytes): "
         + "; ".join(failures)
-        + " (tier copies are served without checking the source's size/mtime: fusefs/readpath/opens.py _locate -> "
+        + " (tier copies are served without checking the source's size/mtime: fusefs/readpath/openfiles.py _locate -> "
         "fetcher.from_tiers; the persisted snapshot is reused because no directory changed)"
     )
 

@@ -170,7 +170,7 @@ def _fit(budget_bytes: int, copies: int) -> tuple[MemoryFit, Budget, MemoryTier,
     tier = MemoryTier(0, budget, 1)
     sizes = np.full(copies + 1, MiB, np.int64)
     policy = ReadPolicy(sizes, budget, [tier], PolicySettings(staging_limit=0))
-    budget.reclaim = policy.reclaim
+    budget.bind_reclaim(policy.reclaim)
 
     async def fill() -> None:
         for e in range(copies):

@@ -518,3 +518,185 @@ def test_the_binding_check_catches_a_planted_import(line: str) -> None:
     assert not binding_imports(ops, set(mods))
     planted = Module(ops.name, ops.path, ast.Module([*ops.tree.body, *ast.parse(line).body], []))
     assert [v for v in binding_imports(planted, set(mods)) if "fusefs.fuse.operations" in v]
+
+
+# ---------------------------------------------------------------------------- explicit wiring
+
+LATE_BOUND = {
+    "Budget.bind_reclaim": "fusefs.readpath.prefetch",
+    "Staging.bind_report": "fusefs.readpath.prefetch",
+    "Fetcher.bind_pfs_read": "fusefs.readpath.prefetch",
+    "Fetcher.bind_peer_fetch": "fusefs.cluster.peergroup",
+}
+"""The late-bound links (ARCHITECTURE.md, "Wiring"): the one ``bind_*`` method of each true cycle,
+and the one module that calls it.  The budget, staging and the fetcher exist before the policy's
+executor that they report to (and that drives them); the peer group serves peers through the fetcher
+whose peer fetch it is."""
+
+WIRING_ALLOWED: dict[tuple[str, str], str] = {
+    ("placement.frameworks", "model.shifted"): (
+        "a sampler model (a record) gets, from the factory that made it, the same factory for its "
+        "shifted variant: data about a sampler, no component wired into another"
+    ),
+}
+"""(module, ``receiver.attr``) assignments that look like wiring and are not, with the reason.  Every
+component or callable is otherwise handed over in a constructor, in ``ReadPathHooks`` or in a bind
+method; plain data set on a record (a fetch's result, a peer's view, a status field) is not flagged."""
+
+
+RECORD_BASES = {"TypedDict", "NamedTuple", "Protocol", "Exception", "enum.Enum", "enum.Flag", "Enum", "Flag"}
+
+
+def _is_record(cls: ast.ClassDef) -> bool:
+    """A class holding data (a dataclass, TypedDict, enum, exception...) or a Protocol: not a component."""
+    decorators = {_dotted(d.func if isinstance(d, ast.Call) else d) for d in cls.decorator_list}
+    bases = {_dotted(b) for b in cls.bases}
+    return (
+        "dataclass" in decorators
+        or bool(bases & RECORD_BASES)
+        or any((b or "").endswith(("Error", "Exception", "Status")) for b in bases)
+    )
+
+
+def _project_names(mods: dict[str, Module]) -> tuple[set[str], set[str]]:
+    """(method names, component class names folded to lowercase without underscores) of the
+    components of ``fusefs``: its classes that are no record (dataclass, TypedDict, enum, Protocol,
+    exception).  Properties are data to their readers, so they are left out."""
+    methods: set[str] = set()
+    classes: set[str] = set()
+    for mod in mods.values():
+        if not mod.name.startswith("fusefs"):
+            continue
+        for cls in ast.walk(mod.tree):
+            if not isinstance(cls, ast.ClassDef) or _is_record(cls):
+                continue
+            classes.add(cls.name.lower())
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and not any(
+                    _dotted(d) in ("property", "functools.cached_property", "cached_property")
+                    for d in fn.decorator_list
+                ):
+                    methods.add(fn.name)
+    return methods - {"__init__", "__call__"}, classes
+
+
+def _hands_over_behaviour(value: ast.expr, methods: set[str], classes: set[str]) -> bool:
+    """Whether ``value`` is a component or a callable: a lambda, a ``partial``, a bound method of a
+    component (``staging.read_back``, ``self._reclaim``: an attribute, not called, named like a
+    component's method), or a name for a component (``revalidator`` for ``Revalidator``,
+    ``self.staging`` for ``Staging``)."""
+    if isinstance(value, ast.Lambda):
+        return True
+    if isinstance(value, ast.Call):
+        return _dotted(value.func) in ("partial", "functools.partial")
+    if isinstance(value, ast.Attribute) and value.attr in methods:
+        return True
+    if isinstance(value, ast.Name | ast.Attribute):
+        last = value.id if isinstance(value, ast.Name) else value.attr
+        return last.replace("_", "").lower() in classes
+    return False
+
+
+def wiring_violations(mod: Module, methods: set[str], classes: set[str]) -> list[str]:
+    """Every ``X.attr = value`` where ``X`` is not ``self`` itself (another name, ``self.a``, a
+    subscript) and ``value`` hands over a component or a callable, outside ``WIRING_ALLOWED``."""
+    out = []
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        if len(flat) == 1:
+            values: list[ast.expr | None] = [value]
+        elif isinstance(value, ast.Tuple) and len(value.elts) == len(flat):
+            values = list(value.elts)
+        else:
+            values = [None] * len(flat)  # unpacked from one value: its parts are not in the source
+        for target, val in zip(flat, values, strict=True):
+            if not isinstance(target, ast.Attribute):
+                continue
+            if isinstance(target.value, ast.Name) and target.value.id == "self":
+                continue  # a component's own state
+            where = f"{ast.unparse(target.value)}.{target.attr}"
+            if val is None or (mod.name, where) in WIRING_ALLOWED or not _hands_over_behaviour(val, methods, classes):
+                continue
+            out.append(f"{mod.path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def bind_calls(mod: Module) -> Iterator[tuple[str, int]]:
+    """(method name, line) of every call of a ``bind_*`` method in ``mod``."""
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("bind_"):
+            yield node.func.attr, node.lineno
+
+
+def test_components_are_wired_in_constructors_not_by_assignment() -> None:
+    """No component or callable is assigned onto another object: a missed assignment used to show
+    up as None at run time.  Constructors take what a component needs; optional observers come in
+    one ``ReadPathHooks``; the true cycles bind once through ``LATE_BOUND``'s methods."""
+    mods = load_modules()
+    methods, classes = _project_names(mods)
+    bad = [v for m in mods.values() for v in wiring_violations(m, methods, classes)]
+    assert not bad, "wiring by assignment (pass it to the constructor or ReadPathHooks):\n" + "\n".join(bad)
+
+
+def test_late_bound_links_are_the_documented_ones_bound_in_one_place() -> None:
+    """Every ``bind_*`` method is one of ``LATE_BOUND``, ARCHITECTURE.md names it, and only its one
+    module calls it."""
+    mods = load_modules()
+    defined = {
+        f"{cls.name}.{fn.name}"
+        for m in mods.values()
+        for cls in ast.walk(m.tree)
+        if isinstance(cls, ast.ClassDef)
+        for fn in cls.body
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("bind_")
+    }
+    assert defined == set(LATE_BOUND), f"bind methods {sorted(defined)} differ from LATE_BOUND"
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    assert [b for b in LATE_BOUND if f"`{b}`" not in architecture] == [], "ARCHITECTURE.md must name each"
+    bad = [
+        f"{m.path.relative_to(REPO)}:{line}: {method}"
+        for m in mods.values()
+        for method, line in bind_calls(m)
+        if m.name not in {module for qual, module in LATE_BOUND.items() if qual.endswith(f".{method}")}
+    ]
+    assert not bad, "a bind method called outside its one place:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "fetcher.page_read = staging.read_back",
+        "fetcher.revalidator = revalidator",
+        "self.prefetcher.open_hook = self.discovery.on_open",
+        "self.prefetcher.seed_trusted = lambda: True",
+        "self.clients[key].on_state = partial(self._health, key)",
+        "budget.reclaim = self._reclaim",
+        "kernel.report, kernel.x = (self.report, 1)",
+    ],
+)
+def test_the_wiring_check_catches_a_planted_assignment(line: str) -> None:
+    """The check above can fail: each line, planted in the assembly, is reported."""
+    mods = load_modules()
+    methods, classes = _project_names(mods)
+    asm = mods["fusefs.daemon.assembly"]
+    assert not wiring_violations(asm, methods, classes)
+    planted = Module(asm.name, asm.path, ast.Module([*asm.tree.body, *ast.parse(line).body], []))
+    assert wiring_violations(planted, methods, classes), f"{line!r} was not caught"
+
+
+@pytest.mark.parametrize(
+    "line", ["job.data = data", "view.node = note.node", "self.board.state = 'serving'", "c.ok += 1"]
+)
+def test_the_wiring_check_lets_data_through(line: str) -> None:
+    """Plain data set on a record (a fetch's result, a peer's view, a status field) is no wiring."""
+    mods = load_modules()
+    methods, classes = _project_names(mods)
+    asm = mods["fusefs.daemon.assembly"]
+    planted = Module(asm.name, asm.path, ast.Module([*asm.tree.body, *ast.parse(line).body], []))
+    assert not wiring_violations(planted, methods, classes)

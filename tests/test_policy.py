@@ -159,7 +159,7 @@ class Setup:
             validate=validate,
         )
         self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
-        self.budget.reclaim = self.policy.reclaim
+        self.budget.bind_reclaim(self.policy.reclaim)
         self.files = [int(e) for e in dict.fromkeys(plan.entry_of(np.arange(plan.files)).tolist())]
 
     def size(self, entry: int) -> int:

@@ -22,6 +22,7 @@ from fusefs.fuse.front import FileInfo
 from fusefs.meta.ids import entry_of, inode_of
 from fusefs.readpath import fetcher as fetcher_module
 from fusefs.readpath.contract import Stage
+from fusefs.readpath.fetcher import Sources
 from fusefs.tiers.layout import file_path
 
 
@@ -87,7 +88,7 @@ def test_inflight(tmp_path: Path, source: tuple[Path, dict[str, bytes]]) -> None
     got: list[bytes] = []
 
     async def body() -> None:
-        m.rp.fetcher.start(entry, why="test")
+        m.rp.fetcher.start(entry, Sources.ALL, why="test")
         # Held at the peer, past its read-back step: an open during a read back runs apart from it
         # by design (fetcher.py), and starting the reader at once raced that step.
         await until(lambda: m.rp.fetcher.joinable(entry) is not None and m.peer.asked == [entry])
@@ -249,7 +250,7 @@ def test_a_request_handler_never_waits_on_a_read_back_of_its_file(
             tier.drop(entry)  # and its pages are all there is of it here
         assert m.rp.policy.in_page_cache(entry) and m.rp.fetcher.local_tier(entry) is None
         m.kernel.read_gate.clear()
-        stuck = m.rp.fetcher.start(entry, why="test")  # e.g. a tier fill: reads the file back first
+        stuck = m.rp.fetcher.start(entry, Sources.ALL, why="test")  # e.g. a tier fill: reads the file back first
         await until(m.kernel.read_waiting.is_set)
         inode = await m.lookup(rel)
         fi = await m.ops.open(inode, os.O_RDONLY, CTX)  # served by the kept pages ...
@@ -291,7 +292,7 @@ def test_a_fetch_whose_read_back_found_nothing_takes_the_bytes_a_request_is_fetc
             tier.drop(entry)
         asked, pfs = len(m.peer.asked), m.rp.counters.sources["pfs"].files
         m.kernel.read_gate.clear()
-        stuck = m.rp.fetcher.start(entry, why="test")  # reads the file back first
+        stuck = m.rp.fetcher.start(entry, Sources.ALL, why="test")  # reads the file back first
         await until(m.kernel.read_waiting.is_set)
         gate = m.peer.gates[entry] = trio.Event()  # the fetch apart waits at the owner
 
@@ -329,10 +330,10 @@ def test_a_file_read_for_a_peer_serves_this_nodes_next_fetch_of_it_within_a_boun
     x, y, z = (m.entry(rel) for rel in small)
 
     async def for_peer(entry: int) -> bytes:
-        return await m.rp.fetcher.start(entry, use_peer=False, why="peer", pages=False, remember=True).wait()
+        return await m.rp.fetcher.start(entry, Sources.PFS, why="peer", remember=True).wait()
 
     async def fetch(entry: int) -> bytes:
-        return await m.rp.fetcher.start(entry, why="staging", pages=False).wait()
+        return await m.rp.fetcher.start(entry, Sources.REQUEST, why="staging").wait()
 
     def pfs_files() -> int:
         return m.rp.counters.sources["pfs"].files
@@ -366,7 +367,7 @@ def test_a_stage_decided_before_a_fill_stored_its_file_reads_that_copy(
 
     async def body() -> None:
         tier = m.rp.tiers[0]
-        await m.rp.fetcher.start(entry, keep_in=tier, why="fill", pages=False).wait()
+        await m.rp.fetcher.start(entry, Sources.REQUEST, tier, why="fill").wait()
         assert tier.contains(entry)
         asked, pfs = len(m.peer.asked), m.rp.counters.sources["pfs"].files
         await m.rp.prefetcher._stage_one(Stage(entry, None, None))  # as decided before the fill ended

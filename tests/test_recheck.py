@@ -23,8 +23,14 @@ from inprocess import assemble, make_source, serve, until
 
 from fusefs.errors import FsError
 from fusefs.readpath.contract import Stage, StageNext
-from fusefs.readpath.opens import OpenFile
+from fusefs.readpath.hooks import ReadPathHooks
+from fusefs.readpath.openfiles import OpenFile
 from placement import recheck
+
+
+def _none_mine(entries: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Another node owns every file: this one holds only replicas."""
+    return np.zeros(entries.shape, np.bool_)
 
 
 def test_rounds_cover_replicas_every_nth_and_may_be_empty() -> None:
@@ -79,13 +85,12 @@ def test_a_replicas_bound_is_n_minus_one_owner_rounds_and_one_full_round() -> No
 def test_a_node_holding_only_replicas_sees_their_source_change_within_the_replica_bound(tmp_path: Path) -> None:
     root = tmp_path / "src"
     files = make_source(root)
-    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "1"})
+    every = 3
+    hooks = ReadPathHooks(mine=_none_mine, replicas_every=lambda: every)  # another node owns every file
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "1"}, hooks=hooks)
     rel = "c1/f3.jpg"
     entry = m.entry(rel)
     rv = m.rp.revalidator
-    rv.mine = lambda entries: np.zeros(entries.shape, np.bool_)  # another node owns every file
-    every = 3
-    rv.replicas_every = lambda: every
     bound = recheck.replica_bound_seconds(0, 1, rv.rate, every, rv.min_round)
     seen: dict[str, float] = {}
 
@@ -205,11 +210,10 @@ def test_a_copy_whose_open_reads_kept_pages_is_not_stated_ahead_but_checked_befo
     so the read that falls back to it after the kernel dropped the pages fails with EIO)."""
     root = tmp_path / "src"
     files = make_source(root)
-    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "600"})
-    rv, policy = m.rp.revalidator, m.rp.policy
     # No background round gets there first: both copies are replicas, and this is not their round.
-    rv.mine = lambda entries: np.zeros(entries.shape, np.bool_)
-    rv.replicas_every = lambda: 2
+    hooks = ReadPathHooks(mine=_none_mine, replicas_every=lambda: 2)
+    m = assemble(root, files, tmp_path, overrides={"snapshot.revalidate_round_min_s": "600"}, hooks=hooks)
+    rv, policy = m.rp.revalidator, m.rp.policy
     rv.rounds = 1
     paged, bare = "c1/f3.jpg", "c1/f4.jpg"
     memory = m.rp.tiers[0]
@@ -252,7 +256,7 @@ def test_a_read_whose_pages_were_dropped_never_takes_a_peers_copy_of_a_file_seen
         assert await m.rp.tiers[0].put(entry, old, m.rp.reader.ids.of(entry))
         handle = OpenFile(entry, len(old), pushed=True)  # opened on pages the kernel has since dropped
         try:
-            got.append(bytes(await m.rp.files.read(handle, 0, len(old))))
+            got.append(bytes(await m.rp.open_files.read(handle, 0, len(old))))
         except FsError as exc:
             got.append(exc.errno)
 

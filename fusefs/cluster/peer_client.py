@@ -207,7 +207,9 @@ class PeerClient:
         retry_down_after: float = 10.0,
         max_file_size: int = DEFAULT_MAX_FILE_SIZE,
         pool_idle: float = 60.0,
+        on_state: Callable[[PeerState], None] | None = None,
     ) -> None:
+        """``on_state``: told when this client marks its peer down, or finds it up again."""
         auth.check_token(token)
         if timeout <= 0 or max_requests < 1 or down_after < 1:
             raise ValueError("timeout must be > 0, max_requests and down_after >= 1")
@@ -233,7 +235,7 @@ class PeerClient:
         self._next_id = 0
         # Told "down" when this client marks the peer down and "up" when a request succeeds again
         # (on the trio thread, inside the request that decided it; it must not await).
-        self.on_state: Callable[[PeerState], None] | None = None
+        self.on_state = on_state
 
     @property
     def address(self) -> str:

@@ -54,7 +54,7 @@ from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState, valid_seed
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher
+from fusefs.readpath.fetcher import Fetcher, Sources
 from fusefs.readpath.policy import Holder, RuleHolder
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.staging import Staging
@@ -257,7 +257,7 @@ class PeerGroup:
         self._sync_clients()
         seed.listeners.append(self._seed_changed)
         prefetcher.view_change_hooks.append(self._wake)
-        fetcher.peer_fetch = self.fetch
+        fetcher.bind_peer_fetch(self.fetch)
 
     @property
     def me(self) -> Member:
@@ -283,11 +283,11 @@ class PeerGroup:
                     max_requests=p.max_requests,
                     down_after=p.down_after,
                     retry_down_after=p.retry_down_after,
+                    on_state=partial(self._health, key),  # by key: the client keeps it while the index shifts
                 )
                 self.views[key] = PeerView()
             else:
                 client.node = m.index  # its index may have shifted; the address never does
-            self.clients[key].on_state = partial(self._health, key)
         self.seed.me = self.group.me
         # The group rule's owners follow the members (a hash over their keys: order does not matter).
         seeds = tuple(member_seed("{}@{}:{}".format(*m.key)) for m in self.group.members)
@@ -374,7 +374,7 @@ class PeerGroup:
                 return Provision("not_owned")
             keep = None if read.keep_in is None else self.fetcher.tiers[read.keep_in]
             # The owner reads the PFS; keeping no copy, it remembers the bytes a moment (fetcher.py).
-            job = self.fetcher.start(entry, keep_in=keep, use_peer=False, why="peer", remember=keep is None)
+            job = self.fetcher.start(entry, Sources.PAGES | Sources.PFS, keep, why="peer", remember=keep is None)
         with trio.move_on_after(self.answer_within):
             try:
                 return Provision("ok", await job.wait(), file=mine)

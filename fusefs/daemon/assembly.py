@@ -57,7 +57,8 @@ from fusefs.progress import LOG_INTERVAL_S, Progress, ProgressDoc
 from fusefs.readpath.contract import CursorView
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, PeerFetch
-from fusefs.readpath.opens import CachedFiles
+from fusefs.readpath.hooks import NO_HOOKS, ReadPathHooks
+from fusefs.readpath.openfiles import OpenFiles
 from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.prefetch import Prefetcher
@@ -91,7 +92,7 @@ class ReadPath:
     staging: Staging
     fetcher: Fetcher
     prefetcher: Prefetcher
-    files: CachedFiles
+    open_files: OpenFiles
     revalidator: Revalidator
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -115,6 +116,7 @@ def build_readpath(
     tiers: list[Tier] | None = None,
     peer_fetch: PeerFetch | None = None,
     fitted: Config | None = None,
+    hooks: ReadPathHooks = NO_HOOKS,
 ) -> ReadPath:
     """Tiers, staging, fetcher, policy and prefetcher for ``snapshot`` under ``cfg``.
 
@@ -123,7 +125,12 @@ def build_readpath(
     owning peer; each defaults to what ``cfg`` configures.  ``fitted``: ``cfg`` with the memory
     tiers sized to the memory cgroup (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM
     budget, the staging window and the reactive policy's capacities are made from; the plan and
-    ``.control/config`` keep ``cfg``.
+    ``.control/config`` keep ``cfg``.  ``hooks``: the read path's optional observers (the daemon's
+    seed discovery and group, :meth:`Daemon._hooks`).
+
+    Every component gets what it needs as a constructor argument, in this order; the three links
+    back into the policy's executor and the peer group's fetch are the late-bound exceptions
+    (ARCHITECTURE.md, "Wiring").
     """
     counters = counters if counters is not None else ReadCounters()
     ram = fitted if fitted is not None else cfg
@@ -153,8 +160,6 @@ def build_readpath(
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
     staging = Staging(policy, kernel if kernel is not None else Pyfuse3Front(snapshot.tree.path))
-    fetcher = Fetcher(reader, tiers, counters, peer_fetch)
-    fetcher.page_read = staging.read_back
     revalidator = Revalidator(
         snapshot,
         tiers,
@@ -163,15 +168,15 @@ def build_readpath(
         cfg.snapshot.revalidate_per_s,
         cfg.snapshot.revalidate_round_min_s,
         identity=cfg.snapshot.identity,
+        hooks=hooks,
     )
-    fetcher.revalidator = revalidator
-    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget)
-    prefetcher.upcoming_hook = revalidator.upcoming
+    fetcher = Fetcher(reader, tiers, counters, staging, revalidator, peer_fetch)
+    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget, revalidator, hooks)
     for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
         tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
-    files = CachedFiles(fetcher, prefetcher, counters, cfg.fuse.whole_file_max)
+    open_files = OpenFiles(fetcher, prefetcher, revalidator, counters, cfg.fuse.whole_file_max)
     return ReadPath(
-        cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, files, revalidator
+        cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, open_files, revalidator
     )
 
 
@@ -190,7 +195,7 @@ def build_operations(
         seed, status, cfg.to_yaml(), owner, os.getgid(), time.time_ns(), cfg.fuse.entry_timeout, new_attrs
     )
     attrs = AttrFactory(readpath.snapshot, cfg.fuse.entry_timeout, cfg.fuse.attr_timeout, new_attrs)
-    return SeerOperations(readpath.snapshot, control, readpath.files, attrs, new_file_info)
+    return SeerOperations(readpath.snapshot, control, readpath.open_files, attrs, new_file_info)
 
 
 class Daemon:
@@ -199,7 +204,8 @@ class Daemon:
         self.cfg = req.config
         self.mounted = False
         self.record: MountRecord | None = None
-        self.board = StatusBoard(req.source, req.mountpoint)
+        self.assembled = False
+        self.board = StatusBoard(req.source, req.mountpoint, self._sections)
         # Read by the startup reporter thread while start() runs (Progress locks its own fields).
         self.startup = Progress("start", "steps")
         self.walk = Progress("walk", "entries")
@@ -254,7 +260,7 @@ class Daemon:
         self.ops = build_operations(
             self.readpath, self.seed, self.board, self.front.new_attrs, self.front.new_file_info
         )
-        self.board.sections = self._sections
+        self.assembled = True  # the status board renders the components' sections from now on
         self.metrics = MetricsExporter(cfg.metrics, StatusDocument, self.board.document)
         self.metrics.bind()
 
@@ -298,8 +304,6 @@ class Daemon:
                 self.rendezvous,
             )
             self.prefetcher.presume_node(self.group.me)  # torchrun may number nodes otherwise: opens decide
-            self.revalidator.mine = self._mine
-            self.revalidator.replicas_every = lambda: max(1, len(self.group.members), self.group.expect)
 
     def _build_cache(self) -> None:
         """The read path and the planner for this mount."""
@@ -307,19 +311,6 @@ class Daemon:
         # The FUSE binding, which also makes staging's kernel calls; typed as the seam, so mypy holds
         # the pyfuse3 front to it.
         self.front: Front[SeerOperations] = Pyfuse3Front(self.snapshot.tree.path)
-        rp = self.readpath = build_readpath(
-            cfg,
-            self.snapshot,
-            counters=self.counters,
-            kernel=self.front,
-            reader=self.reader,
-            fitted=fitted_config(cfg, self.sizing),
-        )
-        self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
-        self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
-        self.fetcher, self.prefetcher, self.files = rp.fetcher, rp.prefetcher, rp.files
-        self.revalidator = rp.revalidator
-        self.revalidator.on_changed.append(self._source_changed)
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
@@ -329,13 +320,42 @@ class Daemon:
                 log.warning("cannot persist the snapshot for the planner: %s", exc.strerror or exc)
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
-        self.plans.listeners.append(self.prefetcher.on_plan)
-        self.prefetcher.seed_trusted = lambda: self.seed.origin != "assumed"
+        # The seed's listeners run in the order registered: the planner, the prefetcher, then seed
+        # discovery (which registers its own when built).
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
         self.seed.listeners.append(self._seed_written)
         self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
-        self.prefetcher.open_hook = self.discovery.on_open
-        self.prefetcher.view_hook = self._cursor_view
+        rp = self.readpath = build_readpath(
+            cfg,
+            self.snapshot,
+            counters=self.counters,
+            kernel=self.front,
+            reader=self.reader,
+            fitted=fitted_config(cfg, self.sizing),
+            hooks=self._hooks(),
+        )
+        self.budget, self.tiers, self.staging = rp.budget, rp.tiers, rp.staging
+        self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
+        self.fetcher, self.prefetcher, self.open_files = rp.fetcher, rp.prefetcher, rp.open_files
+        self.revalidator = rp.revalidator
+        self.revalidator.on_changed.append(self._source_changed)
+        self.plans.listeners.append(self.prefetcher.on_plan)
+
+    def _hooks(self) -> ReadPathHooks:
+        """The read path's observers: seed discovery, the seed's origin and, in a group, which
+        copies this node rechecks and how often its replicas (the one place they are made)."""
+        grouped = self.sock is not None  # a peer group forms (_join_group)
+        return ReadPathHooks(
+            on_open=self.discovery.on_open,
+            on_view=self._cursor_view,
+            seed_trusted=lambda: self.seed.origin != "assumed",
+            mine=self._mine if grouped else ReadPathHooks.mine,
+            replicas_every=self._replicas_every if grouped else ReadPathHooks.replicas_every,
+        )
+
+    def _replicas_every(self) -> int:
+        """The revalidator rechecks replicas every this many rounds: the group's size, as it grows."""
+        return max(1, len(self.group.members), self.group.expect)
 
     def _seed_written(self, seed: SeedState) -> None:
         """A seed written (here or on a peer) may be the very value the plan assumed: trust it now."""
@@ -383,8 +403,7 @@ class Daemon:
         entry = mountinfo.find(self.req.mountpoint)  # the mount table only: never a request to this mount
         if isinstance(kernel, ThroughMount) and entry is not None:
             major, _, minor = entry.device.partition(":")
-            kernel.device = os.makedev(int(major), int(minor))
-            kernel.mountpoint = os.fsencode(self.req.mountpoint)  # pages can be read back from now on
+            kernel.mounted(os.makedev(int(major), int(minor)), os.fsencode(self.req.mountpoint))
         self.record = MountRecord(
             os.getpid(), self.req.mountpoint, self.req.source, str(self.req.log_file), time.time()
         )
@@ -410,8 +429,10 @@ class Daemon:
         except OSError as exc:
             log.info("read_ahead_kb not set (%s): %s", path, exc.strerror)
 
-    def _sections(self) -> StatusSections:
-        """The status sections (seerfs-control(7)); rendered on the trio thread only."""
+    def _sections(self) -> StatusSections | None:
+        """The status sections (seerfs-control(7)), None until assembled; rendered on the trio thread only."""
+        if not self.assembled:
+            return None
         prefetch = self.prefetcher.status()
         return {
             "snapshot": snapshot_status(self.snapshot, self.snapshot_reason),

@@ -158,12 +158,16 @@ class StartingStatus(DaemonStatus):
 class StatusBoard:
     """Renders the document on the trio thread (``.control/status`` reads and metrics snapshots)."""
 
-    def __init__(self, source: str, mountpoint: str) -> None:
+    def __init__(
+        self, source: str, mountpoint: str, sections: Callable[[], StatusSections | None] | None = None
+    ) -> None:
+        """``sections``: the components' sections, None until the daemon is assembled (and without
+        one: a read path run with no daemon around it)."""
         self.source = source
         self.mountpoint = mountpoint
         self.started = time.time()
         self.state: DaemonState = "starting"
-        self.sections: Callable[[], StatusSections] | None = None  # set once the daemon is assembled
+        self._sections = sections
 
     def daemon(self) -> DaemonStatus:
         return {
@@ -176,11 +180,16 @@ class StatusBoard:
             "uptime_s": round(time.time() - self.started, 3),
         }
 
+    def sections(self) -> StatusSections | None:
+        return None if self._sections is None else self._sections()
+
     def document(self) -> StatusDocument:
-        if self.sections is None:
+        sections = self.sections()
+        if sections is None:
             raise RuntimeError("the status board has no sections yet (the daemon is not assembled)")
-        return {**self.daemon(), **self.sections()}
+        return {**self.daemon(), **sections}
 
     def __call__(self) -> Mapping[str, object]:
         """The whole document; only the daemon's fields while a read path runs without a daemon around it."""
-        return self.document() if self.sections is not None else self.daemon()
+        sections = self.sections()
+        return {**self.daemon(), **sections} if sections is not None else self.daemon()

@@ -38,7 +38,7 @@ from fusefs.fuse.front import (
 from fusefs.fuse.inflight import InFlight
 from fusefs.meta.ids import entry_of
 from fusefs.meta.snapshot import Snapshot
-from fusefs.readpath.opens import CachedFiles, OpenFile
+from fusefs.readpath.openfiles import OpenFile, OpenFiles
 from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
 log = logging.getLogger(__name__)
@@ -76,14 +76,14 @@ class SeerOperations:
         self,
         snapshot: Snapshot,
         control: ControlFiles,
-        files: CachedFiles,
+        open_files: OpenFiles,
         attrs: AttrFactory,
         new_file_info: NewFileInfo = PlainFileInfo,
     ) -> None:
         self.snapshot = snapshot
         self.tree = snapshot.tree
         self.control = control
-        self.files = files
+        self.open_files = open_files
         self.attrs = attrs
         self.file_info = new_file_info  # the front's answer to an open (pyfuse3 takes only its own)
         self._fh = itertools.count(1)
@@ -207,7 +207,7 @@ class SeerOperations:
             raise FsError(errno.EISDIR if self.tree.kind[entry] == KIND_DIR else errno.EACCES)
         key = self.requests.begin(ctx.pid, "open")
         try:
-            opened = await self.files.open(entry, ctx.pid)
+            opened = await self.open_files.open(entry, ctx.pid)
         finally:
             self.requests.end(key)
         fh = next(self._fh)
@@ -223,7 +223,7 @@ class SeerOperations:
         if isinstance(handle, ControlHandle):
             return self.control.read(handle, off, size)
         # A front accepts any buffer here; a memoryview slice of a whole-file read is zero-copy.
-        return await self.files.read(handle, off, size)  # type: ignore[return-value]
+        return await self.open_files.read(handle, off, size)  # type: ignore[return-value]
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self.handles.get(fh)
@@ -235,7 +235,7 @@ class SeerOperations:
     async def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
         if isinstance(handle, OpenFile):
-            self.files.release(handle)
+            self.open_files.release(handle)
 
     # flush and fsync are deliberately not implemented: the front leaves them to its binding, whose
     # default answers ENOSYS, after which the kernel stops sending FLUSH on every close(), saving one

@@ -15,7 +15,7 @@ Source = Literal["page_cache", "memory", "directory", "inflight", "peer", "pfs"]
 """Where bytes came from (the ``source`` label of the read metrics)."""
 
 OPEN_SOURCES: tuple[Source, ...] = ("page_cache", "memory", "directory", "inflight")
-"""Where an open found its bytes (the read order of :mod:`fusefs.readpath.opens`): these count opens."""
+"""Where an open found its bytes (the read order of :mod:`fusefs.readpath.openfiles`): these count opens."""
 FETCH_SOURCES: tuple[Source, ...] = ("peer", "pfs")
 """Where a fetch got its bytes: these count fetches, a prefetch as much as an open's own fetch, since
 PFS traffic is what they must show."""

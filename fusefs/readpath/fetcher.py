@@ -34,6 +34,7 @@ Concurrency rules:
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -47,7 +48,6 @@ import trio
 
 from fusefs.readpath.counters import FETCH_SOURCES, ReadCounters, Source
 from fusefs.readpath.pfs import PfsReader, StaleFile
-from fusefs.readpath.revalidate import Revalidator
 from fusefs.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,38 @@ class PeerFetch(Protocol):
     def __call__(self, entry: int, *, owner: bool, holders: bool) -> Awaitable[bytes | None]: ...
 
 
-PageRead = Callable[[int], Awaitable[bytes | None]]
-"""Read an entry's pages back from this mount's page cache; None when they are not all there."""
+class PageReader(Protocol):
+    """What the fetcher needs from staging: this mount's page cache."""
+
+    async def read_back(self, entry: int) -> bytes | None:
+        """The entry's pages read back through this mount; None when they are not all there."""
+        ...
+
+
+class SourceChecks(Protocol):
+    """What the fetcher needs from the revalidator: whether a copy's source is unchanged."""
+
+    async def ensure(self, entry: int) -> bool: ...
+    def is_changed(self, entry: int) -> bool: ...
+    def fresh(self, entry: int) -> None: ...
+    def reason(self, entry: int) -> str: ...
+
+
+class Sources(enum.Flag):
+    """Where a fetch may look, after the bytes read for a peer a moment ago (always).  Local tiers
+    are not among them: callers ask :meth:`Fetcher.from_tiers` first."""
+
+    PAGES = enum.auto()
+    """This mount's page cache, read back (never for a FUSE request: see the concurrency rules)."""
+    OWNER = enum.auto()
+    """The entry's owning peer, who reads it from the PFS for us if it holds no copy."""
+    PFS = enum.auto()
+    """The PFS, after asking the members that may hold a copy from an earlier regime.  Without it a
+    fetch that found no peer's copy fails with :class:`NotFromPeer`."""
+
+    ALL = PAGES | OWNER | PFS
+    REQUEST = OWNER | PFS
+    """A FUSE request's fetch: everything but a read back."""
 
 
 class NotFromPeer(Exception):
@@ -101,8 +131,17 @@ class Fetched:
 
 class Fetcher:
     def __init__(
-        self, pfs: PfsReader, tiers: Sequence[Tier], counters: ReadCounters, peer_fetch: PeerFetch | None = None
+        self,
+        pfs: PfsReader,
+        tiers: Sequence[Tier],
+        counters: ReadCounters,
+        pages: PageReader,
+        checks: SourceChecks,
+        peer_fetch: PeerFetch | None = None,
     ) -> None:
+        """``pages``: this mount's page cache (kept or pushed pages); ``checks``: the revalidator,
+        asked before a local copy is served; ``peer_fetch``: the peers, when known now (else the
+        peer group binds its own: :meth:`bind_peer_fetch`)."""
         self.pfs = pfs
         self.snapshot = pfs.snapshot
         self.tiers = list(tiers)
@@ -112,11 +151,25 @@ class Fetcher:
         self._recent: OrderedDict[int, tuple[float, bytes]] = OrderedDict()  # entry -> (fetched at, bytes)
         self._recent_bytes = 0
         self.recent_hits = 0  # fetches served by those bytes
-        self.peer_fetch = peer_fetch  # the peer group sets its own when it forms
-        self.page_read: PageRead | None = None  # this mount's page cache (kept or pushed pages)
-        self.revalidator: Revalidator | None = None  # None: copies are served unchecked (tests of tiers alone)
-        self.on_pfs_read: Callable[[int], None] | None = None  # told of each entry read from the PFS (the policy)
+        self.pages = pages
+        self.revalidator = checks
+        self.peer_fetch = peer_fetch  # bound once: bind_peer_fetch
+        self.on_pfs_read: Callable[[int], None] | None = None  # bound once: bind_pfs_read
         self._nursery: trio.Nursery | None = None
+
+    def bind_peer_fetch(self, peer_fetch: PeerFetch) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): the peer group's fetch.  The group serves peers
+        through this fetcher and this fetcher asks peers through the group, so the group binds its
+        fetch once, when it forms."""
+        assert self.peer_fetch is None, "the fetcher's peer fetch bound twice"
+        self.peer_fetch = peer_fetch
+
+    def bind_pfs_read(self, on_pfs_read: Callable[[int], None]) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): told of each entry read from the PFS (a policy
+        step, ``ReadFromPfs``).  The policy's executor drives this fetcher, so it binds this once,
+        when it is built."""
+        assert self.on_pfs_read is None, "the fetcher's PFS-read report bound twice"
+        self.on_pfs_read = on_pfs_read
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Fetches run in this long-lived nursery (the daemon's), not in their callers' scopes."""
@@ -138,8 +191,7 @@ class Fetcher:
     async def from_tiers(self, entry: int) -> Fetched | None:
         """The entry from the fastest tier holding a good copy (a corrupt copy is dropped by the tier),
         once its source was seen unchanged in this mount; None when there is none or it changed."""
-        revalidator = self.revalidator
-        if revalidator is not None and self.local_tier(entry) is not None and not await revalidator.ensure(entry):
+        if self.local_tier(entry) is not None and not await self.revalidator.ensure(entry):
             return None  # changed: its copies are gone, and the open fails with EIO
         for tier in self.tiers:
             if tier.contains(entry):
@@ -152,61 +204,52 @@ class Fetcher:
         """The entry from this mount's page cache (pages a reader left, or staging pushed), or None.
         Those pages were made from bytes checked when this mount fetched them, and the revalidator
         drops them once the source is seen changed: served like the local readers are served."""
-        if self.page_read is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):
+        if self.revalidator.is_changed(entry):
             return None
-        return await self.page_read(entry)
+        return await self.pages.read_back(entry)
 
     # ------------------------------------------------------------------ fetching
 
     def start(
         self,
         entry: int,
+        sources: Sources,
         keep_in: Tier | None = None,
-        use_peer: bool = True,
         why: str = "open",
-        pfs: bool = True,
-        pages: bool = True,
         remember: bool = False,
     ) -> Inflight:
-        """The in-flight fetch of ``entry`` (started now unless one is running); ``pages``: may read
-        it back from this mount's page cache first; ``remember``: a read for a peer that keeps no
-        copy here (see the concurrency rules)."""
+        """The in-flight fetch of ``entry`` (started now unless one is running, whatever its
+        sources); ``remember``: a read for a peer that keeps no copy here (see the concurrency
+        rules).  Callers await :meth:`Inflight.wait`; a FUSE request handler uses
+        :meth:`for_request` instead."""
         running = self.inflight.get(entry)
         if running is not None:
             return running
         assert self._nursery is not None, "Fetcher.attach() was not called"
-        job = Inflight(entry, reading_pages=pages)  # from now on: its task may not have started yet
+        job = Inflight(entry, reading_pages=Sources.PAGES in sources)  # from now on: its task may not have started yet
         self.inflight[entry] = job
-        self._nursery.start_soon(self._run, job, keep_in, use_peer, why, pfs, pages, remember)
+        self._nursery.start_soon(self._run, job, sources, keep_in, why, remember)
         return job
 
-    async def _run(
-        self,
-        job: Inflight,
-        keep_in: Tier | None,
-        use_peer: bool,
-        why: str,
-        pfs: bool,
-        pages: bool = True,
-        remember: bool = False,
-    ) -> None:
+    async def _run(self, job: Inflight, sources: Sources, keep_in: Tier | None, why: str, remember: bool) -> None:
         entry = job.entry
+        owner, pfs = Sources.OWNER in sources, Sources.PFS in sources
         t0 = time.monotonic()
         try:
             data = self._recently_fetched(entry)
             if data is not None:
                 job.source = "inflight"  # counted once, by the fetch that got it
-            elif pages:
+            elif Sources.PAGES in sources:
                 data = await self.from_pages(entry)
                 job.reading_pages = False
                 if data is not None:
                     job.source = "page_cache"
                 else:
                     data = await self._from_apart(job)
-            if data is None and self.peer_fetch is not None and (use_peer or pfs):
+            if data is None and self.peer_fetch is not None and (owner or pfs):
                 # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
                 # from an earlier regime: the PFS is read for a file only when no member has it.
-                data = await self.peer_fetch(entry, owner=use_peer, holders=pfs)
+                data = await self.peer_fetch(entry, owner=owner, holders=pfs)
                 if data is not None:
                     job.source = "peer"
             if data is None and not pfs:
@@ -218,8 +261,7 @@ class Fetcher:
                 assert src.data is not None
                 data = src.data
                 job.source = "pfs"
-                if self.revalidator is not None:
-                    self.revalidator.fresh(entry)
+                self.revalidator.fresh(entry)
                 if self.on_pfs_read is not None:  # a policy step: on the trio thread, between awaits,
                     self.on_pfs_read(entry)  # so never inside another step (those never await)
             if job.source in FETCH_SOURCES:
@@ -227,7 +269,7 @@ class Fetcher:
                 if remember:
                     self._remember(entry, data)
             if keep_in is not None and not keep_in.contains(entry):
-                if self.revalidator is not None and self.revalidator.is_changed(entry):
+                if self.revalidator.is_changed(entry):
                     raise StaleFile(self.revalidator.reason(entry))  # seen changed while we fetched
                 # A peer's bytes are its copy of the same snapshot entry (plan digests agree).
                 await keep_in.put(entry, data, self.pfs.ids.of(entry))
@@ -269,7 +311,7 @@ class Fetcher:
             return None  # the usual case, on every fetch: no clock read, no trim
         self._trim_recent()
         hit = self._recent.get(entry)
-        if hit is None or (self.revalidator is not None and self.revalidator.is_changed(entry)):
+        if hit is None or self.revalidator.is_changed(entry):
             return None
         self.recent_hits += 1
         return hit[1]
@@ -289,7 +331,7 @@ class Fetcher:
         other requests join it and the fetch reading back takes its bytes)."""
         running = self.inflight.get(entry)
         if running is None or not running.reading_pages:
-            return await self.fetch(entry, keep_in, why=why, pages=False)
+            return await self._fetch(entry, keep_in, why)
         apart = self.apart.get(entry)
         if apart is not None:
             return await apart.wait()
@@ -301,7 +343,7 @@ class Fetcher:
 
     async def _run_apart(self, job: Inflight, keep_in: Tier | None, why: str) -> None:
         try:
-            await self._run(job, keep_in, True, why, True, pages=False)
+            await self._run(job, Sources.REQUEST, keep_in, why, remember=False)
         finally:
             if self.apart.get(job.entry) is job:
                 del self.apart[job.entry]
@@ -319,8 +361,9 @@ class Fetcher:
         job.source = "inflight"  # counted once, by the fetch that got it
         return data
 
-    async def fetch(self, entry: int, keep_in: Tier | None = None, why: str = "open", pages: bool = True) -> bytes:
+    async def _fetch(self, entry: int, keep_in: Tier | None, why: str) -> bytes:
+        """A request's fetch, joining one in flight (which may be a peer-only one)."""
         try:
-            return await self.start(entry, keep_in, why=why, pages=pages).wait()
+            return await self.start(entry, Sources.REQUEST, keep_in, why).wait()
         except NotFromPeer:  # joined a fetch that may only use a peer and found none ready: read it now
-            return await self.start(entry, keep_in, why=why, pages=pages).wait()
+            return await self.start(entry, Sources.REQUEST, keep_in, why).wait()

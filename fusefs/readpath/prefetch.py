@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Annotated, Any, TypedDict, assert_never
+from typing import Annotated, Any, Protocol, TypedDict, assert_never
 
 import numpy as np
 import numpy.typing as npt
@@ -96,7 +96,8 @@ from fusefs.readpath.contract import (
     ViewPublished,
 )
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher, NotFromPeer
+from fusefs.readpath.fetcher import Fetcher, NotFromPeer, Sources
+from fusefs.readpath.hooks import ReadPathHooks
 from fusefs.readpath.policy import Holder, Mode, ReadPolicy, entries_due
 from fusefs.readpath.staging import Staging, StagingStatus
 from fusefs.tiers import Budget, Tier
@@ -150,6 +151,12 @@ class PrefetchStatus(TypedDict):
     staging: Annotated[StagingStatus, text("the staging window", metric="staging")]
 
 
+class HorizonListener(Protocol):
+    """What the prefetcher tells the revalidator: the entries the readers open next, in order."""
+
+    def upcoming(self, entries: tuple[int, ...]) -> None: ...
+
+
 class Prefetcher:
     def __init__(
         self,
@@ -161,7 +168,12 @@ class Prefetcher:
         counters: ReadCounters,
         policy: ReadPolicy,
         budget: Budget,
+        horizon: HorizonListener,
+        hooks: ReadPathHooks,
     ) -> None:
+        """``horizon``: told each fresh horizon, in order (the revalidator checks those copies
+        ahead); ``hooks``: the optional observers.  Binds itself as the budget's reclaim, staging's
+        report and the fetcher's PFS-read report (ARCHITECTURE.md, "Wiring")."""
         self.snapshot = snapshot
         self.cfg = cfg
         self.fetcher = fetcher
@@ -172,12 +184,8 @@ class Prefetcher:
         self.cursor: NodeCursor | None = None
         self._cursor_plan: Plan | None = None
         self._cursor_generation = 0
-        self.seed_trusted: Callable[[], bool] = lambda: True  # False while the seed is only assumed
-        self.upcoming_hook: Callable[[tuple[int, ...]], None] | None = None  # told each fresh horizon, in order
-        # Seed discovery's hooks: every open of a dataset file, and every view published for the
-        # current plan (it starts a search when the lead dataset's opens do not fit a written seed).
-        self.open_hook: Callable[[int], None] | None = None
-        self.view_hook: Callable[[CursorView], None] | None = None
+        self.horizon = horizon
+        self.hooks = hooks
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._opens_ready = trio.Event()
         self._cursor_lock = trio.CapacityLimiter(1)
@@ -206,9 +214,9 @@ class Prefetcher:
         self._presume_node: int | None = None  # a Presume for the cursor loop to carry out
         self._retired: NodeCursor | None = None  # the cursor of the last plan, while no plan is followed
         self.seed_doubt_hooks: list[Callable[[SeedInDoubt], None]] = []  # told when the seed is in doubt
-        budget.reclaim = self._reclaim
-        staging.report = self.report
-        fetcher.on_pfs_read = self._read_from_pfs
+        budget.bind_reclaim(self._reclaim)
+        staging.bind_report(self.report)
+        fetcher.bind_pfs_read(self._read_from_pfs)
 
     # ------------------------------------------------------------------ what others read
 
@@ -306,7 +314,7 @@ class Prefetcher:
 
     def on_plan(self, plan: Plan | None) -> None:
         """A new plan (or a failed one): restart prediction from detection."""
-        self._handle(PlanChanged(plan, self.seed_trusted()))
+        self._handle(PlanChanged(plan, self.hooks.seed_trusted()))
         self._view_changed()
 
     def _view_changed(self) -> None:
@@ -328,8 +336,8 @@ class Prefetcher:
 
     def opened(self, entry: int) -> UsePages | UseHeld | None:
         """An open of a dataset file: pages or bytes staged for it, if any."""
-        if self.open_hook is not None:
-            self.open_hook(entry)
+        if self.hooks.on_open is not None:
+            self.hooks.on_open(entry)
         answer = self._handle(Opened(entry))
         return answer if isinstance(answer, _STAGED) else None
 
@@ -496,10 +504,10 @@ class Prefetcher:
                     view.epoch,
                     f": {view.status['mismatch_reason']}" if view.status and view.status["mismatch_reason"] else "",
                 )
-            if view.fresh and view.upcoming and self.upcoming_hook is not None and self.policy.view is view:
-                self.upcoming_hook(view.upcoming)
-            if self.view_hook is not None and self.policy.view is view:
-                self.view_hook(view)
+            if view.fresh and view.upcoming and self.policy.view is view:
+                self.horizon.upcoming(view.upcoming)
+            if self.hooks.on_view is not None and self.policy.view is view:
+                self.hooks.on_view(view)
             # Let opens gather: placing is cheap, a turn is not (longer while nothing changes).
             await trio.sleep(STEADY_INTERVAL if steady else VIEW_INTERVAL)
 
@@ -567,7 +575,7 @@ class Prefetcher:
                     self.copy_lost(entry, ins.from_tier)
                 if data is None:
                     keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
-                    data = await self.fetcher.start(entry, keep_in=keep, why="staging").wait()
+                    data = await self.fetcher.start(entry, Sources.ALL, keep, why="staging").wait()
                     self.staging_fetches += 1
             except Exception as exc:  # the reader's own open reports the error; staging just skips it
                 log.debug("staging entry %d failed: %s", entry, exc)
@@ -621,7 +629,7 @@ class Prefetcher:
                 data = local.data if local is not None else None
             if data is None:
                 keep = None if ins.keep_in is None else self.tiers[ins.keep_in]
-                data = await self.fetcher.start(entry, keep_in=keep, why="next", pfs=False).wait()
+                data = await self.fetcher.start(entry, Sources.PAGES | Sources.OWNER, keep, why="next").wait()
                 self.next_fetches += 1
         except NotFromPeer:
             pass
@@ -642,7 +650,7 @@ class Prefetcher:
         outcome: FillOutcome = "stored"
         try:
             if not tier.contains(ins.entry):
-                await self.fetcher.start(ins.entry, keep_in=tier, why="fill", pfs=ins.from_pfs).wait()
+                await self.fetcher.start(ins.entry, _fill_sources(ins.from_pfs), tier, why="fill").wait()
                 self.fill_fetches += 1
                 outcome = "stored" if tier.contains(ins.entry) else "refused"
                 if outcome == "refused":
@@ -674,6 +682,11 @@ class Prefetcher:
             "horizon_files": self.horizon_files,
             "staging": self.staging.status(),
         }
+
+
+def _fill_sources(from_pfs: bool) -> Sources:
+    """A fill's sources: a replica's fill waits for a peer's copy; the owner's reads the PFS too."""
+    return Sources.ALL if from_pfs else Sources.PAGES | Sources.OWNER
 
 
 def _lane_reads(

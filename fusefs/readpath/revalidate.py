@@ -78,6 +78,7 @@ from fusefs.meta.identity import SourceId
 from fusefs.meta.ids import inode_of
 from fusefs.meta.snapshot import Snapshot
 from fusefs.readpath.counters import ReadCounters
+from fusefs.readpath.hooks import NO_HOOKS, ReadPathHooks
 from fusefs.readpath.staging import Staging
 from fusefs.tiers import Tier
 from fusefs.tiers.digest import BLOCK, BlockDigests
@@ -97,7 +98,6 @@ IDLE_SECONDS = 1.0
 """How often a node with nothing cached looks again."""
 _MAX_LISTED = 100
 
-MineMask = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]
 """Which of these entries this node checks in background rounds (the rest have another owner)."""
 
 
@@ -233,6 +233,7 @@ class Revalidator:
         min_round: float,
         threads: int = 4,
         identity: Identity = "stat",
+        hooks: ReadPathHooks = NO_HOOKS,
     ) -> None:
         self.snapshot = snapshot
         self.ids = snapshot.source_ids()
@@ -247,10 +248,8 @@ class Revalidator:
         self.content_bytes = 0
         self.state: npt.NDArray[np.uint8] = np.zeros(len(snapshot), np.uint8)
         self.changed: dict[int, str] = {}
-        self.mine: MineMask = lambda entries: np.ones(entries.shape, np.bool_)
-        # Every this many rounds, replicas of other owners' files are rechecked too (the group's size,
-        # asked each round: a rendezvous group grows after the mount).
-        self.replicas_every: Callable[[], int] = lambda: 1
+        self.mine = hooks.mine
+        self.replicas_every = hooks.replicas_every  # asked each round: a rendezvous group grows
         self.on_changed: list[Callable[[str, str], None]] = []  # (relative path, reason)
         self.stats: dict[StatKind, int] = {"ahead": 0, "open": 0, "background": 0}
         self.rounds = 0

@@ -105,6 +105,11 @@ class ThroughMount:
         self.device: int | None = None  # st_dev of this mount: what every read back must be on
         self.readers: set[int] = set()
 
+    def mounted(self, device: int, mountpoint: bytes) -> None:
+        """The mount is up on ``mountpoint`` (its st_dev ``device``): pages can be read back from now on."""
+        self.device = device
+        self.mountpoint = mountpoint
+
     def introduce(self, inode: int) -> bool:
         """Make the kernel know ``inode`` (a lookup of its path through the mount, answered by this
         daemon like any other); whether it now does.  The kernel refuses pages for an inode it has
@@ -154,7 +159,7 @@ class ThroughMount:
 
 
 def _unwired(event: Event) -> None:
-    raise RuntimeError(f"staging reported {event} with no executor to feed the policy (Prefetcher installs one)")
+    raise RuntimeError(f"staging reported {event} with no executor to feed the policy (Prefetcher binds one)")
 
 
 class Staging:
@@ -173,10 +178,15 @@ class Staging:
         self.drops_queued = 0
         self.limiter = trio.CapacityLimiter(2)
         self._drop_send, self._drop_recv = trio.open_memory_channel[int](1_000_000)
-        # Where staging reports what the policy must learn (forget(): a source changed).  The executor
-        # installs its own (Prefetcher.report), which feeds the policy and carries out what it decides:
-        # staging never calls the policy's handle itself.
-        self.report: Callable[[Event], None] = _unwired
+        self.report: Callable[[Event], None] = _unwired  # bound once: bind_report
+
+    def bind_report(self, report: Callable[[Event], None]) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): where staging reports what the policy must learn
+        (:meth:`forget`: a source changed).  It is the executor's (``Prefetcher.report``), which
+        feeds the policy and carries out what it decides, so staging never calls the policy's
+        handle itself; the executor drives staging, so it binds this once, when it is built."""
+        assert self.report is _unwired, "staging's report bound twice"
+        self.report = report
 
     @property
     def files(self) -> dict[int, Pages]:

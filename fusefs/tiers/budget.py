@@ -44,10 +44,17 @@ class Budget:
         self.peak = 0
         self.refused = 0
         self.reclaimed = 0
-        # Called (on the trio thread) with the bytes missing when a reservation does not fit; it
-        # gives back what it can (pages kept only because there was room) and returns how much.
-        self.reclaim: Callable[[int], int] | None = None
+        self.reclaim: Callable[[int], int] | None = None  # bound once: bind_reclaim
         self._lock = threading.Lock()
+
+    def bind_reclaim(self, reclaim: Callable[[int], int]) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): ``reclaim`` is called, on the trio thread, with
+        the bytes missing when a reservation does not fit; it gives back what it can (pages kept
+        only because there was room) and returns how much.  The budget exists before the policy
+        that charges it (the tiers charge it too), and the reclaim is that policy's executor: a
+        true cycle, so the executor binds it once, when it is built."""
+        assert self.reclaim is None, f"budget {self.name}: reclaim bound twice"
+        self.reclaim = reclaim
 
     @property
     def free(self) -> int:

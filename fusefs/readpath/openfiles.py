@@ -40,15 +40,22 @@ class OpenFile:
     read_back: bool = False  # this daemon reading its own pages back (Staging.read_back), no reader's
 
 
-class CachedFiles:
-    def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher, counters: ReadCounters, whole_file_max: int) -> None:
+class OpenFiles:
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        prefetcher: Prefetcher,
+        revalidator: Revalidator | None,
+        counters: ReadCounters,
+        whole_file_max: int,
+    ) -> None:
         self.fetcher = fetcher
         self.pfs = fetcher.pfs
         self.tree = fetcher.snapshot.tree
         self.prefetcher = prefetcher
         self.counters = counters
         self.whole_file_max = whole_file_max
-        self.revalidator: Revalidator | None = fetcher.revalidator
+        self.revalidator = revalidator  # None: a changed source is only logged (no copies to drop)
 
     def fail_stale(self, entry: int, reason: str) -> FsError:
         if self.revalidator is not None:
