@@ -9,7 +9,7 @@ it only hides it until the function runs.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -354,6 +354,13 @@ def determinism_violations(source: str, name: str) -> list[str]:
     return bad
 
 
+def unit_violations(unit: str, check: Callable[[str, str], list[str]], *, may_be_missing: bool = False) -> list[str]:
+    """``check(source, module name)`` over every module of ``unit`` (a package or a module)."""
+    mods = [m for m in load_modules().values() if _top(m.name, (unit,))]
+    assert mods or may_be_missing, f"no module {unit}"
+    return [v for m in mods for v in check(m.path.read_text(), m.name)]
+
+
 def test_no_import_cycles_in_fusefs_or_placement() -> None:
     found = cycles(load_modules())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
@@ -366,9 +373,7 @@ def test_packages_import_only_their_own_modules_and_lower_layers() -> None:
 
 @pytest.mark.parametrize("unit", PURE)
 def test_pure_parts_import_no_io_and_call_no_file_io(unit: str) -> None:
-    mods = [m for m in load_modules().values() if _top(m.name, (unit,))]
-    assert mods or unit.startswith("fusefs.readpath."), f"no module {unit}"
-    bad = [v for m in mods for v in purity_violations(m.path.read_text(), m.name)]
+    bad = unit_violations(unit, purity_violations, may_be_missing=unit.startswith("fusefs.readpath."))
     assert not bad, "pure modules doing I/O:\n" + "\n".join(bad)
 
 
@@ -396,9 +401,7 @@ def test_the_purity_check_catches_a_forbidden_line(line: str) -> None:
 
 @pytest.mark.parametrize("unit", DETERMINISTIC)
 def test_deterministic_parts_read_no_clock_no_unseeded_randomness_and_start_no_threads(unit: str) -> None:
-    mods = [m for m in load_modules().values() if _top(m.name, (unit,))]
-    assert mods, f"no module {unit}"
-    bad = [v for m in mods for v in determinism_violations(m.path.read_text(), m.name)]
+    bad = unit_violations(unit, determinism_violations)
     assert not bad, "nondeterminism in placement (threads: take a placement.parallel.Pool):\n" + "\n".join(bad)
 
 
