@@ -286,6 +286,5 @@ def test_the_harness_and_the_daemon_take_the_debug_keys(tmp_path: Path) -> None:
     m = assemble(root, files, tmp_path)
     policy = m.rp.policy
     assert policy.settings.validate and policy.settings.log_steps > 0
-    assert m.rp.staging.report == m.rp.prefetcher.report
     m.rp.staging.forget(3)
     assert policy.log()[-1].event == SourceChanged(3) and policy.story(3)[-1].out == (DropPages(3, 0),)

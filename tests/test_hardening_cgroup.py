@@ -166,11 +166,10 @@ def _fit(budget_bytes: int, copies: int) -> tuple[MemoryFit, Budget, MemoryTier,
     """A fit over a real budget, policy and memory tier holding ``copies`` files of 1 MiB."""
     import trio
 
-    budget = Budget(budget_bytes, "memory")
+    budget = Budget(budget_bytes, "memory", lambda need: policy.reclaim(need))  # the policy below
     tier = MemoryTier(0, budget, 1)
     sizes = np.full(copies + 1, MiB, np.int64)
     policy = ReadPolicy(sizes, budget, [tier], PolicySettings(staging_limit=0))
-    budget.bind_reclaim(policy.reclaim)
 
     async def fill() -> None:
         for e in range(copies):

@@ -526,15 +526,13 @@ def test_the_binding_check_catches_a_planted_import(line: str) -> None:
 # ---------------------------------------------------------------------------- explicit wiring
 
 LATE_BOUND = {
-    "Budget.bind_reclaim": "fusefs.readpath.prefetch",
-    "Staging.bind_report": "fusefs.readpath.prefetch",
-    "Fetcher.bind_pfs_read": "fusefs.readpath.prefetch",
+    "PolicyPort.bind_executor": "fusefs.daemon.assembly",
     "Fetcher.bind_peer_fetch": "fusefs.cluster.peergroup",
 }
 """The late-bound links (ARCHITECTURE.md, "Wiring"): the one ``bind_*`` method of each true cycle,
 and the one module that calls it.  The budget, staging and the fetcher exist before the policy's
-executor that they report to (and that drives them); the peer group serves peers through the fetcher
-whose peer fetch it is."""
+executor that they report to (and that drives them), so they get the policy's port, to which the
+assembly binds the executor; the peer group serves peers through the fetcher whose peer fetch it is."""
 
 WIRING_ALLOWED: dict[tuple[str, str], str] = {
     ("placement.frameworks", "model.shifted"): (

@@ -146,7 +146,8 @@ class Setup:
     ) -> None:
         self.plan = plan
         self.sizes = sizes
-        self.budget = Budget(budget, "memory")
+        # The budget reclaims through the policy built just below (the daemon's goes through its port).
+        self.budget = Budget(budget, "memory", lambda need: self.policy.reclaim(need))
         self.tiers = list(tiers) if tiers is not None else [Held()]
         settings = PolicySettings(
             window,
@@ -159,7 +160,6 @@ class Setup:
             validate=validate,
         )
         self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
-        self.budget.bind_reclaim(self.policy.reclaim)
         self.files = [int(e) for e in dict.fromkeys(plan.entry_of(np.arange(plan.files)).tolist())]
 
     def size(self, entry: int) -> int:

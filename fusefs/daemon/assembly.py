@@ -61,6 +61,7 @@ from fusefs.readpath.hooks import NO_HOOKS, ReadPathHooks
 from fusefs.readpath.openfiles import OpenFiles
 from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import PolicySettings, ReadPolicy
+from fusefs.readpath.port import PolicyPort
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging, ThroughMount
@@ -112,7 +113,6 @@ def build_readpath(
     counters: ReadCounters | None = None,
     kernel: Kernel | None = None,
     reader: PfsReader | None = None,
-    budget: Budget | None = None,
     tiers: list[Tier] | None = None,
     peer_fetch: PeerFetch | None = None,
     fitted: Config | None = None,
@@ -121,25 +121,26 @@ def build_readpath(
     """Tiers, staging, fetcher, policy and prefetcher for ``snapshot`` under ``cfg``.
 
     ``kernel`` makes the page-cache calls (default: the mounted kernel, through the pyfuse3 front), ``reader``
-    reads the PFS, ``tiers`` (charging ``budget``) hold local copies and ``peer_fetch`` asks the
+    reads the PFS, ``tiers`` (charging the RAM budget) hold local copies and ``peer_fetch`` asks the
     owning peer; each defaults to what ``cfg`` configures.  ``fitted``: ``cfg`` with the memory
     tiers sized to the memory cgroup (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM
     budget, the staging window and the reactive policy's capacities are made from; the plan and
     ``.control/config`` keep ``cfg``.  ``hooks``: the read path's optional observers (the daemon's
     seed discovery and group, :meth:`Daemon._hooks`).
 
-    Every component gets what it needs as a constructor argument, in this order; the three links
-    back into the policy's executor and the peer group's fetch are the late-bound exceptions
-    (ARCHITECTURE.md, "Wiring").
+    Every component gets what it needs as a constructor argument, in this order.  The budget,
+    staging and the fetcher report into the policy's executor, which drives them and so is built
+    after them: they get the policy's port, made first, and the executor is bound to it once built
+    (the late-bound exception; the peer group's fetch is the other: ARCHITECTURE.md, "Wiring").
     """
+    port = PolicyPort()
     counters = counters if counters is not None else ReadCounters()
     ram = fitted if fitted is not None else cfg
     lookahead = ram.prefetch.lookahead_bytes
-    if budget is None:
-        # The staging window lives inside the memory tiers' bytes; without a memory tier it is the
-        # RAM budget by itself.
-        has_memory_tier = any(t.kind == "memory" for t in ram.tiers)
-        budget = memory_budget(ram.tiers) if has_memory_tier else Budget(lookahead, "memory")
+    # The staging window lives inside the memory tiers' bytes; without a memory tier it is the RAM
+    # budget by itself.
+    has_memory_tier = any(t.kind == "memory" for t in ram.tiers)
+    budget = memory_budget(ram.tiers, port.reclaim) if has_memory_tier else Budget(lookahead, "memory", port.reclaim)
     if tiers is None:
         tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path)
         for tier in tiers:
@@ -159,7 +160,7 @@ def build_readpath(
         validate=cfg.debug.validate,
     )
     policy = ReadPolicy(snapshot.tree.size, budget, tiers, settings)
-    staging = Staging(policy, kernel if kernel is not None else Pyfuse3Front(snapshot.tree.path))
+    staging = Staging(policy, kernel if kernel is not None else Pyfuse3Front(snapshot.tree.path), port.report)
     revalidator = Revalidator(
         snapshot,
         tiers,
@@ -170,8 +171,9 @@ def build_readpath(
         identity=cfg.snapshot.identity,
         hooks=hooks,
     )
-    fetcher = Fetcher(reader, tiers, counters, staging, revalidator, peer_fetch)
-    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, budget, revalidator, hooks)
+    fetcher = Fetcher(reader, tiers, counters, staging, revalidator, port.pfs_read, peer_fetch)
+    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, revalidator, hooks)
+    port.bind_executor(prefetcher)
     for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
         tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
     open_files = OpenFiles(fetcher, prefetcher, revalidator, counters, cfg.fuse.whole_file_max)

@@ -137,11 +137,14 @@ class Fetcher:
         counters: ReadCounters,
         pages: PageReader,
         checks: SourceChecks,
+        on_pfs_read: Callable[[int], None],
         peer_fetch: PeerFetch | None = None,
     ) -> None:
         """``pages``: this mount's page cache (kept or pushed pages); ``checks``: the revalidator,
-        asked before a local copy is served; ``peer_fetch``: the peers, when known now (else the
-        peer group binds its own: :meth:`bind_peer_fetch`)."""
+        asked before a local copy is served; ``on_pfs_read``: told of each entry read from the PFS
+        (the policy's port, ``PolicyPort.pfs_read``: a policy step, ``ReadFromPfs``);
+        ``peer_fetch``: the peers, when known now (else the peer group binds its own:
+        :meth:`bind_peer_fetch`)."""
         self.pfs = pfs
         self.snapshot = pfs.snapshot
         self.tiers = list(tiers)
@@ -154,7 +157,7 @@ class Fetcher:
         self.pages = pages
         self.revalidator = checks
         self.peer_fetch = peer_fetch  # bound once: bind_peer_fetch
-        self.on_pfs_read: Callable[[int], None] | None = None  # bound once: bind_pfs_read
+        self.on_pfs_read = on_pfs_read
         self._nursery: trio.Nursery | None = None
 
     def bind_peer_fetch(self, peer_fetch: PeerFetch) -> None:
@@ -163,13 +166,6 @@ class Fetcher:
         fetch once, when it forms."""
         assert self.peer_fetch is None, "the fetcher's peer fetch bound twice"
         self.peer_fetch = peer_fetch
-
-    def bind_pfs_read(self, on_pfs_read: Callable[[int], None]) -> None:
-        """Late-bound (ARCHITECTURE.md, "Wiring"): told of each entry read from the PFS (a policy
-        step, ``ReadFromPfs``).  The policy's executor drives this fetcher, so it binds this once,
-        when it is built."""
-        assert self.on_pfs_read is None, "the fetcher's PFS-read report bound twice"
-        self.on_pfs_read = on_pfs_read
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Fetches run in this long-lived nursery (the daemon's), not in their callers' scopes."""
@@ -262,8 +258,8 @@ class Fetcher:
                 data = src.data
                 job.source = "pfs"
                 self.revalidator.fresh(entry)
-                if self.on_pfs_read is not None:  # a policy step: on the trio thread, between awaits,
-                    self.on_pfs_read(entry)  # so never inside another step (those never await)
+                self.on_pfs_read(entry)  # a policy step: on the trio thread, between awaits, so never
+                # inside another step (those never await)
             if job.source in FETCH_SOURCES:
                 self.counters.sources[job.source].add(len(data), time.monotonic() - t0)
                 if remember:

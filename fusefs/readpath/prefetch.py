@@ -29,8 +29,9 @@ Concurrency rules:
 * Whatever follows the view (the lane, the peer group's note) is woken by :meth:`_view_changed`, on
   the trio thread, right after the plan or view changed; none of them polls.
 * Everything the policy learns comes through :meth:`_handle`, one step at a time: the executor's own
-  events and those other components report (:meth:`report`: staging's changed sources).  THE one
-  exception, re-entrant, is the budget's reclaim (:meth:`_reclaim`): a reservation (the policy's own,
+  events and those other components report through the policy's port (fusefs/readpath/port.py:
+  :meth:`report`, staging's changed sources; :meth:`pfs_read`, the fetcher's PFS reads).  THE one
+  exception, re-entrant, is the budget's reclaim (:meth:`reclaim`): a reservation (the policy's own,
   inside a step, or a memory tier's put) needs the bytes freed at once.  Inside a policy step the
   drops it decides come back with that step's instructions; otherwise they are carried out at once.
 """
@@ -100,7 +101,7 @@ from fusefs.readpath.fetcher import Fetcher, NotFromPeer, Sources
 from fusefs.readpath.hooks import ReadPathHooks
 from fusefs.readpath.policy import Holder, Mode, ReadPolicy, entries_due
 from fusefs.readpath.staging import Staging, StagingStatus
-from fusefs.tiers import Budget, Tier
+from fusefs.tiers import Tier
 from placement.cursor import CursorSettings, CursorStatus, NodeCursor
 from placement.nextepoch import next_epoch_reads, reads_first
 from placement.plan import Plan
@@ -167,13 +168,13 @@ class Prefetcher:
         tiers: Sequence[Tier],
         counters: ReadCounters,
         policy: ReadPolicy,
-        budget: Budget,
         horizon: HorizonListener,
         hooks: ReadPathHooks,
     ) -> None:
         """``horizon``: told each fresh horizon, in order (the revalidator checks those copies
-        ahead); ``hooks``: the optional observers.  Binds itself as the budget's reclaim, staging's
-        report and the fetcher's PFS-read report (ARCHITECTURE.md, "Wiring")."""
+        ahead); ``hooks``: the optional observers.  The budget, staging and the fetcher report back
+        through the policy's port, to which ``build_readpath`` binds this executor (:meth:`report`,
+        :meth:`reclaim`, :meth:`pfs_read`; ARCHITECTURE.md, "Wiring")."""
         self.snapshot = snapshot
         self.cfg = cfg
         self.fetcher = fetcher
@@ -214,9 +215,6 @@ class Prefetcher:
         self._presume_node: int | None = None  # a Presume for the cursor loop to carry out
         self._retired: NodeCursor | None = None  # the cursor of the last plan, while no plan is followed
         self.seed_doubt_hooks: list[Callable[[SeedInDoubt], None]] = []  # told when the seed is in doubt
-        budget.bind_reclaim(self._reclaim)
-        staging.bind_report(self.report)
-        fetcher.bind_pfs_read(self._read_from_pfs)
 
     # ------------------------------------------------------------------ what others read
 
@@ -292,7 +290,8 @@ class Prefetcher:
         changed), handled as one step like the executor's own; it answers nothing."""
         self._handle(event)
 
-    def _read_from_pfs(self, entry: int) -> None:
+    def pfs_read(self, entry: int) -> None:
+        """The fetcher read ``entry`` from the PFS (through the policy's port), handled as one step."""
         self._handle(ReadFromPfs(entry))  # (no answer, no instruction)
 
     def _carry_out(self, instructions: list[Instruction]) -> None:
@@ -300,7 +299,7 @@ class Prefetcher:
             answer = self._execute(ins)
             assert answer is None, answer  # outside a step nothing asks a question
 
-    def _reclaim(self, need: int) -> int:
+    def reclaim(self, need: int) -> int:
         """Budget callback, THE re-entrant path into the policy (see :meth:`ReadPolicy.reclaim`): inside a
         policy step the drops come back with its instructions; outside one they are carried out here."""
         freed = self.policy.reclaim(need)

@@ -158,12 +158,11 @@ class ThroughMount:
             self.readers.discard(tid)
 
 
-def _unwired(event: Event) -> None:
-    raise RuntimeError(f"staging reported {event} with no executor to feed the policy (Prefetcher binds one)")
-
-
 class Staging:
-    def __init__(self, policy: ReadPolicy, kernel: Kernel) -> None:
+    def __init__(self, policy: ReadPolicy, kernel: Kernel, report: Callable[[Event], None]) -> None:
+        """``report``: where staging reports what the policy must learn (:meth:`forget`: a source
+        changed), the policy's port (``PolicyPort.report``, fusefs/readpath/port.py): the executor
+        feeds the policy and carries out what it decides, so staging never calls its handle itself."""
         self.policy = policy
         self.kernel = kernel
         self.read_backs = 0
@@ -178,14 +177,6 @@ class Staging:
         self.drops_queued = 0
         self.limiter = trio.CapacityLimiter(2)
         self._drop_send, self._drop_recv = trio.open_memory_channel[int](1_000_000)
-        self.report: Callable[[Event], None] = _unwired  # bound once: bind_report
-
-    def bind_report(self, report: Callable[[Event], None]) -> None:
-        """Late-bound (ARCHITECTURE.md, "Wiring"): where staging reports what the policy must learn
-        (:meth:`forget`: a source changed).  It is the executor's (``Prefetcher.report``), which
-        feeds the policy and carries out what it decides, so staging never calls the policy's
-        handle itself; the executor drives staging, so it binds this once, when it is built."""
-        assert self.report is _unwired, "staging's report bound twice"
         self.report = report
 
     @property

@@ -8,7 +8,7 @@ makes them from ``config.tiers`` (fastest first).  Memory tiers charge one share
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fusefs.config import TierConfig
@@ -38,9 +38,10 @@ __all__ = [
 ]
 
 
-def memory_budget(cfg_tiers: Sequence[TierConfig]) -> Budget:
-    """The RAM budget: the bytes of all memory tiers (staging charges it as well)."""
-    return Budget(sum(t.bytes for t in cfg_tiers if t.kind == "memory"), "memory")
+def memory_budget(cfg_tiers: Sequence[TierConfig], reclaim: Callable[[int], int] | None = None) -> Budget:
+    """The RAM budget: the bytes of all memory tiers (staging charges it as well); ``reclaim``: as
+    :class:`Budget` takes it."""
+    return Budget(sum(t.bytes for t in cfg_tiers if t.kind == "memory"), "memory", reclaim)
 
 
 def tier_path(cfg: TierConfig, cache_dir: Path) -> Path:

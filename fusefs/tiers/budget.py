@@ -35,7 +35,12 @@ class Budget:
     too (a release from a thread that finished with a buffer costs nothing extra).
     """
 
-    def __init__(self, limit: int, name: str) -> None:
+    def __init__(self, limit: int, name: str, reclaim: Callable[[int], int] | None = None) -> None:
+        """``reclaim``, when given, is called on the trio thread with the bytes missing when a
+        reservation does not fit; it gives back what it can (pages kept only because there was
+        room) and returns how much.  The read path's is the policy's port (``PolicyPort.reclaim``,
+        fusefs/readpath/port.py): the budget exists before the policy that charges it (the tiers
+        charge it too), and the port reaches that policy's executor once it is built."""
         if limit < 0:
             raise ValueError(f"budget {name}: negative limit {limit}")
         self.limit = limit
@@ -44,17 +49,8 @@ class Budget:
         self.peak = 0
         self.refused = 0
         self.reclaimed = 0
-        self.reclaim: Callable[[int], int] | None = None  # bound once: bind_reclaim
-        self._lock = threading.Lock()
-
-    def bind_reclaim(self, reclaim: Callable[[int], int]) -> None:
-        """Late-bound (ARCHITECTURE.md, "Wiring"): ``reclaim`` is called, on the trio thread, with
-        the bytes missing when a reservation does not fit; it gives back what it can (pages kept
-        only because there was room) and returns how much.  The budget exists before the policy
-        that charges it (the tiers charge it too), and the reclaim is that policy's executor: a
-        true cycle, so the executor binds it once, when it is built."""
-        assert self.reclaim is None, f"budget {self.name}: reclaim bound twice"
         self.reclaim = reclaim
+        self._lock = threading.Lock()
 
     @property
     def free(self) -> int:

@@ -1,0 +1,52 @@
+"""The policy's port: where the components its executor drives report into it.
+
+The budget, staging and the fetcher are built before the executor (``Prefetcher``), which takes
+them as constructor arguments and drives them; each also tells the policy something back (the
+budget: bytes to reclaim now; staging: a source seen changed; the fetcher: an entry read from the
+PFS).  They get this port at construction instead, and the executor attaches itself to it once,
+when it is built: :meth:`PolicyPort.bind_executor` is the read path's one late-bound link
+(ARCHITECTURE.md, "Wiring").
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fusefs.readpath.contract import Event
+
+
+class PolicyExecutor(Protocol):
+    """What the port forwards to: the executor, which feeds the policy one step at a time."""
+
+    def report(self, event: Event) -> None: ...
+    def reclaim(self, need: int) -> int: ...
+    def pfs_read(self, entry: int) -> None: ...
+
+
+class PolicyPort:
+    def __init__(self) -> None:
+        self._executor: PolicyExecutor | None = None  # bound once: bind_executor
+
+    def bind_executor(self, executor: PolicyExecutor) -> None:
+        """Late-bound (ARCHITECTURE.md, "Wiring"): the executor drives the components that report
+        through this port, so it exists after them; ``build_readpath`` binds it once, right after
+        building it, before anything runs."""
+        assert self._executor is None, "the policy's executor bound twice"
+        self._executor = executor
+
+    def report(self, event: Event) -> None:
+        """An event for the policy (staging: a source seen changed), handled as one executor step."""
+        if self._executor is None:
+            raise RuntimeError(f"{event} reported with no executor to feed the policy (build_readpath binds one)")
+        self._executor.report(event)
+
+    def reclaim(self, need: int) -> int:
+        """The budget's reclaim, on the trio thread: bytes given back towards ``need`` (THE re-entrant
+        path into the policy, CONCURRENCY.md); nothing before an executor exists."""
+        return 0 if self._executor is None else self._executor.reclaim(need)
+
+    def pfs_read(self, entry: int) -> None:
+        """The fetcher read ``entry`` from the PFS (the policy's ``ReadFromPfs``); on the trio thread,
+        between awaits, so never inside another policy step."""
+        if self._executor is not None:
+            self._executor.pfs_read(entry)
