@@ -71,8 +71,11 @@ class MemoryPeer:
         self.asked: list[int] = []
         self.gates: dict[int, trio.Event] = {}
 
-    async def fetch(self, entry: int, *, owner: bool = True, holders: bool = True) -> bytes | None:
-        """As the owner; there are no earlier regimes here, so ``holders`` asks nobody."""
+    async def fetch(
+        self, entry: int, *, owner: bool = True, holders: bool = True, owners: object = None
+    ) -> bytes | None:
+        """As the owner; there are no earlier regimes here, so ``holders`` asks nobody, and the owner
+        is this peer whatever ``owners`` (the executor asking) would say."""
         if not owner:
             return None
         self.asked.append(entry)

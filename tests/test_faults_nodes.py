@@ -171,7 +171,7 @@ def test_a_node_restarted_into_a_rendezvous_group_is_used_as_a_peer_again(tmp_pa
         f"the restarted node {label} ({address}) answered no GET in {took:.1f}s after its seerfs wait "
         f"(peers.retry_down_after {retry}s); nodes 0 and 1 see {views}; its own cursor: "
         f"{(restarted_node or {}).get('state')} node {(restarted_node or {}).get('node')}.  Requests for node 2's "
-        f"files go to the crashed entry, whose view still claims node 2 (fusefs/cluster/peergroup.py member_of), "
+        f"files go to the crashed entry, whose view still claims node 2 (fusefs/cluster/peerclients.py member_of), "
         f"and the restarted daemon's group index counts the stale entry, so it presumes no training node "
         f"(fusefs/cluster/formation.py Rendezvous.scan)"
     )
@@ -206,7 +206,8 @@ def test_removing_a_stale_rendezvous_entry_keeps_labels_paired_with_their_ports(
         sizes = [len(members(m)) for m in mnts]
     assert not wrong, (
         f"(node, label, address used, label's real address): {wrong}; members per node {sizes}.  After the stale "
-        f"entry went, Rendezvous.scan renumbered the members but fusefs/cluster/peergroup.py _sync_clients keeps the "
+        f"entry went, Rendezvous.scan renumbered the members but "
+        f"fusefs/cluster/peerclients.py PeerClients.sync keeps the "
         f"clients keyed by the old index, so labels are paired with other nodes' ports"
     )
 

@@ -527,12 +527,12 @@ def test_the_binding_check_catches_a_planted_import(line: str) -> None:
 
 LATE_BOUND = {
     "PolicyPort.bind_executor": "fusefs.daemon.assembly",
-    "Fetcher.bind_peer_fetch": "fusefs.cluster.peergroup",
 }
 """The late-bound links (ARCHITECTURE.md, "Wiring"): the one ``bind_*`` method of each true cycle,
-and the one module that calls it.  The budget, staging and the fetcher exist before the policy's
-executor that they report to (and that drives them), so they get the policy's port, to which the
-assembly binds the executor; the peer group serves peers through the fetcher whose peer fetch it is."""
+and the one module that calls it.  The budget, staging, the fetcher and the peers' clients exist
+before the policy's executor that they report to (and that drives them), so they get the policy's
+port, to which the assembly binds the executor.  The peer group's fetch is no link of its own: the
+fetcher asks peers through that port, and the serving half is built after the read path."""
 
 WIRING_ALLOWED: dict[tuple[str, str], str] = {
     ("placement.frameworks", "model.shifted"): (
@@ -658,6 +658,7 @@ def test_late_bound_links_are_the_documented_ones_bound_in_one_place() -> None:
         if isinstance(fn, ast.FunctionDef) and fn.name.startswith("bind_")
     }
     assert defined == set(LATE_BOUND), f"bind methods {sorted(defined)} differ from LATE_BOUND"
+    assert len(LATE_BOUND) <= 1, f"the daemon's wiring has at most one late-bound link, not {sorted(LATE_BOUND)}"
     architecture = (REPO / "ARCHITECTURE.md").read_text()
     assert [b for b in LATE_BOUND if f"`{b}`" not in architecture] == [], "ARCHITECTURE.md must name each"
     bad = [

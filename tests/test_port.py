@@ -1,8 +1,9 @@
-"""The policy's port (fusefs/readpath/port.py): the one late-bound link of the read path."""
+"""The policy's port (fusefs/readpath/port.py): the one late-bound link of the daemon."""
 
 from __future__ import annotations
 
 import pytest
+import trio
 
 from fusefs.readpath.contract import Event, SourceChanged
 from fusefs.readpath.port import PolicyPort
@@ -14,6 +15,7 @@ class Executor:
     def __init__(self) -> None:
         self.reported: list[Event] = []
         self.read: list[int] = []
+        self.asked: list[tuple[int, bool, bool]] = []
 
     def report(self, event: Event) -> None:
         self.reported.append(event)
@@ -24,21 +26,29 @@ class Executor:
     def pfs_read(self, entry: int) -> None:
         self.read.append(entry)
 
+    async def peer_fetch(self, entry: int, *, owner: bool, holders: bool) -> bytes | None:
+        self.asked.append((entry, owner, holders))
+        return b"from a peer"
+
 
 def test_the_port_forwards_to_its_executor_once_bound() -> None:
     port, executor = PolicyPort(), Executor()
     port.bind_executor(executor)
     port.report(SourceChanged(3))
     port.pfs_read(5)
+    fetched = trio.run(lambda: port.peer_fetch(7, owner=True, holders=False))
     assert (executor.reported, executor.read, port.reclaim(10)) == ([SourceChanged(3)], [5], 5)
+    assert (fetched, executor.asked) == (b"from a peer", [(7, True, False)])
 
 
-def test_before_an_executor_reclaim_frees_nothing_a_read_is_dropped_and_a_report_fails() -> None:
+def test_before_an_executor_reclaim_frees_nothing_reads_and_peer_fetches_are_dropped_and_a_report_fails() -> None:
     """As before the port: the budget reclaimed nothing and the fetcher told nobody until the
-    executor existed, and staging had nowhere to report a changed source (a wiring bug, said aloud)."""
+    executor existed (nor asked any peer: the fetcher reads the PFS), and staging had nowhere to
+    report a changed source (a wiring bug, said aloud)."""
     port = PolicyPort()
     assert port.reclaim(10) == 0
     port.pfs_read(5)
+    assert trio.run(lambda: port.peer_fetch(7, owner=True, holders=True)) is None
     with pytest.raises(RuntimeError, match="no executor"):
         port.report(SourceChanged(3))
 

@@ -1,19 +1,12 @@
-"""The running group: serving our cached files to peers, fetching theirs, keeping seeds in step.
+"""The running group: serving our cached files to peers, keeping state and seeds in step.
+
+Fetching from peers is the client half's (:mod:`fusefs.cluster.peerclients`), built before the
+read path whose fetcher asks through it; this serving half is built after the read path, with its
+fetcher, executor and staging, and with the client half, whose views it updates as notes arrive.
 
 * Serving: a peer asks by (dataset, index, plan digest); we answer from our local tiers only (never
   the PFS): ok, not-yet (we are fetching it), not-owned, or bad-request (another plan, or an index
   outside the snapshot).  No path ever comes from the wire.
-* Fetching: a file this node does not hold is asked of its owner.  The owner is the one node that
-  reads it from the PFS: when asked for a file it is meant to hold but has not fetched yet (its
-  fill is behind, or it is in flight), it fetches it now and answers once it has it, within the
-  peer timeout.  So the PFS is read once per file, in epoch 0 too, whoever reads it first.  While
-  this node predicts, the owner is the plan's primary owner (a training node) and the request
-  names the plan; otherwise (no trusted seed, a wrong one, a sampler the planner does not model)
-  it is the group rule's owner (:mod:`placement.owners`: a hash of the entry over the members,
-  the same on every node without any plan) and the request names the file alone (its snapshot
-  identity, which every member shares).  Any non-answer falls back to the PFS at once; a peer
-  that stops answering is marked down by its client and skipped until a probe finds it back, and
-  the read policy is told (its fills skip a down owner's files until it is up again).
 * State: every couple of seconds each daemon tells every peer its training node (detected from
   opens: torchrun hands out node ranks in any order), its plan digest and its seed, and learns
   theirs.  A seed written on any node reaches all: the highest (generation, writer) wins.  A write
@@ -24,11 +17,9 @@
   a node of this job, a hex digest...), and a note that fails is logged (rate-limited), counted and
   ignored whole.
 * Membership: peers are told apart by their member key (label, host, port), never by their index
-  in the group, which shifts as members come and go (rendezvous).  Clients and views follow the
-  member list by key, so a client always talks to the address of the member it is shown with; a
-  member that left is dropped, one that joins (a restarted daemon, at its old address or a new
-  one) gets a fresh client and is asked for its files as soon as it tells us its node and plan.
-  Requests for a training node go to the member that answers for it: up, and heard from last.
+  in the group (:mod:`fusefs.cluster.peerclients`).  A member that left is dropped, one that joins
+  (a restarted daemon, at its old address or a new one) gets a fresh client and is asked for its
+  files as soon as it tells us its node and plan.
 
 Concurrency rules: everything here runs on the trio thread; the notes handler is synchronous (it
 only reads and updates small dicts), and fetches are bounded by the peer client's own deadline.
@@ -42,20 +33,19 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from functools import partial
 from typing import Annotated, Any, Literal, TypedDict
 
 import trio
 
 from fusefs.cluster.formation import Group, GroupStatus, Member, Rendezvous
-from fusefs.cluster.peer_client import PeerClient, PeerDown, PeerLinkStatus, PeerState
+from fusefs.cluster.peer_client import PeerClient, PeerDown, PeerLinkStatus
 from fusefs.cluster.peer_server import PeerServer, Provision, ServerStatus
+from fusefs.cluster.peerclients import MemberKey, PeerClients, PeerView
 from fusefs.cluster.protocol import FileId, Get
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState, valid_seed
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, Sources
-from fusefs.readpath.policy import Holder, RuleHolder
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.staging import Staging
 from placement.owners import member_seed
@@ -65,10 +55,6 @@ from placement.tree import KIND_FILE
 log = logging.getLogger(__name__)
 
 STATE_INTERVAL = 2.0  # seconds between state notes to each peer
-_PLANS_REMEMBERED = 8  # plans whose training-node -> member map is kept (for the holders of past plans)
-
-MemberKey = tuple[str, str, int]
-
 _NOTE_KEYS = frozenset({"l", "a", "node", "plan", "plan_seed", "seed"})
 _HEX = re.compile(r"[0-9a-f]{1,128}")
 _LABEL = re.compile(r"[\x21-\x7e]{1,255}")
@@ -139,17 +125,6 @@ def parse_note(body: bytes, nodes: int) -> StateNote:
     return StateNote(label, address, node, plan, plan_seed, seed)
 
 
-@dataclass
-class PeerView:
-    """What a peer last told us."""
-
-    node: int | None = None
-    plan: str | None = None
-    plan_seed: int | None = None  # the seed that plan was made for
-    seed: tuple[int, int, int] | None = None  # value, generation, writer
-    heard: float = 0.0
-
-
 class _Member(TypedDict):
     index: Annotated[int, text("its index in the group (indices shift as members come and go)")]
     address: Annotated[str, info("its data address host:port (the one this node's client talks to)")]
@@ -212,6 +187,7 @@ class PeerGroup:
         self,
         group: Group,
         cfg: Config,
+        peers: PeerClients,
         prefetcher: Prefetcher,
         fetcher: Fetcher,
         staging: Staging,
@@ -219,8 +195,10 @@ class PeerGroup:
         counters: ReadCounters,
         rendezvous: Rendezvous | None = None,
     ) -> None:
+        """``peers``: the client half, built before the read path (its fetcher asks through it)."""
         self.group = group
         self.cfg = cfg
+        self.peers = peers
         self.prefetcher = prefetcher
         self.fetcher = fetcher
         self.staging = staging
@@ -239,76 +217,36 @@ class PeerGroup:
             # peers.timeout: a connection still unauthenticated by then is nobody's we wait for.
             handshake_timeout=max(1.0, p.timeout),
         )
-        self.clients: dict[MemberKey, PeerClient] = {}
-        self.views: dict[MemberKey, PeerView] = {}
-        self.digest_mismatch: dict[MemberKey, str] = {}
         self.nodes = max(1, cfg.job.world_size // cfg.job.ranks_per_node)
         self.notes_refused = 0
         self.notes_unknown = 0  # well-formed notes from no current member (not yet scanned, or gone)
-        self.held_asks = 0
-        self.held_hits = 0
         self._telling_down: set[MemberKey] = set()  # down members a note is on its way to (_tell_all)
-        self._plan_nodes: dict[str, dict[int, MemberKey]] = {}  # plan digest -> training node -> member
         self.last_bad_note = ""
         # Answer before the asker gives up: it then still has time for its PFS fallback.
         self.answer_within = max(0.05, cfg.peers.timeout * 0.8)
         self._rescan = False
         self._woken = trio.Event()  # the note may be due early: the view changed, or a rescan is asked
-        self._sync_clients()
+        self._group_changed()
         seed.listeners.append(self._seed_changed)
         prefetcher.view_change_hooks.append(self._wake)
-        fetcher.bind_peer_fetch(self.fetch)
 
     @property
     def me(self) -> Member:
         return self.group.members[self.group.me]
 
-    def _sync_clients(self) -> None:
-        """Make clients and views follow the member list, by key (see the module docstring)."""
-        p = self.cfg.peers
-        wanted = {m.key: m for i, m in enumerate(self.group.members) if i != self.group.me}
-        for key in [k for k in self.clients if k not in wanted]:
-            self.clients.pop(key).close_now()
-            self.views.pop(key, None)
-            self.digest_mismatch.pop(key, None)
-        for key, m in wanted.items():
-            client = self.clients.get(key)
-            if client is None:
-                self.clients[key] = PeerClient(
-                    m.index,
-                    m.host,
-                    m.port,
-                    self.group.token,
-                    timeout=p.timeout,
-                    max_requests=p.max_requests,
-                    down_after=p.down_after,
-                    retry_down_after=p.retry_down_after,
-                    on_state=partial(self._health, key),  # by key: the client keeps it while the index shifts
-                )
-                self.views[key] = PeerView()
-            else:
-                client.node = m.index  # its index may have shifted; the address never does
+    def _group_changed(self) -> None:
+        """The seed's writer index and the policy follow the member list (the clients follow it in
+        PeerClients.sync: at their construction, and before this on each change)."""
         self.seed.me = self.group.me
         # The group rule's owners follow the members (a hash over their keys: order does not matter).
         seeds = tuple(member_seed("{}@{}:{}".format(*m.key)) for m in self.group.members)
         self.prefetcher.group_changed(seeds, self.group.me)
 
-    def _health(self, key: MemberKey, state: PeerState) -> None:
-        """A client marked its peer down or found it up again: the policy's fills follow (by training node)."""
-        view = self.views.get(key)
-        if view is None or view.node is None:
-            return
-        if state == "down":
-            self.prefetcher.peer_down(view.node)
-        else:
-            self.prefetcher.peer_up(view.node)
-
     # ------------------------------------------------------------------ serving
 
     def identity(self, entry: int) -> FileId:
         """This node's snapshot identity of ``entry``: what a peer request and reply name."""
-        tree = self.fetcher.snapshot.tree
-        return FileId(entry, int(tree.size[entry]), int(tree.mtime_ns[entry]))
+        return self.peers.identity(entry)
 
     async def provide(self, get: Get) -> Provision:
         if not get.digest:
@@ -382,117 +320,6 @@ class PeerGroup:
                 return Provision("not_yet", reason=f"fetch failed: {exc}")
         return Provision("not_yet", reason="still fetching")
 
-    # ------------------------------------------------------------------ fetching
-
-    def member_of(self, node: int) -> MemberKey | None:
-        """The member answering for training node ``node``: up before down, then heard from last
-        (a dead member's stale view must never win over its restarted successor's)."""
-        best: tuple[bool, float] | None = None
-        chosen: MemberKey | None = None
-        for key, view in self.views.items():
-            client = self.clients.get(key)
-            if view.node != node or client is None:
-                continue
-            rank = (client.state == "up", view.heard)
-            if best is None or rank > best:
-                best, chosen = rank, key
-        return chosen
-
-    async def fetch(self, entry: int, *, owner: bool = True, holders: bool = True) -> bytes | None:
-        """The entry from a peer, or None: read the PFS now (never waits past the peer timeout per ask).
-
-        ``owner``: ask its current owner, which reads it from the PFS if it does not hold it: the
-        plan's owner while this node predicts, the group rule's otherwise (module docstring).
-        ``holders``: then, this node being about to read the PFS itself, ask each member that may
-        hold a copy from an earlier regime for a copy it holds now
-        (:meth:`~fusefs.readpath.policy.ReadPolicy.holders`): a regime change never costs a second
-        PFS read of a file some member still holds."""
-        if not self.clients:
-            return None
-        asked: MemberKey | None = None
-        if owner:
-            target = self._owner_request(entry)
-            if target is not None:
-                asked, dataset, index, digest = target
-                data = await self._ask(asked, entry, dataset, index, digest)
-                if data is not None:
-                    return data
-        if holders:
-            return await self._from_holders(entry, asked)
-        return None
-
-    def _owner_request(self, entry: int) -> tuple[MemberKey, int, int, bytes] | None:
-        """The member to ask for ``entry`` as its owner now, with the request's dataset, index and
-        plan digest (0, 0, empty: a request naming the file alone, by the group rule); None when
-        this node is the owner.
-
-        While this node predicts, the plan's owner, when that member announces this plan; a plan
-        owner this node is, reads it itself.  A plan owner not (yet) on this plan is in another
-        regime: it planned later (a seed found or written a moment ago), or its readers refuted the
-        plan.  It then follows the group rule, and so does this request: both nodes name the same
-        reader, the rule's owner, and the file is read once."""
-        plan, view = self.prefetcher.plan, self.prefetcher.view
-        if self.prefetcher.mode == "predicting" and plan is not None and view.node is not None:
-            gid = int(self.prefetcher.entry_gid[entry]) if entry < self.prefetcher.entry_gid.shape[0] else -1
-            node = int(plan.owner()[gid]) if gid >= 0 else -1
-            if node == view.node:
-                return None
-            key = self.member_of(node) if node >= 0 else None
-            if key is not None and self.views[key].plan == plan.digest:
-                dataset, index = plan.dataset_of(gid)
-                return key, dataset, index, bytes.fromhex(plan.digest)
-        member = self.prefetcher.reactive_owner(entry)
-        members = self.group.members
-        if member is None or not 0 <= member < len(members) or member == self.group.me:
-            return None
-        return members[member].key, 0, 0, b""
-
-    async def _ask(
-        self, key: MemberKey, entry: int, dataset: int, index: int, digest: bytes, *, held_only: bool = False
-    ) -> bytes | None:
-        client = self.clients.get(key)
-        if client is None:
-            return None
-        try:
-            return await client.fetch(dataset, index, digest, self.identity(entry), held_only=held_only)
-        except PeerDown:
-            return None
-
-    async def _from_holders(self, entry: int, asked: MemberKey | None) -> bytes | None:
-        """A copy of ``entry`` from a member that may hold it from an earlier regime, or None."""
-        tried = {self.me.key}
-        if asked is not None:
-            tried.add(asked)
-        for hint in self.prefetcher.holders(entry):
-            key = self._holder_key(hint)
-            if key is None or key in tried:
-                continue
-            tried.add(key)
-            client = self.clients.get(key)
-            if client is None or client.state == "down":
-                continue
-            self.held_asks += 1
-            data = await self._ask(key, entry, 0, 0, b"", held_only=True)
-            if data is not None:
-                self.held_hits += 1
-                return data
-        return None
-
-    def _holder_key(self, hint: Holder) -> MemberKey | None:
-        if isinstance(hint, RuleHolder):
-            members = self.group.members
-            return members[hint.member].key if 0 <= hint.member < len(members) else None
-        return self._plan_nodes.get(hint.digest, {}).get(hint.node)
-
-    def _plan_node(self, digest: str, node: int, key: MemberKey) -> None:
-        """Remember that ``key`` was training node ``node`` under plan ``digest`` (for :meth:`_holder_key`:
-        a member keeps what it read under a plan after it stopped announcing that plan)."""
-        nodes = self._plan_nodes.pop(digest, None) or {}
-        nodes[node] = key
-        self._plan_nodes[digest] = nodes  # most recent last
-        while len(self._plan_nodes) > _PLANS_REMEMBERED:
-            del self._plan_nodes[next(iter(self._plan_nodes))]
-
     # ------------------------------------------------------------------ state and seeds
 
     def _announced(self) -> tuple[str | None, int | None]:
@@ -509,7 +336,7 @@ class PeerGroup:
         me = self.me
         digest, node = self._announced()
         if digest is not None and node is not None:
-            self._plan_node(digest, node, me.key)
+            self.peers.plan_node(digest, node, me.key)
         return json.dumps(
             {
                 "l": me.label,
@@ -546,8 +373,8 @@ class PeerGroup:
             self._rescan = self.rendezvous is not None
             self._wake()
             return
-        view = self.views.get(key)
-        client = self.clients.get(key)
+        view = self.peers.views.get(key)
+        client = self.peers.clients.get(key)
         if view is None or client is None:
             self.notes_unknown += 1
             self._rescan = self.rendezvous is not None  # one we have not scanned yet: look again soon
@@ -557,7 +384,7 @@ class PeerGroup:
         view.node = note.node
         view.plan = note.plan
         if note.plan is not None and note.node is not None:
-            self._plan_node(note.plan, note.node, key)
+            self.peers.plan_node(note.plan, note.node, key)
         view.plan_seed = note.plan_seed
         view.heard = trio.current_time()
         if note.seed is not None:
@@ -573,16 +400,16 @@ class PeerGroup:
             and view.plan != mine.digest
             and view.plan_seed == mine.seed == self.seed.value
         ):
-            if key not in self.digest_mismatch:
+            if key not in self.peers.digest_mismatch:
                 log.error(
                     "peer %s plans %s for the same seed, this node %s: config or dataset differ",
                     note.label,
                     view.plan,
                     mine.digest,
                 )
-            self.digest_mismatch[key] = view.plan
+            self.peers.digest_mismatch[key] = view.plan
         else:
-            self.digest_mismatch.pop(key, None)
+            self.peers.digest_mismatch.pop(key, None)
 
     def _wake(self) -> None:
         self._woken.set()
@@ -596,7 +423,7 @@ class PeerGroup:
         marks it up: PeerClient.note), but in the background, one note at a time: a hung one must
         not hold up this round's notes to the others."""
         async with trio.open_nursery() as nursery:
-            for key, client in list(self.clients.items()):
+            for key, client in list(self.peers.clients.items()):
                 if client.state != "down":
                     nursery.start_soon(self._tell, key, client)
                 elif key not in self._telling_down and self._nursery is not None:
@@ -614,7 +441,7 @@ class PeerGroup:
             answer = await client.note(self.my_note())
         except PeerDown:
             return
-        if answer and self.clients.get(key) is client:  # still a member when the answer came
+        if answer and self.peers.clients.get(key) is client:  # still a member when the answer came
             self._absorb(answer, key)
 
     _nursery: trio.Nursery | None = None
@@ -652,7 +479,8 @@ class PeerGroup:
         """Re-read the directory (in a worker thread: a shared filesystem can be slow), follow it."""
         entries = await trio.to_thread.run_sync(rendezvous.read)
         if rendezvous.apply(entries):
-            self._sync_clients()
+            self.peers.sync()
+            self._group_changed()
             log.info(
                 "group now: %s (this daemon is member %d)",
                 ", ".join(f"{m.label}@{m.address}" for m in self.group.members),
@@ -664,7 +492,7 @@ class PeerGroup:
         await self.server.serve(host, 0, sock=sock, task_status=task_status)
 
     async def close(self) -> None:
-        for client in self.clients.values():
+        for client in self.peers.clients.values():
             await client.aclose()
         if self.rendezvous is not None:
             self.rendezvous.leave()
@@ -684,11 +512,11 @@ class PeerGroup:
                     }
                 )
                 continue
-            client = self.clients.get(m.key)
-            if client is None:  # clients follow the member list on this thread (_sync_clients): never
+            client = self.peers.clients.get(m.key)
+            if client is None:  # clients follow the member list on this thread (PeerClients.sync): never
                 continue
-            view = self.views.get(m.key, PeerView())
-            if m.key in self.digest_mismatch:
+            view = self.peers.views.get(m.key, PeerView())
+            if m.key in self.peers.digest_mismatch:
                 mismatched.append(i)
             members.append(
                 {
@@ -697,7 +525,7 @@ class PeerGroup:
                     "label": m.label,
                     "node": view.node,
                     "plan": view.plan,
-                    "plan_mismatch": m.key in self.digest_mismatch,
+                    "plan_mismatch": m.key in self.peers.digest_mismatch,
                     **client.status(),
                 }
             )
@@ -708,8 +536,8 @@ class PeerGroup:
             "plan_mismatches": mismatched,
             "notes_refused": self.notes_refused,
             "notes_unknown": self.notes_unknown,
-            "held_asks": self.held_asks,
-            "held_hits": self.held_hits,
+            "held_asks": self.peers.held_asks,
+            "held_hits": self.peers.held_hits,
             "last_bad_note": self.last_bad_note or None,
             "removed_stale": list(self.rendezvous.removed) if self.rendezvous is not None else [],
         }

@@ -35,6 +35,7 @@ from fusefs.cluster.formation import (
     form_static,
     listen_socket,
 )
+from fusefs.cluster.peerclients import PeerClients
 from fusefs.cluster.peergroup import PeerGroup
 from fusefs.config import Config
 from fusefs.daemon.checks import MountRequest
@@ -56,13 +57,13 @@ from fusefs.planning.seed import SeedState
 from fusefs.progress import LOG_INTERVAL_S, Progress, ProgressDoc
 from fusefs.readpath.contract import CursorView
 from fusefs.readpath.counters import ReadCounters
-from fusefs.readpath.fetcher import Fetcher, PeerFetch
+from fusefs.readpath.fetcher import Fetcher
 from fusefs.readpath.hooks import NO_HOOKS, ReadPathHooks
 from fusefs.readpath.openfiles import OpenFiles
 from fusefs.readpath.pfs import PfsReader
 from fusefs.readpath.policy import PolicySettings, ReadPolicy
 from fusefs.readpath.port import PolicyPort
-from fusefs.readpath.prefetch import Prefetcher
+from fusefs.readpath.prefetch import GroupFetch, Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging, ThroughMount
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
@@ -114,26 +115,30 @@ def build_readpath(
     kernel: Kernel | None = None,
     reader: PfsReader | None = None,
     tiers: list[Tier] | None = None,
-    peer_fetch: PeerFetch | None = None,
+    peer_fetch: GroupFetch | None = None,
+    port: PolicyPort | None = None,
     fitted: Config | None = None,
     hooks: ReadPathHooks = NO_HOOKS,
 ) -> ReadPath:
     """Tiers, staging, fetcher, policy and prefetcher for ``snapshot`` under ``cfg``.
 
-    ``kernel`` makes the page-cache calls (default: the mounted kernel, through the pyfuse3 front), ``reader``
-    reads the PFS, ``tiers`` (charging the RAM budget) hold local copies and ``peer_fetch`` asks the
-    owning peer; each defaults to what ``cfg`` configures.  ``fitted``: ``cfg`` with the memory
-    tiers sized to the memory cgroup (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM
-    budget, the staging window and the reactive policy's capacities are made from; the plan and
-    ``.control/config`` keep ``cfg``.  ``hooks``: the read path's optional observers (the daemon's
-    seed discovery and group, :meth:`Daemon._hooks`).
+    ``kernel`` makes the page-cache calls (default: the mounted kernel, through the pyfuse3 front),
+    ``reader`` reads the PFS, ``tiers`` (charging the RAM budget) hold local copies and
+    ``peer_fetch`` asks the owning peer (none alone); each defaults to what ``cfg`` configures.
+    ``port``: the policy's port, when something built before the read path reports into it (the
+    peers' clients).  ``fitted``: ``cfg`` with the memory tiers sized to the memory cgroup
+    (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM budget, the staging window and the
+    reactive policy's capacities are made from; the plan and ``.control/config`` keep ``cfg``.
+    ``hooks``: the read path's optional observers (the daemon's seed discovery and group,
+    :meth:`Daemon._hooks`).
 
     Every component gets what it needs as a constructor argument, in this order.  The budget,
     staging and the fetcher report into the policy's executor, which drives them and so is built
     after them: they get the policy's port, made first, and the executor is bound to it once built
-    (the late-bound exception; the peer group's fetch is the other: ARCHITECTURE.md, "Wiring").
+    (the one late-bound link: ARCHITECTURE.md, "Wiring").  The fetcher asks peers through the port
+    too: the executor holds ``peer_fetch`` and tells it who owns a file now.
     """
-    port = PolicyPort()
+    port = port if port is not None else PolicyPort()
     counters = counters if counters is not None else ReadCounters()
     ram = fitted if fitted is not None else cfg
     lookahead = ram.prefetch.lookahead_bytes
@@ -171,8 +176,8 @@ def build_readpath(
         identity=cfg.snapshot.identity,
         hooks=hooks,
     )
-    fetcher = Fetcher(reader, tiers, counters, staging, revalidator, port.pfs_read, peer_fetch)
-    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, revalidator, hooks)
+    fetcher = Fetcher(reader, tiers, counters, staging, revalidator, port.pfs_read, port.peer_fetch)
+    prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, revalidator, hooks, peer_fetch)
     port.bind_executor(prefetcher)
     for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
         tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
@@ -294,10 +299,11 @@ class Daemon:
 
     def _join_group(self) -> None:
         self.peering: PeerGroup | None = None
-        if self.sock is not None:
+        if self.peers is not None:
             self.peering = PeerGroup(
                 self.group,
                 self.cfg,
+                self.peers,
                 self.prefetcher,
                 self.fetcher,
                 self.staging,
@@ -327,12 +333,18 @@ class Daemon:
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
         self.seed.listeners.append(self._seed_written)
         self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
+        # In a group, the peers' clients come first: the fetcher asks peers through them (driven by
+        # the executor, through the policy's port), and they report a member down into that port.
+        port = PolicyPort()
+        self.peers = None if self.sock is None else PeerClients(self.group, cfg, self.snapshot, port)
         rp = self.readpath = build_readpath(
             cfg,
             self.snapshot,
             counters=self.counters,
             kernel=self.front,
             reader=self.reader,
+            peer_fetch=self.peers.fetch if self.peers is not None else None,
+            port=port,
             fitted=fitted_config(cfg, self.sizing),
             hooks=self._hooks(),
         )
@@ -383,7 +395,7 @@ class Daemon:
     def _mine(self, entries: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which cached entries this node rechecks in background rounds (decided by
         :func:`placement.recheck.rechecked_here` from the plan, the node and the group)."""
-        member_of = None if self.peering is None else self.peering.member_of
+        member_of = None if self.peers is None else self.peers.member_of
         prefetcher = self.prefetcher
         return rechecked_here(entries, prefetcher.entry_gid, prefetcher.plan, prefetcher.view.node, member_of)
 

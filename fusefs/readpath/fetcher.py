@@ -138,13 +138,13 @@ class Fetcher:
         pages: PageReader,
         checks: SourceChecks,
         on_pfs_read: Callable[[int], None],
-        peer_fetch: PeerFetch | None = None,
+        peer_fetch: PeerFetch,
     ) -> None:
         """``pages``: this mount's page cache (kept or pushed pages); ``checks``: the revalidator,
         asked before a local copy is served; ``on_pfs_read``: told of each entry read from the PFS
         (the policy's port, ``PolicyPort.pfs_read``: a policy step, ``ReadFromPfs``);
-        ``peer_fetch``: the peers, when known now (else the peer group binds its own:
-        :meth:`bind_peer_fetch`)."""
+        ``peer_fetch``: asks the peers (the policy's port, ``PolicyPort.peer_fetch``: the executor
+        knows who owns a file now, and holds the peer group's fetch)."""
         self.pfs = pfs
         self.snapshot = pfs.snapshot
         self.tiers = list(tiers)
@@ -156,16 +156,9 @@ class Fetcher:
         self.recent_hits = 0  # fetches served by those bytes
         self.pages = pages
         self.revalidator = checks
-        self.peer_fetch = peer_fetch  # bound once: bind_peer_fetch
+        self.peer_fetch = peer_fetch
         self.on_pfs_read = on_pfs_read
         self._nursery: trio.Nursery | None = None
-
-    def bind_peer_fetch(self, peer_fetch: PeerFetch) -> None:
-        """Late-bound (ARCHITECTURE.md, "Wiring"): the peer group's fetch.  The group serves peers
-        through this fetcher and this fetcher asks peers through the group, so the group binds its
-        fetch once, when it forms."""
-        assert self.peer_fetch is None, "the fetcher's peer fetch bound twice"
-        self.peer_fetch = peer_fetch
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Fetches run in this long-lived nursery (the daemon's), not in their callers' scopes."""
@@ -242,7 +235,7 @@ class Fetcher:
                     job.source = "page_cache"
                 else:
                     data = await self._from_apart(job)
-            if data is None and self.peer_fetch is not None and (owner or pfs):
+            if data is None and (owner or pfs):
                 # The owner (when asked to), then, just before a PFS read, whoever may hold a copy
                 # from an earlier regime: the PFS is read for a file only when no member has it.
                 data = await self.peer_fetch(entry, owner=owner, holders=pfs)

@@ -3,13 +3,18 @@
 The budget, staging and the fetcher are built before the executor (``Prefetcher``), which takes
 them as constructor arguments and drives them; each also tells the policy something back (the
 budget: bytes to reclaim now; staging: a source seen changed; the fetcher: an entry read from the
-PFS).  They get this port at construction instead, and the executor attaches itself to it once,
-when it is built: :meth:`PolicyPort.bind_executor` is the read path's one late-bound link
-(ARCHITECTURE.md, "Wiring").
+PFS; the peers' clients: a member down or up again).  They get this port at construction
+instead, and the executor attaches itself to it once, when it is built:
+:meth:`PolicyPort.bind_executor` is the daemon's one late-bound link (ARCHITECTURE.md, "Wiring").
+
+The fetcher also asks peers through it: the peer group's fetch needs the executor's answers to
+who owns a file now (its plan, its view, the policy's group rule), so the executor, which holds
+the group's fetch, makes that call (:meth:`PolicyPort.peer_fetch`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 from fusefs.readpath.contract import Event
@@ -21,6 +26,7 @@ class PolicyExecutor(Protocol):
     def report(self, event: Event) -> None: ...
     def reclaim(self, need: int) -> int: ...
     def pfs_read(self, entry: int) -> None: ...
+    def peer_fetch(self, entry: int, *, owner: bool, holders: bool) -> Awaitable[bytes | None]: ...
 
 
 class PolicyPort:
@@ -50,3 +56,10 @@ class PolicyPort:
         between awaits, so never inside another policy step."""
         if self._executor is not None:
             self._executor.pfs_read(entry)
+
+    async def peer_fetch(self, entry: int, *, owner: bool, holders: bool) -> bytes | None:
+        """The fetcher asks peers for ``entry`` (:class:`~fusefs.readpath.fetcher.PeerFetch`): the
+        executor's peer fetch, told who owns it now; None (read it here) with no executor."""
+        if self._executor is None:
+            return None
+        return await self._executor.peer_fetch(entry, owner=owner, holders=holders)

@@ -30,7 +30,8 @@ Concurrency rules:
   the trio thread, right after the plan or view changed; none of them polls.
 * Everything the policy learns comes through :meth:`_handle`, one step at a time: the executor's own
   events and those other components report through the policy's port (fusefs/readpath/port.py:
-  :meth:`report`, staging's changed sources; :meth:`pfs_read`, the fetcher's PFS reads).  THE one
+  :meth:`report`, staging's changed sources and the peers' clients' members down or up;
+  :meth:`pfs_read`, the fetcher's PFS reads).  THE one
   exception, re-entrant, is the budget's reclaim (:meth:`reclaim`): a reservation (the policy's own,
   inside a step, or a memory tier's put) needs the bytes freed at once.  Inside a policy step the
   drops it decides come back with that step's instructions; otherwise they are carried out at once.
@@ -39,7 +40,7 @@ Concurrency rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Protocol, TypedDict, assert_never
 
@@ -74,8 +75,6 @@ from fusefs.readpath.contract import (
     NodePresumed,
     Opened,
     PeerAsked,
-    PeerDown,
-    PeerUp,
     Place,
     PlanChanged,
     Presume,
@@ -158,6 +157,14 @@ class HorizonListener(Protocol):
     def upcoming(self, entries: tuple[int, ...]) -> None: ...
 
 
+class GroupFetch(Protocol):
+    """The peer group's fetch (:meth:`fusefs.cluster.peerclients.PeerClients.fetch`), which this
+    executor drives: a :class:`~fusefs.readpath.fetcher.PeerFetch` that is also handed ``owners``,
+    this executor, whose plan, view and policy say who owns ``entry`` and who may hold it now."""
+
+    def __call__(self, entry: int, *, owner: bool, holders: bool, owners: Prefetcher) -> Awaitable[bytes | None]: ...
+
+
 class Prefetcher:
     def __init__(
         self,
@@ -170,11 +177,14 @@ class Prefetcher:
         policy: ReadPolicy,
         horizon: HorizonListener,
         hooks: ReadPathHooks,
+        peers: GroupFetch | None = None,
     ) -> None:
         """``horizon``: told each fresh horizon, in order (the revalidator checks those copies
-        ahead); ``hooks``: the optional observers.  The budget, staging and the fetcher report back
-        through the policy's port, to which ``build_readpath`` binds this executor (:meth:`report`,
-        :meth:`reclaim`, :meth:`pfs_read`; ARCHITECTURE.md, "Wiring")."""
+        ahead); ``hooks``: the optional observers; ``peers``: the peer group's fetch, asked when
+        the fetcher asks peers (:meth:`peer_fetch`), None alone.  The budget, staging, the fetcher
+        and the peers' clients report back through the policy's port, to which ``build_readpath``
+        binds this executor (:meth:`report`, :meth:`reclaim`, :meth:`pfs_read`; ARCHITECTURE.md,
+        "Wiring")."""
         self.snapshot = snapshot
         self.cfg = cfg
         self.fetcher = fetcher
@@ -187,6 +197,7 @@ class Prefetcher:
         self._cursor_generation = 0
         self.horizon = horizon
         self.hooks = hooks
+        self.peers = peers
         self._opens: list[int] = []  # gids opened, not yet given to the cursor
         self._opens_ready = trio.Event()
         self._cursor_lock = trio.CapacityLimiter(1)
@@ -290,6 +301,13 @@ class Prefetcher:
         changed), handled as one step like the executor's own; it answers nothing."""
         self._handle(event)
 
+    async def peer_fetch(self, entry: int, *, owner: bool, holders: bool) -> bytes | None:
+        """The fetcher asks peers for ``entry`` (through the policy's port): the peer group's fetch,
+        handed this executor to read who owns it now; None (read it here) without peers."""
+        if self.peers is None:
+            return None
+        return await self.peers(entry, owner=owner, holders=holders, owners=self)
+
     def pfs_read(self, entry: int) -> None:
         """The fetcher read ``entry`` from the PFS (through the policy's port), handled as one step."""
         self._handle(ReadFromPfs(entry))  # (no answer, no instruction)
@@ -358,13 +376,6 @@ class Prefetcher:
     def copy_lost(self, entry: int, tier: int) -> None:
         """A tier found its copy of ``entry`` stale or damaged and dropped it."""
         self._handle(CopyLost(entry, tier))
-
-    def peer_down(self, node: int) -> None:
-        """Training node ``node``'s daemon stopped answering (its replicas wait for a later fill pass)."""
-        self._handle(PeerDown(node))
-
-    def peer_up(self, node: int) -> None:
-        self._handle(PeerUp(node))
 
     def group_changed(self, seeds: tuple[int, ...], me: int) -> None:
         """The daemon group's members (hashing seeds, in member order) and this daemon's index."""
