@@ -68,7 +68,7 @@ from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging, ThroughMount
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import CursorSettings, DatasetState
-from placement.plan import plan_inputs
+from placement.plan import Plan, plan_inputs
 from placement.recheck import rechecked_here
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,7 @@ class Daemon:
         self.mounted = False
         self.record: MountRecord | None = None
         self.assembled = False
+        self.peering: PeerGroup | None = None  # _join_group, in a group
         self.board = StatusBoard(req.source, req.mountpoint, self._sections)
         # Read by the startup reporter thread while start() runs (Progress locks its own fields).
         self.startup = Progress("start", "steps")
@@ -298,7 +299,6 @@ class Daemon:
         log.info("group: %s, member %d of %d", self.group.mode, self.group.me, len(self.group.members))
 
     def _join_group(self) -> None:
-        self.peering: PeerGroup | None = None
         if self.peers is not None:
             self.peering = PeerGroup(
                 self.group,
@@ -327,7 +327,8 @@ class Daemon:
             except OSError as exc:  # e.g. cache_dir full: serve anyway; planning fails with this reason
                 log.warning("cannot persist the snapshot for the planner: %s", exc.strerror or exc)
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
-        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
+        plans_dir = cfg.cache_path / "plans" / mount_tag
+        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, plans_dir, on_plan=self._plan_ready)
         # The seed's listeners run in the order registered: the planner, the prefetcher, then seed
         # discovery (which registers its own when built).
         self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
@@ -352,8 +353,6 @@ class Daemon:
         self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
         self.fetcher, self.prefetcher, self.open_files = rp.fetcher, rp.prefetcher, rp.open_files
         self.revalidator = rp.revalidator
-        self.revalidator.on_changed.append(self._source_changed)
-        self.plans.listeners.append(self.prefetcher.on_plan)
 
     def _hooks(self) -> ReadPathHooks:
         """The read path's observers: seed discovery, the seed's origin and, in a group, which
@@ -362,6 +361,8 @@ class Daemon:
         return ReadPathHooks(
             on_open=self.discovery.on_open,
             on_view=self._cursor_view,
+            on_view_change=self._view_changed if grouped else None,
+            on_source_changed=self._source_changed,
             seed_trusted=lambda: self.seed.origin != "assumed",
             mine=self._mine if grouped else ReadPathHooks.mine,
             replicas_every=self._replicas_every if grouped else ReadPathHooks.replicas_every,
@@ -370,6 +371,11 @@ class Daemon:
     def _replicas_every(self) -> int:
         """The revalidator rechecks replicas every this many rounds: the group's size, as it grows."""
         return max(1, len(self.group.members), self.group.expect)
+
+    def _plan_ready(self, plan: Plan | None) -> None:
+        """A plan made or reused (None: planning failed): the prefetcher follows it.  The planner is
+        built before the read path (the seed it follows is), so this routes through the daemon."""
+        self.prefetcher.on_plan(plan)
 
     def _seed_written(self, seed: SeedState) -> None:
         """A seed written (here or on a peer) may be the very value the plan assumed: trust it now."""
@@ -384,6 +390,12 @@ class Daemon:
         if doc is not None and 0 <= doc["lead"] < len(doc["datasets"]):
             lead_state = doc["datasets"][doc["lead"]]["state"]
         self.discovery.on_cursor(lead_state, plan.seed if plan is not None else None)
+
+    def _view_changed(self) -> None:
+        """The view changed: the peer group sends its note early.  The group is built after the read
+        path (it drives the prefetcher), so this routes the hook through the daemon."""
+        if self.peering is not None:
+            self.peering.wake()
 
     def _source_changed(self, path: str, reason: str) -> None:
         """Mark the persisted snapshot so the next mount walks the source again (best effort)."""
