@@ -227,7 +227,6 @@ class PeerGroup:
         self._rescan = False
         self._woken = trio.Event()  # the note may be due early: the view changed, or a rescan is asked
         self._group_changed()
-        seed.listeners.append(self._seed_changed)
 
     @property
     def me(self) -> Member:
@@ -414,7 +413,8 @@ class PeerGroup:
         """The view changed (the read path's ``on_view_change`` hook): the note may be due early."""
         self._woken.set()
 
-    def _seed_changed(self, seed: SeedState) -> None:
+    def seed_changed(self, seed: SeedState) -> None:
+        """A seed adopted (one of ``SeedState.listeners``, through the daemon): spread it now."""
         if seed.origin in ("written", "discovered") and self._nursery is not None:
             self._nursery.start_soon(self._tell_all)  # spread it now, not at the next state round
 

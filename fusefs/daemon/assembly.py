@@ -258,7 +258,12 @@ class Daemon:
         tree = self.snapshot.tree
         self.sizing, self.memory_cgroup = size_at_mount(cfg, file_sizes(tree.size, tree.kind))
         self.counters = ReadCounters()
-        self.seed = SeedState()
+        # The seed's followers, in the order they are told (the one place they are given): the
+        # planner, the prefetcher, seed discovery, then the peer group.  Each is built after the seed
+        # (the planner and discovery read it when built), so each is reached through the daemon.
+        self.seed = SeedState(
+            listeners=(self._seed_to_planner, self._seed_written, self._seed_to_discovery, self._seed_to_peers)
+        )
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
         self.startup.set_phase("forming the daemon group")
         self._form_group()
@@ -329,10 +334,6 @@ class Daemon:
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         plans_dir = cfg.cache_path / "plans" / mount_tag
         self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, plans_dir, on_plan=self._plan_ready)
-        # The seed's listeners run in the order registered: the planner, the prefetcher, then seed
-        # discovery (which registers its own when built).
-        self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
-        self.seed.listeners.append(self._seed_written)
         self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
         # In a group, the peers' clients come first: the fetcher asks peers through them (driven by
         # the executor, through the policy's port), and they report a member down into that port.
@@ -376,6 +377,19 @@ class Daemon:
         """A plan made or reused (None: planning failed): the prefetcher follows it.  The planner is
         built before the read path (the seed it follows is), so this routes through the daemon."""
         self.prefetcher.on_plan(plan)
+
+    def _seed_to_planner(self, seed: SeedState) -> None:
+        """A seed adopted: plan for it."""
+        self.plans.request(seed.value)
+
+    def _seed_to_discovery(self, seed: SeedState) -> None:
+        """A seed adopted: seed discovery starts a new recording of opens for it."""
+        self.discovery.seed_changed(seed)
+
+    def _seed_to_peers(self, seed: SeedState) -> None:
+        """A seed adopted: the peer group (in a group) tells the members now."""
+        if self.peering is not None:
+            self.peering.seed_changed(seed)
 
     def _seed_written(self, seed: SeedState) -> None:
         """A seed written (here or on a peer) may be the very value the plan assumed: trust it now."""
