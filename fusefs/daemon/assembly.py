@@ -9,7 +9,6 @@ one process without /dev/fuse; :meth:`Daemon.mount` is the step that needs the k
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -124,7 +123,9 @@ def build_readpath(
 
     ``kernel`` makes the page-cache calls (default: the mounted kernel, through the pyfuse3 front),
     ``reader`` reads the PFS, ``tiers`` (charging the RAM budget) hold local copies and
-    ``peer_fetch`` asks the owning peer (none alone); each defaults to what ``cfg`` configures.
+    ``peer_fetch`` asks the owning peer (none alone); each defaults to what ``cfg`` configures
+    (tiers given here tell the policy of a copy they drop only if built with ``on_drop`` set to
+    ``port.copy_lost``).
     ``port``: the policy's port, when something built before the read path reports into it (the
     peers' clients).  ``fitted``: ``cfg`` with the memory tiers sized to the memory cgroup
     (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM budget, the staging window and the
@@ -147,7 +148,7 @@ def build_readpath(
     has_memory_tier = any(t.kind == "memory" for t in ram.tiers)
     budget = memory_budget(ram.tiers, port.reclaim) if has_memory_tier else Budget(lookahead, "memory", port.reclaim)
     if tiers is None:
-        tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path)
+        tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path, port.copy_lost)
         for tier in tiers:
             dropped = tier.prune_stale(snapshot.source_ids())
             if dropped:
@@ -179,8 +180,6 @@ def build_readpath(
     fetcher = Fetcher(reader, tiers, counters, staging, revalidator, port.pfs_read, port.peer_fetch)
     prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, revalidator, hooks, peer_fetch)
     port.bind_executor(prefetcher)
-    for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
-        tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
     open_files = OpenFiles(fetcher, prefetcher, revalidator, counters, cfg.fuse.whole_file_max)
     return ReadPath(
         cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, open_files, revalidator

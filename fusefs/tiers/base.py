@@ -168,7 +168,7 @@ class Tier(Protocol):
     index: int  # position in config.tiers (0 = fastest)
     limiter: trio.CapacityLimiter  # every blocking call of this tier runs under it
     budget: Budget
-    drop_listeners: list[Callable[[int], None]]
+    on_drop: Callable[[int, int], None] | None  # (entry, index): told of every entry it forgets
 
     def contains(self, entry: int) -> bool: ...
     def size_of(self, entry: int) -> int | None: ...
