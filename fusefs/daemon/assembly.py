@@ -259,7 +259,8 @@ class Daemon:
         self.counters = ReadCounters()
         # The seed's followers, in the order they are told (the one place they are given): the
         # planner, the prefetcher, seed discovery, then the peer group.  Each is built after the seed
-        # (the planner and discovery read it when built), so each is reached through the daemon.
+        # (discovery and the group take it in their constructors), so each is reached through the
+        # daemon.
         self.seed = SeedState(
             listeners=(self._seed_to_planner, self._seed_written, self._seed_to_discovery, self._seed_to_peers)
         )
