@@ -273,6 +273,17 @@ def test_worker_refuses_a_bad_request_in_one_line(snapshot: tuple[Path, Any]) ->
     assert out[-1]["phase"] == "failed" and "\n" not in out[-1]["error"]
 
 
+def seed_followed_by(followers: list[SeedDiscovery], me: int) -> SeedState:
+    """A seed whose adoptions the discoveries in ``followers`` hear of, as the daemon wires them
+    (``SeedState.listeners``, given at construction); a discovery built later joins the list."""
+
+    def tell(seed: SeedState) -> None:
+        for disc in followers:
+            disc.seed_changed(seed)
+
+    return SeedState(me=me, listeners=(tell,))
+
+
 def search_to_the_end(disc: SeedDiscovery) -> None:
     """Run the discovery task until the search it was asked for has ended."""
 
@@ -297,10 +308,12 @@ def test_a_match_found_after_a_newer_seed_arrived_is_dropped(snapshot: tuple[Pat
     snap_file, snap = snapshot
     cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16)})
     train = build_catalogs(snap.tree, cfg.to_dict())[0]
-    here, peer = SeedState(me=1), SeedState(me=0)
+    followers: list[SeedDiscovery] = []
+    here, peer = seed_followed_by(followers, me=1), SeedState(me=0)
     here.set(99, "written")
     peer.set(99, "peer", generation=here.generation, writer=here.writer)
     disc = SeedDiscovery(snap_file, cfg, here)
+    followers.append(disc)
     disc.on_cursor("mismatch", 99)
     assert disc.state == "waiting"
     peer.set(17, "written")
@@ -327,10 +340,12 @@ def test_opens_from_before_a_written_seed_never_replace_it(snapshot: tuple[Path,
     snap_file, snap = snapshot
     cfg = cfgmod.load(None, {**CONFIG, "job.epochs": "50", "seed_discovery.limit": str(1 << 16)})
     train = build_catalogs(snap.tree, cfg.to_dict())[0]
-    here, peer = SeedState(me=1), SeedState(me=0)
+    followers: list[SeedDiscovery] = []
+    here, peer = seed_followed_by(followers, me=1), SeedState(me=0)
     peer.set(5, "written")
     here.set(5, "peer", generation=peer.generation, writer=peer.writer)
     disc = SeedDiscovery(snap_file, cfg, here)
+    followers.append(disc)
     for entry in train.entry[interleaved(TRAIN, 4, (2, 3), 5, 0, 8)].tolist():  # epoch 0 under seed 5
         disc.on_open(entry)
     peer.set(17, "written")

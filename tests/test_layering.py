@@ -628,6 +628,38 @@ def wiring_violations(mod: Module, methods: set[str], classes: set[str]) -> list
     return out
 
 
+OBSERVER_LISTS = ("listeners", "hooks", "on_changed")
+"""How the names of observer lists end: registering into one after construction is wiring too."""
+
+REGISTERING = {"append", "extend", "add", "insert"}
+
+
+def _observer_list(node: ast.expr) -> bool:
+    """``X.<name>`` with ``<name>`` an observer list's and ``X`` another object than ``self``."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr.endswith(OBSERVER_LISTS)
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    )
+
+
+def registration_violations(mod: Module) -> list[str]:
+    """Every observer registered on another object after it was built: ``X.<name>.append(...)``
+    (``extend``, ``add``, ``insert``) or ``X.<name> += ...`` where ``<name>`` ends like
+    ``OBSERVER_LISTS`` and ``X`` is not ``self`` (a component's own list is its own state)."""
+    out = []
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in REGISTERING:
+            hit = _observer_list(node.func.value)
+        elif isinstance(node, ast.AugAssign):
+            hit = _observer_list(node.target)
+        else:
+            continue
+        if hit:
+            out.append(f"{mod.path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
 def bind_calls(mod: Module) -> Iterator[tuple[str, int]]:
     """(method name, line) of every call of a ``bind_*`` method in ``mod``."""
     for node in ast.walk(mod.tree):
@@ -643,6 +675,14 @@ def test_components_are_wired_in_constructors_not_by_assignment() -> None:
     methods, classes = _project_names(mods)
     bad = [v for m in mods.values() for v in wiring_violations(m, methods, classes)]
     assert not bad, "wiring by assignment (pass it to the constructor or ReadPathHooks):\n" + "\n".join(bad)
+
+
+def test_observers_are_given_at_construction_not_registered_later() -> None:
+    """No observer is appended to another object's listener or hook list after it was built: each is
+    a constructor argument, a ``ReadPathHooks`` field, a report through the policy's port, or one of
+    the seed's listeners given when the seed is made (ARCHITECTURE.md, "Wiring")."""
+    bad = [v for m in load_modules().values() for v in registration_violations(m)]
+    assert not bad, "an observer registered after construction (pass it to the constructor):\n" + "\n".join(bad)
 
 
 def test_late_bound_links_are_the_documented_ones_bound_in_one_place() -> None:
@@ -702,3 +742,33 @@ def test_the_wiring_check_lets_data_through(line: str) -> None:
     asm = mods["fusefs.daemon.assembly"]
     planted = Module(asm.name, asm.path, ast.Module([*asm.tree.body, *ast.parse(line).body], []))
     assert not wiring_violations(planted, methods, classes)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))",
+        "self.seed.listeners.append(self._seed_written)",
+        "self.revalidator.on_changed.append(self._source_changed)",
+        "prefetcher.view_change_hooks.extend([self._wake])",
+        "seed.listeners += (self._seed_changed,)",
+        "self.plans.listeners.insert(0, self.prefetcher.on_plan)",
+        "peer.seen_hooks.add(self.wake)",
+    ],
+)
+def test_the_registration_check_catches_a_planted_line(line: str) -> None:
+    """The check above can fail: each line, planted in the assembly, is reported."""
+    asm = load_modules()["fusefs.daemon.assembly"]
+    assert not registration_violations(asm)
+    planted = Module(asm.name, asm.path, ast.Module([*asm.tree.body, *ast.parse(line).body], []))
+    assert registration_violations(planted), f"{line!r} was not caught"
+
+
+@pytest.mark.parametrize(
+    "line", ["self.listeners.append(f)", "self.hooks += (f,)", "self.opens.append(entry)", "seen.add(key)"]
+)
+def test_the_registration_check_lets_own_lists_and_data_through(line: str) -> None:
+    """A component's own list (``self.listeners``) and lists that hold data are not registration."""
+    asm = load_modules()["fusefs.daemon.assembly"]
+    planted = Module(asm.name, asm.path, ast.Module([*asm.tree.body, *ast.parse(line).body], []))
+    assert not registration_violations(planted)

@@ -227,8 +227,6 @@ class PeerGroup:
         self._rescan = False
         self._woken = trio.Event()  # the note may be due early: the view changed, or a rescan is asked
         self._group_changed()
-        seed.listeners.append(self._seed_changed)
-        prefetcher.view_change_hooks.append(self._wake)
 
     @property
     def me(self) -> Member:
@@ -371,14 +369,14 @@ class PeerGroup:
             # The address we asked is answered by another daemon: the entry we hold is stale.
             self._refuse_note(f"{expect[1]}:{expect[2]} answered as {note.label} at {note.address}")
             self._rescan = self.rendezvous is not None
-            self._wake()
+            self.wake()
             return
         view = self.peers.views.get(key)
         client = self.peers.clients.get(key)
         if view is None or client is None:
             self.notes_unknown += 1
             self._rescan = self.rendezvous is not None  # one we have not scanned yet: look again soon
-            self._wake()
+            self.wake()
             return
         client.heard_from()
         view.node = note.node
@@ -411,10 +409,12 @@ class PeerGroup:
         else:
             self.peers.digest_mismatch.pop(key, None)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """The view changed (the read path's ``on_view_change`` hook): the note may be due early."""
         self._woken.set()
 
-    def _seed_changed(self, seed: SeedState) -> None:
+    def seed_changed(self, seed: SeedState) -> None:
+        """A seed adopted (one of ``SeedState.listeners``, through the daemon): spread it now."""
         if seed.origin in ("written", "discovered") and self._nursery is not None:
             self._nursery.start_soon(self._tell_all)  # spread it now, not at the next state round
 

@@ -9,7 +9,6 @@ one process without /dev/fuse; :meth:`Daemon.mount` is the step that needs the k
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -68,7 +67,7 @@ from fusefs.readpath.revalidate import Revalidator
 from fusefs.readpath.staging import Kernel, Staging, ThroughMount
 from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import CursorSettings, DatasetState
-from placement.plan import plan_inputs
+from placement.plan import Plan, plan_inputs
 from placement.recheck import rechecked_here
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,9 @@ def build_readpath(
 
     ``kernel`` makes the page-cache calls (default: the mounted kernel, through the pyfuse3 front),
     ``reader`` reads the PFS, ``tiers`` (charging the RAM budget) hold local copies and
-    ``peer_fetch`` asks the owning peer (none alone); each defaults to what ``cfg`` configures.
+    ``peer_fetch`` asks the owning peer (none alone); each defaults to what ``cfg`` configures
+    (tiers given here tell the policy of a copy they drop only if built with ``on_drop`` set to
+    ``port.copy_lost``).
     ``port``: the policy's port, when something built before the read path reports into it (the
     peers' clients).  ``fitted``: ``cfg`` with the memory tiers sized to the memory cgroup
     (:func:`fusefs.daemon.memfit.fitted_config`), which the RAM budget, the staging window and the
@@ -147,7 +148,7 @@ def build_readpath(
     has_memory_tier = any(t.kind == "memory" for t in ram.tiers)
     budget = memory_budget(ram.tiers, port.reclaim) if has_memory_tier else Budget(lookahead, "memory", port.reclaim)
     if tiers is None:
-        tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path)
+        tiers = build_tiers(cfg.tiers, budget, snapshot.fingerprint, cfg.cache_path, port.copy_lost)
         for tier in tiers:
             dropped = tier.prune_stale(snapshot.source_ids())
             if dropped:
@@ -179,8 +180,6 @@ def build_readpath(
     fetcher = Fetcher(reader, tiers, counters, staging, revalidator, port.pfs_read, port.peer_fetch)
     prefetcher = Prefetcher(snapshot, cfg, fetcher, staging, tiers, counters, policy, revalidator, hooks, peer_fetch)
     port.bind_executor(prefetcher)
-    for t, tier in enumerate(tiers):  # a copy dropped for any reason may be cached again
-        tier.drop_listeners.append(functools.partial(prefetcher.copy_lost, tier=t))
     open_files = OpenFiles(fetcher, prefetcher, revalidator, counters, cfg.fuse.whole_file_max)
     return ReadPath(
         cfg, snapshot, counters, budget, tiers, reader, policy, staging, fetcher, prefetcher, open_files, revalidator
@@ -212,6 +211,7 @@ class Daemon:
         self.mounted = False
         self.record: MountRecord | None = None
         self.assembled = False
+        self.peering: PeerGroup | None = None  # _join_group, in a group
         self.board = StatusBoard(req.source, req.mountpoint, self._sections)
         # Read by the startup reporter thread while start() runs (Progress locks its own fields).
         self.startup = Progress("start", "steps")
@@ -257,7 +257,13 @@ class Daemon:
         tree = self.snapshot.tree
         self.sizing, self.memory_cgroup = size_at_mount(cfg, file_sizes(tree.size, tree.kind))
         self.counters = ReadCounters()
-        self.seed = SeedState()
+        # The seed's followers, in the order they are told (the one place they are given): the
+        # planner, the prefetcher, seed discovery, then the peer group.  Each is built after the seed
+        # (discovery and the group take it in their constructors), so each is reached through the
+        # daemon.
+        self.seed = SeedState(
+            listeners=(self._seed_to_planner, self._seed_written, self._seed_to_discovery, self._seed_to_peers)
+        )
         self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
         self.startup.set_phase("forming the daemon group")
         self._form_group()
@@ -298,7 +304,6 @@ class Daemon:
         log.info("group: %s, member %d of %d", self.group.mode, self.group.me, len(self.group.members))
 
     def _join_group(self) -> None:
-        self.peering: PeerGroup | None = None
         if self.peers is not None:
             self.peering = PeerGroup(
                 self.group,
@@ -327,11 +332,8 @@ class Daemon:
             except OSError as exc:  # e.g. cache_dir full: serve anyway; planning fails with this reason
                 log.warning("cannot persist the snapshot for the planner: %s", exc.strerror or exc)
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
-        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, cfg.cache_path / "plans" / mount_tag)
-        # The seed's listeners run in the order registered: the planner, the prefetcher, then seed
-        # discovery (which registers its own when built).
-        self.seed.listeners.append(lambda seed: self.plans.request(seed.value))
-        self.seed.listeners.append(self._seed_written)
+        plans_dir = cfg.cache_path / "plans" / mount_tag
+        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, plans_dir, on_plan=self._plan_ready)
         self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
         # In a group, the peers' clients come first: the fetcher asks peers through them (driven by
         # the executor, through the policy's port), and they report a member down into that port.
@@ -352,8 +354,6 @@ class Daemon:
         self.memfit = MemoryFit(self.sizing, self.memory_cgroup, rp.budget, rp.policy, rp.tiers)
         self.fetcher, self.prefetcher, self.open_files = rp.fetcher, rp.prefetcher, rp.open_files
         self.revalidator = rp.revalidator
-        self.revalidator.on_changed.append(self._source_changed)
-        self.plans.listeners.append(self.prefetcher.on_plan)
 
     def _hooks(self) -> ReadPathHooks:
         """The read path's observers: seed discovery, the seed's origin and, in a group, which
@@ -362,6 +362,8 @@ class Daemon:
         return ReadPathHooks(
             on_open=self.discovery.on_open,
             on_view=self._cursor_view,
+            on_view_change=self._view_changed if grouped else None,
+            on_source_changed=self._source_changed,
             seed_trusted=lambda: self.seed.origin != "assumed",
             mine=self._mine if grouped else ReadPathHooks.mine,
             replicas_every=self._replicas_every if grouped else ReadPathHooks.replicas_every,
@@ -370,6 +372,24 @@ class Daemon:
     def _replicas_every(self) -> int:
         """The revalidator rechecks replicas every this many rounds: the group's size, as it grows."""
         return max(1, len(self.group.members), self.group.expect)
+
+    def _plan_ready(self, plan: Plan | None) -> None:
+        """A plan made or reused (None: planning failed): the prefetcher follows it.  The planner is
+        built before the read path (the seed it follows is), so this routes through the daemon."""
+        self.prefetcher.on_plan(plan)
+
+    def _seed_to_planner(self, seed: SeedState) -> None:
+        """A seed adopted: plan for it."""
+        self.plans.request(seed.value)
+
+    def _seed_to_discovery(self, seed: SeedState) -> None:
+        """A seed adopted: seed discovery starts a new recording of opens for it."""
+        self.discovery.seed_changed(seed)
+
+    def _seed_to_peers(self, seed: SeedState) -> None:
+        """A seed adopted: the peer group (in a group) tells the members now."""
+        if self.peering is not None:
+            self.peering.seed_changed(seed)
 
     def _seed_written(self, seed: SeedState) -> None:
         """A seed written (here or on a peer) may be the very value the plan assumed: trust it now."""
@@ -384,6 +404,12 @@ class Daemon:
         if doc is not None and 0 <= doc["lead"] < len(doc["datasets"]):
             lead_state = doc["datasets"][doc["lead"]]["state"]
         self.discovery.on_cursor(lead_state, plan.seed if plan is not None else None)
+
+    def _view_changed(self) -> None:
+        """The view changed: the peer group sends its note early.  The group is built after the read
+        path (it drives the prefetcher), so this routes the hook through the daemon."""
+        if self.peering is not None:
+            self.peering.wake()
 
     def _source_changed(self, path: str, reason: str) -> None:
         """Mark the persisted snapshot so the next mount walks the source again (best effort)."""

@@ -40,7 +40,7 @@ Concurrency: the cgroup files are read in a worker thread, which returns a readi
 nothing.  Every decision and every drop runs on the trio thread in one synchronous step, between
 other tasks' awaits, so never inside a policy step (those never await): kept pages go through
 ``Budget.reclaim`` (the prefetcher carries out the policy's drops at once), copies through
-``MemoryTier.drop`` (whose listeners tell the policy), and ``Budget.resize`` takes the budget's
+``MemoryTier.drop`` (whose ``on_drop`` tells the policy), and ``Budget.resize`` takes the budget's
 lock, so a charge released from a worker thread meanwhile cannot make ``used`` exceed the limit.
 
 How the reserve was measured (``ru_maxrss`` of each worker run alone on synthetic trees of 1,000 to

@@ -192,7 +192,6 @@ class SeedDiscovery:
         self._wanted = trio.Event()
         self._scope: trio.CancelScope | None = None
         self._adopting = False
-        seed.listeners.append(self._seed_changed)
 
     # ------------------------------------------------------------------ events (trio thread)
 
@@ -233,7 +232,8 @@ class SeedDiscovery:
         identifies = (self.result or {}).get("identifies")
         return epoch_in_plan(self.seed.value, found, identifies, self.epochs)
 
-    def _seed_changed(self, seed: SeedState) -> None:
+    def seed_changed(self, seed: SeedState) -> None:
+        """A seed adopted (one of ``SeedState.listeners``, given where the seed is made)."""
         if self._adopting or seed.origin not in ("written", "peer"):
             return
         # Opens before a write show the order of the seed before it: a new recording judges this one.

@@ -89,7 +89,16 @@ class PlanStatus(TypedDict):
 
 
 class PlanManager:
-    def __init__(self, snapshot_file: Path, fingerprint: str, cfg: Config, plans_dir: Path) -> None:
+    def __init__(
+        self,
+        snapshot_file: Path,
+        fingerprint: str,
+        cfg: Config,
+        plans_dir: Path,
+        on_plan: Callable[[Plan | None], None] | None = None,
+    ) -> None:
+        """``on_plan``: told of every plan made or reused (None: a failed one); the daemon's
+        prefetcher follows it."""
         self.snapshot_file = snapshot_file
         self.fingerprint = fingerprint
         self.config = planning_config(cfg)
@@ -103,7 +112,7 @@ class PlanManager:
         self.seconds = 0.0
         self.reused = False
         self.refused: str | None = None  # why the last cached plan looked at was not used
-        self.listeners: list[Callable[[Plan | None], None]] = []
+        self.on_plan = on_plan
         self.progress = Progress("plan", "files")
         self._wanted: int | None = None
         self._wakeup = trio.Event()
@@ -170,8 +179,8 @@ class PlanManager:
         self._standby_wanted.set()
 
     def _notify(self, plan: Plan | None) -> None:
-        for listener in list(self.listeners):
-            listener(plan)
+        if self.on_plan is not None:
+            self.on_plan(plan)
 
     async def _cached(self, out: Path) -> Plan | None:
         if not (out / "plan.json").exists():

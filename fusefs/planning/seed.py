@@ -134,7 +134,9 @@ class SeedState:
     updated_at: float = 0.0
     last_error: str | None = None
     me: int = -1  # this daemon's index in its group: the writer of seeds written here
-    listeners: list[Callable[[SeedState], None]] = field(default_factory=list, repr=False)
+    listeners: tuple[Callable[[SeedState], None], ...] = field(default=(), repr=False)
+    """Told of every seed adopted, in this order; given at construction (the daemon's, built in
+    ``Daemon.__init__``): nobody registers one later."""
 
     def version(self) -> tuple[int, int]:
         """(generation, writer): what identifies the seed in use across the group."""
@@ -164,7 +166,7 @@ class SeedState:
         self.value, self.origin, self.generation, self.writer = value, origin, gen, writer
         self.updated_at = time.time()
         self.last_error = None
-        for listener in list(self.listeners):
+        for listener in self.listeners:
             listener(self)
         return True
 

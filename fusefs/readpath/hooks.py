@@ -1,10 +1,10 @@
 """The read path's optional observers, in one record built in one place.
 
-Components that only watch the read path (seed discovery, the daemon's status of the group) are
-told through these hooks; what the read path needs to work is a constructor argument instead.  The
-record is frozen and passed to constructors (``build_readpath`` in :mod:`fusefs.daemon.assembly`
-builds it), so nobody sets a hook on a component after it was built (``tests/test_layering.py``
-checks the sources for that).
+Components that only watch the read path (seed discovery, the peer group's note, the persisted
+snapshot's staleness) are told through these hooks; what the read path needs to work is a
+constructor argument instead.  The record is frozen and passed to constructors (``build_readpath``
+in :mod:`fusefs.daemon.assembly` builds it), so nobody sets or registers a hook on a component after
+it was built (``tests/test_layering.py`` checks the sources for that).
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ class ReadPathHooks:
     on_view: Callable[[CursorView], None] | None = None
     """Every view the cursor publishes for the current plan (seed discovery starts a search when the
     lead dataset's opens do not fit a written seed)."""
+    on_view_change: Callable[[], None] | None = None
+    """The view's plan, state, node or epoch changed (the peer group sends its note early)."""
+    on_source_changed: Callable[[str, str], None] | None = None
+    """The revalidator found a source file changed: (relative path, reason); the daemon marks the
+    persisted snapshot outdated so the next mount walks the source again."""
     seed_trusted: Callable[[], bool] = _always_trusted
     """False while the seed is only assumed (nobody wrote one)."""
     mine: MineMask = _all_mine

@@ -3,7 +3,7 @@
 The budget, staging and the fetcher are built before the executor (``Prefetcher``), which takes
 them as constructor arguments and drives them; each also tells the policy something back (the
 budget: bytes to reclaim now; staging: a source seen changed; the fetcher: an entry read from the
-PFS; the peers' clients: a member down or up again).  They get this port at construction
+PFS; the peers' clients: a member down or up again; a tier: a copy it forgot).  They get this port at construction
 instead, and the executor attaches itself to it once, when it is built:
 :meth:`PolicyPort.bind_executor` is the daemon's one late-bound link (ARCHITECTURE.md, "Wiring").
 
@@ -27,6 +27,7 @@ class PolicyExecutor(Protocol):
     def reclaim(self, need: int) -> int: ...
     def pfs_read(self, entry: int) -> None: ...
     def peer_fetch(self, entry: int, *, owner: bool, holders: bool) -> Awaitable[bytes | None]: ...
+    def copy_lost(self, entry: int, tier: int) -> None: ...
 
 
 class PolicyPort:
@@ -56,6 +57,13 @@ class PolicyPort:
         between awaits, so never inside another policy step."""
         if self._executor is not None:
             self._executor.pfs_read(entry)
+
+    def copy_lost(self, entry: int, tier: int) -> None:
+        """A tier forgot its copy of ``entry`` (stale, damaged, evicted, pruned): it may be cached
+        again.  Nothing before an executor exists: tiers prune stale copies when opened, and the
+        policy, built after that, starts from what they hold."""
+        if self._executor is not None:
+            self._executor.copy_lost(entry, tier)
 
     async def peer_fetch(self, entry: int, *, owner: bool, holders: bool) -> bytes | None:
         """The fetcher asks peers for ``entry`` (:class:`~fusefs.readpath.fetcher.PeerFetch`): the

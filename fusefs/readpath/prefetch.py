@@ -207,7 +207,6 @@ class Prefetcher:
         self.next_fetches = 0
         self._lanes_for: set[tuple[int, int, int]] = set()  # (generation, node, epoch) of the NextEpochs made
         self._view_seen: tuple[Any, ...] | None = None  # (generation, state, node, epoch) of the view last told
-        self.view_change_hooks: list[Callable[[], None]] = []  # told when that changes (the peer group's note)
         self._lane_wake = trio.Event()
         job = cfg.job
         self.settings = CursorSettings.for_job(job.batch_size, job.num_workers, job.prefetch_factor)
@@ -343,8 +342,8 @@ class Prefetcher:
         if key != self._view_seen:
             self._view_seen = key
             self._lane_wake.set()  # a new epoch: its next-epoch lane at once
-            for hook in list(self.view_change_hooks):
-                hook()
+            if self.hooks.on_view_change is not None:
+                self.hooks.on_view_change()
 
     def seed_written(self, value: int) -> None:
         """The job wrote ``value``: when the plan followed was made for it as the assumed default,

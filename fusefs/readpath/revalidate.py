@@ -66,7 +66,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Literal, TypedDict
 
 import numpy as np
@@ -250,7 +250,7 @@ class Revalidator:
         self.changed: dict[int, str] = {}
         self.mine = hooks.mine
         self.replicas_every = hooks.replicas_every  # asked each round: a rendezvous group grows
-        self.on_changed: list[Callable[[str, str], None]] = []  # (relative path, reason)
+        self.on_source_changed = hooks.on_source_changed
         self.stats: dict[StatKind, int] = {"ahead": 0, "open": 0, "background": 0}
         self.rounds = 0
         self.round_files = 0  # files the current round checks
@@ -327,8 +327,8 @@ class Revalidator:
         path = os.fsdecode(self.snapshot.tree.path(entry))
         self.counters.mark_stale(path, reason)
         log.warning("%s: %s; its reads fail with EIO until a remount or --rescan", path, reason)
-        for listener in self.on_changed:
-            listener(path, reason)
+        if self.on_source_changed is not None:
+            self.on_source_changed(path, reason)
 
     # ------------------------------------------------------------------ ahead of the readers
 

@@ -52,9 +52,14 @@ def tier_path(cfg: TierConfig, cache_dir: Path) -> Path:
 
 
 def build_tiers(
-    cfg_tiers: Sequence[TierConfig], memory_budget: Budget, fingerprint: str, cache_dir: Path
+    cfg_tiers: Sequence[TierConfig],
+    memory_budget: Budget,
+    fingerprint: str,
+    cache_dir: Path,
+    on_drop: Callable[[int, int], None] | None = None,
 ) -> list[Tier]:
-    """Open every configured tier (directory tiers resume warm when ``fingerprint`` matches).
+    """Open every configured tier (directory tiers resume warm when ``fingerprint`` matches);
+    ``on_drop``: told (entry, tier index) of every copy a tier forgets (the policy's port).
 
     Raises ConfigError (one line) when a directory cannot be used; nothing stays open then.
     """
@@ -71,9 +76,10 @@ def build_tiers(
     try:
         for i, cfg in enumerate(cfg_tiers):
             if cfg.kind == "memory":
-                tiers.append(MemoryTier(i, memory_budget, cfg.threads))
+                tiers.append(MemoryTier(i, memory_budget, cfg.threads, on_drop=on_drop))
             else:
-                tiers.append(DirectoryTier(i, tier_path(cfg, cache_dir), cfg.bytes, cfg.threads, fingerprint))
+                path = tier_path(cfg, cache_dir)
+                tiers.append(DirectoryTier(i, path, cfg.bytes, cfg.threads, fingerprint, on_drop=on_drop))
     except BaseException:
         for t in tiers:
             if isinstance(t, DirectoryTier):

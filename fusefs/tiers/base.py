@@ -17,7 +17,7 @@ Concurrency rules (all tiers):
   it can never return bytes that are not the entry's.
 * Every copy records the identity of the source it was made from (``source_of``); whether that
   identity still holds is the read path's question (fusefs/readpath/revalidate.py), asked before
-  a copy is served.  ``drop_listeners`` hear of every entry a tier forgets, whatever the cause
+  a copy is served.  ``on_drop`` (given at construction) hears of every entry a tier forgets, whatever the cause
   (evicted, damaged, source changed), so a policy that counted it as kept can cache it again.
 """
 
@@ -168,7 +168,7 @@ class Tier(Protocol):
     index: int  # position in config.tiers (0 = fastest)
     limiter: trio.CapacityLimiter  # every blocking call of this tier runs under it
     budget: Budget
-    drop_listeners: list[Callable[[int], None]]
+    on_drop: Callable[[int, int], None] | None  # (entry, index): told of every entry it forgets
 
     def contains(self, entry: int) -> bool: ...
     def size_of(self, entry: int) -> int | None: ...

@@ -108,6 +108,7 @@ class DirectoryTier:
         *,
         clean_cache: bool = True,
         persist_interval: float = 30.0,
+        on_drop: Callable[[int, int], None] | None = None,
     ) -> None:
         self.index = index
         self.name = f"directory:{index}"
@@ -143,7 +144,7 @@ class DirectoryTier:
         self._logged_errnos: set[int] = set()
         self._last_audit: AuditStatus | None = None
         self._closed = False
-        self.drop_listeners: list[Callable[[int], None]] = []  # told of every entry this tier forgets
+        self.on_drop = on_drop  # told (entry, index) of every entry this tier forgets
         self.journal: Journal | None = None
         self._journal_note: str | None = None  # why the journal is not in use, for status
         self._journal_errors = 0
@@ -602,8 +603,8 @@ class DirectoryTier:
                 self.counters.put_errors -= 1  # counted as a journal error, not a failed put
         self._schedule_unlink(entry, charge)
         self._changed()
-        for listener in self.drop_listeners:
-            listener(entry)
+        if self.on_drop is not None:
+            self.on_drop(entry, self.index)
 
     def _schedule_unlink(self, entry: int, charge: int) -> None:
         assert entry not in self._unlinking

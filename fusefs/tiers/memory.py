@@ -40,7 +40,15 @@ class _Held:
 class MemoryTier:
     kind: Literal["memory"] = "memory"
 
-    def __init__(self, index: int, budget: Budget, threads: int, verify_reads: bool = False) -> None:
+    def __init__(
+        self,
+        index: int,
+        budget: Budget,
+        threads: int,
+        verify_reads: bool = False,
+        on_drop: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """``on_drop``: told (entry, ``index``) of every entry this tier forgets (the policy's port)."""
         self.index = index
         self.name = "memory" if index == 0 else f"memory:{index}"
         self.budget = budget
@@ -51,7 +59,7 @@ class MemoryTier:
         self._held: dict[int, _Held] = {}
         self._inflight: dict[int, PutSlot] = {}
         self._data_bytes = 0
-        self.drop_listeners: list[Callable[[int], None]] = []
+        self.on_drop = on_drop
 
     # ------------------------------------------------------------------ queries
 
@@ -177,8 +185,8 @@ class MemoryTier:
             self._data_bytes -= len(held.data)
             self.budget.release(held.charge)
             self.counters.drops += 1
-            for listener in self.drop_listeners:
-                listener(entry)
+            if self.on_drop is not None:
+                self.on_drop(entry, self.index)
 
     def prune_stale(self, ids: SourceColumns) -> int:
         """Drop copies made from another source identity than the snapshot records; returns how many."""
