@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from fusefs.readpath.contract import CursorView
+from fusefs.readpath.contract import CursorView, SeedInDoubt
 
 MineMask = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]
 """Which of the given cached entries this node rechecks in its background rounds."""
@@ -48,6 +48,9 @@ class ReadPathHooks:
     on_source_changed: Callable[[str, str], None] | None = None
     """The revalidator found a source file changed: (relative path, reason); the daemon marks the
     persisted snapshot outdated so the next mount walks the source again."""
+    on_seed_doubt: Callable[[SeedInDoubt], None] | None = None
+    """The opens fit no epoch, node or position of the plan for the seed in use (the policy's
+    ``SeedInDoubt``); seed discovery follows the views instead, so the daemon sets none today."""
     seed_trusted: Callable[[], bool] = _always_trusted
     """False while the seed is only assumed (nobody wrote one)."""
     mine: MineMask = _all_mine

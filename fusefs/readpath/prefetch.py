@@ -40,7 +40,7 @@ Concurrency rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Protocol, TypedDict, assert_never
 
@@ -224,7 +224,6 @@ class Prefetcher:
         self._prepare = False  # a new cursor waits for its prepare() in the worker thread
         self._presume_node: int | None = None  # a Presume for the cursor loop to carry out
         self._retired: NodeCursor | None = None  # the cursor of the last plan, while no plan is followed
-        self.seed_doubt_hooks: list[Callable[[SeedInDoubt], None]] = []  # told when the seed is in doubt
 
     # ------------------------------------------------------------------ what others read
 
@@ -426,8 +425,8 @@ class Prefetcher:
             self._opens_ready.set()
 
     def _seed_in_doubt(self, ins: SeedInDoubt) -> None:
-        for hook in list(self.seed_doubt_hooks):
-            hook(ins)
+        if self.hooks.on_seed_doubt is not None:
+            self.hooks.on_seed_doubt(ins)
 
     def _place(self, ins: Place) -> None:
         self._opens.append(ins.gid)
