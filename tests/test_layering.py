@@ -273,18 +273,23 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
+def _imported(node: ast.AST) -> list[str]:
+    """The modules an import statement names (``import a.b`` -> a.b; ``from a import b`` -> a); none
+    for a relative import or any other node."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level:
+        return [node.module or ""]
+    return []
+
+
 def purity_violations(source: str, name: str) -> list[str]:
     """Forbidden imports and file-I/O calls in one pure module's source."""
     tree = ast.parse(source)
     allowed = PURE_EXCEPTIONS.get(name, ())
     bad = []
     for node in ast.walk(tree):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            targets = [node.module or ""]
-        for t in targets:
+        for t in _imported(node):
             if _top(t, FORBIDDEN_IN_PURE) is not None and _top(t, allowed) is None:
                 bad.append(f"{name}:{getattr(node, 'lineno', 0)}: imports {t}")
         if isinstance(node, ast.Call):
@@ -330,12 +335,7 @@ def determinism_violations(source: str, name: str) -> list[str]:
     aliases = {"np": "numpy", **_aliases(tree)}  # np: also when a snippet uses it without the import
     bad = []
     for node in ast.walk(tree):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            targets = [node.module or ""]
-        for t in targets:
+        for t in _imported(node):
             if _top(t, NONDETERMINISTIC_IMPORTS) is not None:
                 bad.append(f"{name}:{getattr(node, 'lineno', 0)}: imports {t}")
         if not isinstance(node, ast.Call):
