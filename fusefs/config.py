@@ -190,13 +190,16 @@ class SamplerConfig:
 @dataclass(frozen=True)
 class DatasetConfig:
     root: str = doc("directory of the dataset inside the mount ('.' for the mount root)", ".")
-    layout: Literal["imagefolder", "files", "list"] = doc(
-        "imagefolder: torchvision ImageFolder order; files: every file, sorted; list: list_file's order",
+    layout: Literal["imagefolder", "files", "list", "timm_folder"] = doc(
+        "imagefolder: torchvision ImageFolder order; files: every file, sorted; list: list_file's order; "
+        "timm_folder: timm's folder reader (whole tree walked, root files included, class = leaf directory "
+        "name, samples in natural order of the full path: img_2 before img_10)",
         "imagefolder",
     )
     list_file: str | None = doc("list: file of paths relative to root, one per line (relative names: in SOURCE)", None)
     extensions: list[str] | None = doc(
-        "file extensions kept (case-insensitive); default: ImageFolder's for imagefolder, all for files",
+        "file extensions kept (case-insensitive); default: ImageFolder's for imagefolder, timm's for "
+        "timm_folder (.png .jpg .jpeg), all for files",
         None,
     )
     follows: str | None = doc(

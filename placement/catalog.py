@@ -16,6 +16,17 @@ Two other layouts: ``files`` (every non-directory under the root, following the 
 by relative path ``str``; optional extension filter) and ``list`` (an explicit list of relative
 paths, given as strings: the caller reads list_file, placement does no I/O).
 
+``timm_folder`` reproduces timm 1.0's ``find_images_and_targets`` with its reader's defaults
+(``timm/data/readers/reader_image_folder.py``): every directory under the root, the root included,
+is walked; a file is kept when ``os.path.splitext(name)[1].lower()`` is one of the extensions
+(default ``.png .jpg .jpeg``); its class is the *name* of the directory it sits in ('' at the root,
+so ``train/cat`` and ``val/cat`` are one class); classes and then all samples are sorted by
+``natural_key`` (lower-cased, split into digit runs compared as ints) of the class name and of the
+path.  The paths timm sorts all start with the same root and a ``/``, so sorting relative paths
+gives the same order.  Where two keys tie (``img1``/``img01``, ``A``/``a``) timm's order comes from
+``os.scandir`` or set iteration, which the snapshot does not record: ties are broken by ``str`` and
+``exact`` turns False.
+
 Symlinks: links to directories inside the tree are walked (a file reached through one appears
 under the link's path and its ``entry`` is the resolved target's, so two indices may share an
 entry).  Dangling file links are listed, as os.walk lists them.  A link leaving the tree
@@ -27,7 +38,9 @@ and ``exact`` turns False when one of them could be a directory ImageFolder woul
 
 from __future__ import annotations
 
+import itertools
 import posixpath
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +52,8 @@ import xxhash
 from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK, LINK_OUTSIDE, TreeArrays
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-LAYOUTS = ("imagefolder", "files", "list")
+TIMM_EXTENSIONS = (".png", ".jpg", ".jpeg")
+LAYOUTS = ("imagefolder", "files", "list", "timm_folder")
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -62,7 +76,7 @@ class Catalog:
     ``entry[i]`` is the TreeArrays index the daemon serves for file i (its inode is entry + 1):
     the resolved target for a symlink, the listed entry itself when it cannot be resolved.
     ``readable[i]`` is True for regular files inside the tree: the only ones that can be fetched
-    and cached.  ``label[i]`` is ImageFolder's class index (-1 for other layouts).
+    and cached.  ``label[i]`` is the class index (ImageFolder's or timm's; -1 for other layouts).
     """
 
     root: str
@@ -359,6 +373,50 @@ def _files(view: _TreeView, top: int, extensions: tuple[str, ...] | None) -> _Li
     return listing
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(s: str) -> list[str | int]:
+    """timm's sort key: lower-cased, digit runs (odd split positions) compared as numbers."""
+    parts: list[str | int] = []
+    for k, part in enumerate(_DIGITS.split(s.lower())):
+        parts.append(int(part) if k % 2 else part)
+    return parts
+
+
+def _timm_folder(view: _TreeView, top: int, extensions: tuple[str, ...]) -> tuple[_Listing, list[str]]:
+    types = set(extensions)
+    listing = _Listing([], [], [], [], [])
+    keep = view.ext_match(extensions)  # endswith: a superset of the splitext rule, refined below
+    paths: list[str] = []
+    entries: list[int] = []
+    dir_ids: list[int] = []
+    names: list[str] = []
+    for rel, d in _walk_dirs(view, top, "", listing):
+        for e in _dir_files(view, d, keep, listing).tolist():
+            name = decode(view.name(e))
+            if posixpath.splitext(name)[1].lower() in types:
+                paths.append(_join(rel, name))
+                entries.append(e)
+                dir_ids.append(len(listing.dirs))
+                names.append(posixpath.basename(rel))
+        listing.dirs.append(rel)
+    classes = sorted(set(names), key=lambda c: (natural_key(c), c))
+    keys = [natural_key(p) for p in paths]
+    order = sorted(range(len(paths)), key=lambda k: (keys[k], paths[k]))
+    class_keys = [natural_key(c) for c in classes]
+    ties = any(a == b for a, b in itertools.pairwise(class_keys))
+    ties = ties or any(keys[a] == keys[b] for a, b in itertools.pairwise(order))
+    if ties:
+        listing.exact = False
+    index = {c: i for i, c in enumerate(classes)}
+    pick = np.asarray(order, dtype=np.int64)
+    listing.name_entry = [np.asarray(entries, dtype=np.int64)[pick]]
+    listing.dir_id = [np.asarray(dir_ids, dtype=np.int64)[pick]]
+    listing.label = [np.asarray([index[n] for n in names], dtype=np.int64)[pick]]
+    return listing, classes
+
+
 def _explicit(view: _TreeView, top: int, paths: Sequence[str]) -> _Listing:
     tree = view.tree
     prefix = b"" if top == 0 else tree.path(top) + b"/"
@@ -402,7 +460,7 @@ def build_catalog(
     """The catalog of the dataset at ``root`` (relative to the tree's root).
 
     ``extensions``: kept suffixes, matched case-insensitively (default: ImageFolder's for
-    imagefolder, everything for files; ignored for list).  ``paths``: the list layout's entries.
+    imagefolder, timm's for timm_folder, everything for files; ignored for list).  ``paths``: the list layout's entries.
     Raises ValueError with a one-line reason when the listing cannot be reproduced.
     """
     if layout not in LAYOUTS:
@@ -415,6 +473,8 @@ def build_catalog(
         listing, classes = _imagefolder(view, top, exts if exts is not None else IMG_EXTENSIONS)
     elif layout == "files":
         listing = _files(view, top, exts)
+    elif layout == "timm_folder":
+        listing, classes = _timm_folder(view, top, exts if exts is not None else TIMM_EXTENSIONS)
     else:
         if paths is None:
             raise ValueError("layout 'list' needs the list of paths (list_file)")

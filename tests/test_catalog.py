@@ -167,3 +167,63 @@ def test_catalogs_per_dataset_and_roundtrip_digest(tmp_path: Path) -> None:
     changed = Catalog.from_parts(train.meta(), {**train.arrays(), "size": train.size + 1})
     assert changed.digest() != train.digest()
     assert np.array_equal(again.entry, train.entry)
+
+
+def timm_tree(root: Path) -> Path:
+    """Every case where a plain sorted walk would disagree with timm's folder reader."""
+    for rel in [
+        "class2/img_10.jpg",
+        "class2/img_2.JPG",  # upper-case extension, and 2 < 10 only as numbers
+        "class10/img_1.png",
+        "Class3/img_1.jpeg",  # lower-cased before comparing: between class2 and class10
+        "nested/a/leaf/x_3.jpg",  # class 'leaf', not 'nested_a_leaf'
+        "other/leaf/x_20.png",  # the same class name in another branch: one class
+        "other/leaf/notes.txt",  # not an image
+        "other/leaf/.png",  # splitext('.png') has no extension
+        "other/leaf/photo.webp",  # not one of timm's defaults
+        "empty/readme.md",  # a directory without images is no class
+        "root_9.jpg",  # files at the root are samples, class ''
+        "root_10.png",
+    ]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        _write(root / rel, rel.encode())
+    os.symlink("class2", root / "class2_link")  # walked: its files appear under the link's path
+    return root
+
+
+def timm_samples(root: Path, types: list[str] | None = None) -> tuple[list[str], list[tuple[str, int]]]:
+    torchvision_cpu.load()  # timm imports torchvision
+    reader = pytest.importorskip("timm.data.readers.reader_image_folder", reason="timm is not installed")
+    samples, class_to_idx = reader.find_images_and_targets(str(root), types=types)
+    classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
+    return classes, [(os.path.relpath(p, root), t) for p, t in samples]
+
+
+@pytest.mark.torch
+def test_timm_folder_order_and_labels_match_timm(tmp_path: Path) -> None:
+    root = timm_tree(tmp_path / "ds")
+    tree = Snapshot.scan(str(root)).tree
+    cat = build_catalog(tree, layout="timm_folder")
+    classes, samples = timm_samples(root)
+    assert list(cat.classes) == classes
+    assert [(cat.path(i, tree), int(cat.label[i])) for i in range(len(cat))] == samples
+    assert cat.exact and cat.readable.all()
+    # the cases are really present: numeric order, leaf labels, root files and the link
+    paths = [p for p, _ in samples]
+    assert paths.index("class2/img_2.JPG") < paths.index("class2/img_10.jpg") < paths.index("class10/img_1.png")
+    assert paths.index("root_9.jpg") < paths.index("root_10.png") and "class2_link/img_2.JPG" in paths
+    assert "leaf" in classes and "" in classes and "empty" not in classes
+    configured = build_catalog(tree, layout="timm_folder", extensions=[".webp", ".txt"])
+    assert [(configured.path(i, tree), int(configured.label[i])) for i in range(len(configured))] == (
+        timm_samples(root, [".webp", ".txt"])[1]
+    )
+
+
+def test_timm_folder_ties_are_broken_by_str_and_not_exact(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    (root / "c").mkdir(parents=True)
+    for name in ("img1.jpg", "img01.jpg", "img2.jpg"):
+        _write(root / "c" / name)
+    cat = build_catalog(Snapshot.scan(str(root)).tree, layout="timm_folder")
+    assert not cat.exact  # timm keeps os.scandir's order for img1/img01, which a snapshot does not record
+    assert list(cat.paths(Snapshot.scan(str(root)).tree)) == ["c/img01.jpg", "c/img1.jpg", "c/img2.jpg"]

@@ -258,6 +258,14 @@ def test_a_symlinked_class_is_one_cached_object_per_entry(tmp_path: Path) -> Non
             assert len(set(tiers[entries == e].tolist())) == 1  # one object, one tier, however reached
 
 
+def test_a_plan_builds_over_the_timm_folder_layout(tmp_path: Path) -> None:
+    root = small_tree(tmp_path / "src", classes=2, per_class=10)
+    (root / "train" / "loose.jpg").write_bytes(b"x" * 10)  # a root file: a sample in timm's order only
+    tree = Snapshot.scan(str(root)).tree
+    plan = Plan.build(tree, plan_config(datasets="[{root: train, layout: timm_folder}]"), seed=0)
+    assert plan.files == 21 and plan.summary()["coverage"]["read_objects"] == 21
+
+
 WRITERS, ROUNDS = 4, 12
 
 
