@@ -253,6 +253,13 @@ class TierConfig:
     read_mbps: ThroughputTable | None = doc("r_j(p): MB/s read with p threads; default from model", None)
     write_mbps: ThroughputTable | None = doc("w_j(p): MB/s written with p threads; default from model", None)
 
+    def directory(self, cache_dir: Path) -> Path:
+        """A directory tier's path: ``~`` expanded, relative paths inside ``cache_dir``.  Here, in the
+        schema, so that ``seerfs mount``'s checks (which load no trio) and the tiers share the rule."""
+        assert self.path is not None
+        path = Path(os.path.expanduser(self.path))
+        return path if path.is_absolute() else cache_dir / path
+
 
 @dataclass(frozen=True)
 class PrefetchConfig:

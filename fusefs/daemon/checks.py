@@ -91,7 +91,7 @@ def check_written_dirs(cfg: Config) -> None:
             trusted_dir(cfg.cache_path / sub, "cache_dir")
     for i, tier in enumerate(cfg.tiers):
         if tier.kind == "directory" and tier.path:
-            _check_writable_dir(_tier_dir(tier.path, cfg.cache_path), f"tiers.{i}.path")
+            _check_writable_dir(tier.directory(cfg.cache_path), f"tiers.{i}.path")
     if cfg.log_file:
         _check_writable_dir(Path(os.path.expanduser(cfg.log_file)).parent, "log_file")
     mode = detect_mode(cfg)
@@ -103,13 +103,6 @@ def check_written_dirs(cfg: Config) -> None:
 
 CACHE_SUBDIRS = ("log", "plans", "snapshots")
 """What the daemon makes inside cache_dir: the default log's directory, plans, persisted snapshots."""
-
-
-def _tier_dir(path: str, cache_dir: Path) -> Path:
-    """The rule of :func:`fusefs.tiers.tier_path` (``~`` expanded, relative paths inside cache_dir),
-    not imported from there: the checks run in ``seerfs mount`` itself, which need not load trio."""
-    p = Path(os.path.expanduser(path))
-    return p if p.is_absolute() else cache_dir / p
 
 
 def _check_fusermount() -> None:

@@ -45,10 +45,8 @@ def memory_budget(cfg_tiers: Sequence[TierConfig], reclaim: Callable[[int], int]
 
 
 def tier_path(cfg: TierConfig, cache_dir: Path) -> Path:
-    """A directory tier's path: ``~`` expanded, relative paths inside ``cache_dir``."""
-    assert cfg.path is not None
-    path = Path(os.path.expanduser(cfg.path))
-    return path if path.is_absolute() else cache_dir / path
+    """A directory tier's path (:meth:`fusefs.config.TierConfig.directory`)."""
+    return cfg.directory(cache_dir)
 
 
 def build_tiers(
