@@ -139,7 +139,7 @@ def private_subdir(path: str | os.PathLike[str]) -> Path:
     """Make directory ``path`` (mode 0700) inside a directory already trusted, or accept the one there
     when it is a real directory (not a symlink), this user's, and not writable by group or others.
 
-    For what seerfs makes below a trusted directory (fan-out directories, a mount's plan directory):
+    For what seerfs makes below a trusted directory (a directory tier's fan-out directories):
     only this user can have put something at that name, so an OSError (ELOOP, ENOTDIR, EPERM) is
     enough, for callers that already handle one."""
     p = Path(path)
@@ -154,3 +154,14 @@ def private_subdir(path: str | os.PathLike[str]) -> Path:
         why = f"owned by uid {st.st_uid} or writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
         raise OSError(errno.EPERM, why, str(p))
     return p
+
+
+def read_file_itself(path: str | os.PathLike[str], limit: int) -> tuple[os.stat_result, bytes | None]:
+    """The status of the file at ``path`` and its first ``limit`` bytes, or None for them when it is
+    not a regular file.  Opened with O_NOFOLLOW (a symlink at the name is ELOOP, never read through)
+    and O_NONBLOCK (a FIFO planted there cannot hang the daemon): for the small files seerfs reads
+    back from a trusted directory (the job token, a tier's marker)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with open(fd, "rb") as fh:
+        st = os.fstat(fd)
+        return st, fh.read(limit) if stat.S_ISREG(st.st_mode) else None

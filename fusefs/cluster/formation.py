@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import socket
-import stat
 import struct
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +34,7 @@ from typing import Annotated, Literal, TypedDict
 
 from fusefs.config import Config
 from fusefs.errors import ExitCode, GroupError, SeerfsError
-from fusefs.trust import trusted_dir
+from fusefs.trust import read_file_itself, trusted_dir
 from placement.statusfields import gauge, info, state, text
 
 log = logging.getLogger(__name__)
@@ -267,18 +266,16 @@ def _read_token_file(path: Path) -> tuple[str, os.stat_result]:
     """The token file's text and status, opened with O_NOFOLLOW: a symlink at its name is refused,
     never read through (its directory is trusted at mount: :mod:`fusefs.trust`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        st, raw = read_file_itself(path, 1 << 16)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise SeerfsError(
                 f"peers.token_file: {path} is a symlink; seerfs reads only the file itself", ExitCode.CONFIG
             ) from None
         raise
-    with open(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SeerfsError(f"peers.token_file: {path} is not a regular file", ExitCode.CONFIG)
-        return fh.read(1 << 16).decode(errors="replace"), st
+    if raw is None:
+        raise SeerfsError(f"peers.token_file: {path} is not a regular file", ExitCode.CONFIG)
+    return raw.decode(errors="replace"), st
 
 
 def _check_private_file(path: Path, st: os.stat_result) -> None:

@@ -28,6 +28,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fusefs.trust import read_file_itself
+
 FANOUT = 256
 LOCK_NAME = "seerfs.lock"
 MARKER_NAME = "seerfs-tier.json"
@@ -73,16 +75,13 @@ def read_marker(root: Path) -> Marker | None:
     """The tier's marker; None when there is none.  ValueError saying why, when the file there is not
     this user's seerfs marker (another user's tier, a symlink, something else under that name)."""
     try:
-        fd = os.open(root / MARKER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        st, raw = read_file_itself(root / MARKER_NAME, 4096)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"{MARKER_NAME} cannot be read ({exc.strerror})") from None
-    with open(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise ValueError(f"{MARKER_NAME} is not a file of this user's (uid {st.st_uid})")
-        raw = fh.read(4096)
+    if raw is None or st.st_uid != os.geteuid():
+        raise ValueError(f"{MARKER_NAME} is not a file of this user's (uid {st.st_uid})")
     try:
         doc = json.loads(raw)
     except ValueError:
