@@ -151,14 +151,23 @@ class SnapshotSettings:
 @dataclass(frozen=True)
 class SamplerConfig:
     kind: Literal[
-        "distributed", "random", "sequential", "list", "accelerate", "accelerate_default", "torchdata_random"
+        "distributed",
+        "random",
+        "sequential",
+        "list",
+        "accelerate",
+        "accelerate_default",
+        "torchdata_random",
+        "ordered_distributed",
     ] = doc(
         "distributed: DistributedSampler (torchrun, Lightning's injected one); random: DataLoader(shuffle=True, "
         "generator seeded) in one process per rank; sequential: in index order (validation); list: the order "
         "in order_file; accelerate: accelerate's prepare() with use_seedable_sampler=True (whole batches dealt "
         "to the processes in turn; without shuffle: its evaluation loaders); accelerate_default: prepare() "
         "without it (one generator seeded at prepare(), running on across epochs); torchdata_random: torchdata "
-        "StatefulDataLoader(shuffle=True) without a sampler.  Which seed to write for each: seerfs.yaml(5), "
+        "StatefulDataLoader(shuffle=True) without a sampler; ordered_distributed: timm's OrderedDistributedSampler "
+        "(its distributed validation loader: rank r reads r, r + world_size, ... of the dataset, padded from "
+        "its start, no seed).  Which seed to write for each: seerfs.yaml(5), "
         "WHICH SEED TO WRITE",
         "distributed",
     )
@@ -188,6 +197,19 @@ class SamplerConfig:
 
 
 @dataclass(frozen=True)
+class LoaderConfig:
+    batch_size: int | None = doc(
+        "this dataset's DataLoader batch size per rank (e.g. timm's --validation-batch-size); null: job.batch_size",
+        None,
+    )
+    drop_last: bool | None = doc(
+        "this dataset's DataLoader(drop_last=...), not the DistributedSampler's (sampler.drop_last): timm drops "
+        "the last partial batch when training only; null: job.drop_last",
+        None,
+    )
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     root: str = doc("directory of the dataset inside the mount ('.' for the mount root)", ".")
     layout: Literal["imagefolder", "files", "list", "timm_folder"] = doc(
@@ -207,6 +229,9 @@ class DatasetConfig:
     )
     every: int = doc("with follows: read after every Nth epoch", 1)
     sampler: SamplerConfig = doc("how the training code samples this dataset", factory=SamplerConfig)
+    loader: LoaderConfig = doc(
+        "how this dataset's DataLoader batches, where it differs from job.*", factory=LoaderConfig
+    )
 
 
 @dataclass(frozen=True)
@@ -645,6 +670,8 @@ def check(cfg: Config) -> Config:
         if ds.sampler.kind == "list" and not ds.sampler.order_file:
             raise ConfigError(f"{key}.sampler.order_file: expected a file name when sampler.kind is 'list'")
         _check_positive(f"{key}.every", ds.every)
+        if ds.loader.batch_size is not None:
+            _check_positive(f"{key}.loader.batch_size", ds.loader.batch_size)
     for i, ds in enumerate(cfg.datasets):
         if ds.follows is not None and os.path.normpath(ds.follows) not in roots:
             raise ConfigError(f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}")

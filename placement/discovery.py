@@ -67,7 +67,7 @@ def search_setup(config: Mapping[str, Any], js: JobStreams) -> SearchSetup:
     ds = config["datasets"][lead]
     smp = ds["sampler"]
     n = int(js.datasets[lead].n)
-    shape = js.shape
+    shape = js.datasets[lead].streams.shape  # the lead's own DataLoader batching (datasets.N.loader)
     kind = str(smp["kind"])
     reason: str | None = None
     kinds: tuple[ss.Kind, ...] = ()

@@ -23,6 +23,7 @@ use the seed.  The daemon's cursor follows each dataset on its own, past the hor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -84,6 +85,7 @@ def plan_inputs(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
                 "follows": None if ds.get("follows") is None else os.path.normpath(ds["follows"]),
                 "every": int(ds.get("every", 1)),
                 "sampler": _sampler_inputs(ds["sampler"]),
+                **_loader_inputs(ds),
             }
             for ds in config["datasets"]
         ],
@@ -99,6 +101,24 @@ def _sampler_inputs(sampler: Mapping[str, Any]) -> dict[str, Any]:
     return {
         k: sampler[k] for k in sorted(sampler) if k != "order_file" and (framework or k not in FRAMEWORK_SAMPLER_KEYS)
     }
+
+
+def _loader_inputs(ds: Mapping[str, Any]) -> dict[str, Any]:
+    """A dataset's own DataLoader batching (``datasets.N.loader``), only where some key is set: the
+    inputs, and digests, of configs that leave it to ``job.*`` stay what they were before it existed."""
+    loader = {k: v for k, v in sorted((ds.get("loader") or {}).items()) if v is not None}
+    return {"loader": loader} if loader else {}
+
+
+def _dataset_shape(shape: JobShape, ds: Mapping[str, Any]) -> JobShape:
+    """The job's shape with this dataset's DataLoader batch size and drop_last where it has its own."""
+    loader = ds.get("loader") or {}
+    batch, drop = loader.get("batch_size"), loader.get("drop_last")
+    return dataclasses.replace(
+        shape,
+        batch_size=shape.batch_size if batch is None else int(batch),
+        drop_last=shape.drop_last if drop is None else bool(drop),
+    )
 
 
 def _shape(inputs: Mapping[str, Any]) -> JobShape:
@@ -135,8 +155,10 @@ def _streams(
     shape = _shape(inputs)
     job = inputs["job"]
     out = []
+    job_shape = shape
     for i, ds in enumerate(inputs["datasets"]):
         smp = ds["sampler"]
+        shape = _dataset_shape(job_shape, ds)
         if sizes[i] == 0:
             raise ValueError(f"datasets.{i} ({ds['root']}): no files to plan for")
         if smp["kind"] == "list" and i not in orders:

@@ -13,6 +13,10 @@ in that epoch (before the DataLoader batches it).  The facts modelled (torch's
   ``randperm(n)`` and, when it is exhausted, computes and discards a second ``randperm(n)``.
   Every rank runs the same code with the same seed, so all ranks read the same order.
 * sequential: ``0..n-1``; list: an order given by the user.
+* timm's ``OrderedDistributedSampler`` (timm 1.0's ``timm/data/distributed_sampler.py``, the sampler
+  of its distributed *validation* loader): rank r reads ``[i % n for i in range(r, total_size, R)]``
+  with ``total_size = ceil(n / R) * R``: strided like an unshuffled DistributedSampler, padded
+  cyclically from the start of the dataset, never truncated (it has no drop_last).
 
 Models answer for any epoch in any order: per-epoch arrays are kept in a small LRU and the
 random sampler keeps generator checkpoints, so long jobs never hold every epoch at once.
@@ -41,7 +45,7 @@ from placement.randperm import (
     resolve_backend,
 )
 
-SAMPLER_KINDS = ("distributed", "random", "sequential", "list")
+SAMPLER_KINDS = ("distributed", "random", "sequential", "list", "ordered_distributed")
 BASE_SEED_DRAWS = 2  # torch.empty((), dtype=torch.int64).random_(generator=G): one random64()
 
 UNPREDICTABLE_RANDOM = (
@@ -214,6 +218,20 @@ class DistributedSamplerModel:
     def rank_indices(self, epoch: int, rank: int) -> IndexArray:
         rank = check_rank(rank, self.world_size)
         return self.epoch_order(epoch)[rank :: self.world_size]
+
+
+class OrderedDistributedSamplerModel(DistributedSamplerModel):
+    """timm's ``OrderedDistributedSampler(dataset)``: its distributed validation loader's sampler.
+
+    timm 1.0.31 gives rank r the entries ``r, r + R, ...`` of ``0..total_size-1`` taken modulo n,
+    ``total_size = ceil(n / R) * R`` (not one contiguous chunk per rank): the order of
+    ``DistributedSampler(shuffle=False, drop_last=False)``, whose padding also repeats the list from
+    its start.  Its own class so that a config and status name timm's sampler, and so that nobody
+    can give it a seed, a shuffle or a drop_last it does not have.
+    """
+
+    def __init__(self, n: int, world_size: int, *, cache_epochs: int = 2) -> None:
+        super().__init__(n, world_size, 0, shuffle=False, drop_last=False, cache_epochs=cache_epochs)
 
 
 class EpochStreams:
@@ -396,6 +414,8 @@ def sampler_name(model: SamplerModel) -> str:
     kind = getattr(model, "kind", None)
     if isinstance(kind, str):  # the framework models name their kind
         return kind if getattr(model, "shuffle", True) else f"{kind}(shuffle=False)"
+    if isinstance(model, OrderedDistributedSamplerModel):
+        return "ordered_distributed"
     if isinstance(model, DistributedSamplerModel):
         return "distributed" if model.shuffle else "distributed(shuffle=False)"
     if isinstance(model, RandomSamplerModel):
@@ -436,7 +456,8 @@ def make_sampler(
     generator_seeded: bool = True,
     backend: Backend = "auto",
 ) -> SamplerModel:
-    """The model for a config's ``datasets[].sampler`` (kind: distributed, random, sequential, list).
+    """The model for a config's ``datasets[].sampler`` (kind: distributed, random, sequential, list,
+    ordered_distributed).
 
     Raises ValueError with a one-line reason for setups whose order cannot be predicted or that
     PyTorch itself would refuse.
@@ -458,6 +479,8 @@ def make_sampler(
         )
     if kind == "sequential":
         return SequentialSamplerModel(n, world_size)
+    if kind == "ordered_distributed":
+        return OrderedDistributedSamplerModel(n, world_size)
     if kind == "list":
         if order is None:
             raise ValueError("sampler 'list' needs the order (sampler.order_file)")

@@ -469,7 +469,7 @@ WHICH_SEED = (
         "loader.sampler.generator.initial_seed(), or S when the StatefulDataLoader was given "
         "generator=torch.Generator().manual_seed(S) (with loader_generator).",
     ),
-    ("sequential, list", "no seed: the order does not depend on one."),
+    ("sequential, list, ordered_distributed", "no seed: the order does not depend on one."),
 )
 """The WHICH SEED TO WRITE section of seerfs.yaml(5), by datasets[].sampler.kind."""
 
