@@ -212,11 +212,13 @@ class LoaderConfig:
 @dataclass(frozen=True)
 class DatasetConfig:
     root: str = doc("directory of the dataset inside the mount ('.' for the mount root)", ".")
-    layout: Literal["imagefolder", "files", "list", "timm_folder"] = doc(
+    layout: Literal["imagefolder", "files", "list", "timm_folder"] | None = doc(
         "imagefolder: torchvision ImageFolder order; files: every file, sorted; list: list_file's order; "
         "timm_folder: timm's folder reader (whole tree walked, root files included, class = leaf directory "
-        "name, samples in natural order of the full path: img_2 before img_10)",
-        "imagefolder",
+        "name, samples in natural order of the full path: img_2 before img_10).  null (not given): planned as "
+        "imagefolder until seed discovery finds the job reading another modelled order (imagefolder, "
+        "timm_folder, files) with a likely seed; the plan then uses that order (status discovery.order)",
+        None,
     )
     list_file: str | None = doc("list: file of paths relative to root, one per line (relative names: in SOURCE)", None)
     extensions: list[str] | None = doc(
@@ -369,6 +371,14 @@ class SeedDiscoveryConfig:
         "a DistributedSampler job resumed in epoch e shows seed + e: the common seeds and dates are also "
         "tried with e = 1..epoch_span-1",
         1000,
+    )
+    range_orders: Literal["configured", "all"] = doc(
+        "which catalog orders are searched over the whole range 0..limit-1 after the likely seeds.  "
+        "configured: only the lead dataset's layout when the config gives one (when it does not, every "
+        "modelled order is tried with the likely seeds only, so a job reading an order seerfs does not model "
+        "costs a second of CPU, not a minute); all: every modelled order tried (minutes of CPU per order at "
+        "the default limit)",
+        "configured",
     )
 
 

@@ -54,6 +54,8 @@ from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK, LINK_OUTSIDE, Tree
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 TIMM_EXTENSIONS = (".png", ".jpg", ".jpeg")
 LAYOUTS = ("imagefolder", "files", "list", "timm_folder")
+DEFAULT_LAYOUT = "imagefolder"
+"""What a dataset whose config gives no layout is planned as, until seed discovery finds its order."""
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -524,8 +526,9 @@ def build_catalogs(
             if lists is None or i not in lists:
                 raise ValueError(f"datasets.{i}: layout 'list' needs the contents of {ds.get('list_file')}")
             paths = [p for p in lists[i] if p.strip()]
+        layout = ds["layout"] or DEFAULT_LAYOUT
         try:
-            out.append(build_catalog(tree, ds["root"], ds["layout"], ds.get("extensions"), paths, _view=view))
+            out.append(build_catalog(tree, ds["root"], layout, ds.get("extensions"), paths, _view=view))
         except ValueError as exc:
             raise ValueError(f"datasets.{i}: {exc}") from None
     return out

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import xxhash
 
 from placement.assign import Assignment, assign, earliest_reader, spread_covers
-from placement.catalog import Catalog, build_catalogs
+from placement.catalog import DEFAULT_LAYOUT, Catalog, build_catalogs
 from placement.frameworks import FRAMEWORK_KINDS, build_sampler
 from placement.frequency import (
     AccessStats,
@@ -80,7 +80,7 @@ def plan_inputs(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
         "datasets": [
             {
                 "root": os.path.normpath(ds["root"]),
-                "layout": ds["layout"],
+                "layout": ds["layout"] or DEFAULT_LAYOUT,  # not given: planned as imagefolder
                 "extensions": ds.get("extensions"),
                 "follows": None if ds.get("follows") is None else os.path.normpath(ds["follows"]),
                 "every": int(ds.get("every", 1)),

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -78,7 +79,8 @@ class DiscoveryStatus(TypedDict):
         state(
             "off; idle: nothing to search, a written seed is in use; waiting: for enough opens of the lead "
             "dataset, or for the search process to start; preparing: the search process loads the snapshot; "
-            "searching; found; not_found (the whole range searched, or too few opens ever came); "
+            "searching; found; not_found (the whole range searched, no modelled order fits with a likely seed, or too "
+            "few opens ever came); "
             "not_searchable; stopped: a newer seed was written, here or on a peer, after the search was asked "
             "for: the search was killed, or its match dropped (note)"
         ),
@@ -89,9 +91,11 @@ class DiscoveryStatus(TypedDict):
     result: Annotated[
         str | None,
         text(
-            'one line: "seed+epoch = V (DistributedSampler, node K)", "seed = V (DataLoader(shuffle=True, '
-            'seeded generator))", "not found (searched N candidates)", "not searchable (why)" or '
-            '"too few opens (why)"'
+            'one line: "seed+epoch = V (DistributedSampler, node K, ORDER order)", "seed = V '
+            '(DataLoader(shuffle=True, seeded generator), ORDER order)", "not found (searched N candidates in the '
+            'ORDER order)", "no modelled order with a likely seed fits (tried ORDERS with the likely seeds)": '
+            "the job is served as without a seed, reason says what decides its order and what to write; "
+            '"not searchable (why)" or "too few opens (why)"'
         ),
     ]
     seed: Annotated[int | None, info("the value found: the 32-bit generator seed, which is what is planned")]
@@ -104,6 +108,21 @@ class DiscoveryStatus(TypedDict):
         ),
     ]
     sampler: Annotated[str | None, info("distributed or random: the lead dataset's configured kind, the one searched")]
+    order: Annotated[
+        str | None,
+        info(
+            "the catalog order of the lead dataset the match fits (imagefolder, timm_folder, files, or the "
+            "configured layout): the plan is made in this order; null without a match"
+        ),
+    ]
+    orders: Annotated[
+        str | None,
+        text(
+            "the orders searched, comma-separated: the configured layout, or, when datasets.N.layout is not given, "
+            "every modelled order (imagefolder, timm_folder, files; one that lists the files exactly as an "
+            "earlier one does is searched once)"
+        ),
+    ]
     node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
     dataset: Annotated[str | None, text("the lead dataset searched (its root in the mount)")]
     files: Annotated[int | None, gauge("its file count")]
@@ -163,7 +182,12 @@ class DiscoveryStatus(TypedDict):
 
 
 class SeedDiscovery:
-    def __init__(self, snapshot_file: Path, cfg: Config, seed: SeedState) -> None:
+    def __init__(
+        self, snapshot_file: Path, cfg: Config, seed: SeedState, on_order: Callable[[int, str], None] | None = None
+    ) -> None:
+        """``on_order``: told (dataset, layout) when a match fits the lead dataset in a catalog order
+        other than the configured one, before the seed is adopted: the planner plans that order."""
+        self.on_order = on_order
         self.settings = cfg.seed_discovery
         self.config = cfg.to_dict()
         self.epochs = cfg.job.epochs  # the planning horizon: a plan predicts its seed's epochs 0..epochs-1
@@ -345,7 +369,8 @@ class SeedDiscovery:
                 last = doc
                 phase = doc.get("phase")
                 if phase == "ready":
-                    self.setup = {k: doc.get(k) for k in ("dataset", "files", "sampler", "need", "planned", "likely")}
+                    keys = ("dataset", "lead", "files", "sampler", "orders", "need", "planned", "likely")
+                    self.setup = {k: doc.get(k) for k in keys}
                     self.state = "waiting"
                 elif phase == "waiting":
                     self.progress = doc
@@ -384,6 +409,9 @@ class SeedDiscovery:
                 where = f" in its epoch {epoch}" if epoch else ""
                 self.note = f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
                 return
+            order, lead = doc.get("order"), self.setup.get("lead")
+            if isinstance(order, str) and isinstance(lead, int) and self.on_order is not None:
+                self.on_order(lead, order)  # before the seed: its plan is made in this order
             self._adopt(value, self._since)
         elif status == "not_searchable":
             self.state = "not_searchable"
@@ -406,6 +434,8 @@ class SeedDiscovery:
             "seed": r.get("seed"),
             "identifies": r.get("identifies"),
             "sampler": r.get("sampler"),
+            "order": r.get("order"),
+            "orders": ", ".join(self.setup["orders"]) if isinstance(self.setup.get("orders"), list) else None,
             "node": r.get("node"),
             "dataset": self.setup.get("dataset"),
             "files": self.setup.get("files"),
