@@ -8,6 +8,7 @@ with ``DistributedSampler`` and ``drop_last=True`` (``timm/data/loader.py``, ``c
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from fusefs.config import load
 from fusefs.errors import ConfigError
+from fusefs.meta.snapshot import Snapshot
 from placement import plan as P
+from placement.plan import Plan
 from placement.samplers import OrderedDistributedSamplerModel, make_sampler, sampler_name, varies_by_epoch
 from tools.harness import torchvision_cpu
 
@@ -97,3 +100,24 @@ def test_a_dataset_loader_overrides_the_job_and_changes_the_plan_inputs_only_whe
 def test_a_loader_batch_size_below_one_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"datasets\.0\.loader\.batch_size"):
         config(datasets="[{root: ., loader: {batch_size: 0}}]")
+
+
+def test_a_plan_builds_with_datasets_that_batch_differently(tmp_path: Path) -> None:
+    """timm's job as configured: training drops its partial batch, validation (ordered) does not."""
+    for split, n in (("train", 21), ("val", 7)):
+        for k in range(n):
+            (tmp_path / split / f"c{k % 3}").mkdir(parents=True, exist_ok=True)
+            (tmp_path / split / f"c{k % 3}" / f"img_{k}.jpg").write_bytes(b"x" * (10 + k))
+    cfg = config(
+        **{
+            "datasets": "[{root: train}, {root: val, follows: train, sampler: {kind: ordered_distributed}, "
+            "loader: {drop_last: false}}]",
+            "job.world_size": "2",
+            "job.ranks_per_node": "2",
+            "job.batch_size": "4",
+            "job.drop_last": "true",
+        }
+    )
+    plan = Plan.build(Snapshot.scan(str(tmp_path)).tree, cfg, seed=3)
+    js = plan.job_streams()
+    assert js.datasets[1].streams.length == 4 and js.datasets[0].streams.length == 8  # 7 -> 4 per rank; 11 -> 8

@@ -185,8 +185,9 @@ class SeedDiscovery:
     def __init__(
         self, snapshot_file: Path, cfg: Config, seed: SeedState, on_order: Callable[[int, str], None] | None = None
     ) -> None:
-        """``on_order``: told (dataset, layout) when a match fits the lead dataset in a catalog order
-        other than the configured one, before the seed is adopted: the planner plans that order."""
+        """``on_order``: told (dataset, layout) for the lead dataset and each one without a configured
+        layout when a match fits the lead in a catalog order, before the seed is adopted: the planner
+        plans that order."""
         self.on_order = on_order
         self.settings = cfg.seed_discovery
         self.config = cfg.to_dict()
@@ -409,9 +410,13 @@ class SeedDiscovery:
                 where = f" in its epoch {epoch}" if epoch else ""
                 self.note = f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
                 return
-            order, lead = doc.get("order"), self.setup.get("lead")
-            if isinstance(order, str) and isinstance(lead, int) and self.on_order is not None:
-                self.on_order(lead, order)  # before the seed: its plan is made in this order
+            order = doc.get("order")
+            if isinstance(order, str) and self.on_order is not None:
+                # before the seed, so that its plan is made in this order: the lead's, and every other
+                # dataset's without a layout (one training script lists all its datasets alike)
+                for i, ds in enumerate(self.config["datasets"]):
+                    if ds.get("layout") is None or i == self.setup.get("lead"):
+                        self.on_order(i, order)
             self._adopt(value, self._since)
         elif status == "not_searchable":
             self.state = "not_searchable"
