@@ -313,7 +313,8 @@ def test_a_match_found_after_a_newer_seed_arrived_is_dropped(snapshot: tuple[Pat
     seed: a match never replaces a seed that came after the search was asked for.  Only a mismatch
     of 17 itself then adopts it."""
     snap_file, snap = snapshot
-    cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16)})
+    # a layout given: a seed arriving starts no search of its own for the order the job reads
+    cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16), "datasets.0.layout": "imagefolder"})
     train = build_catalogs(snap.tree, cfg.to_dict())[0]
     followers: list[SeedDiscovery] = []
     here, peer = seed_followed_by(followers, me=1), SeedState(me=0)

@@ -55,6 +55,7 @@ import trio
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState
 from fusefs.planning.workerproc import failure_reason, start_worker, stop_worker
+from placement.catalog import DEFAULT_LAYOUT
 from placement.cursor import FALSE_LOCK, DatasetState
 from placement.discovery import epoch_in_plan
 from placement.statusfields import counter, gauge, info, state, text
@@ -86,7 +87,11 @@ class DiscoveryStatus(TypedDict):
         ),
     ]
     trigger: Annotated[
-        str | None, text('why it ran: "no seed written", or "the written seed N does not match the opens"')
+        str | None,
+        text(
+            'why it ran: "no seed written", "the written seed N does not match the opens", or "the written seed '
+            'N: which catalog order the job reads (no layout configured)"'
+        ),
     ]
     result: Annotated[
         str | None,
@@ -189,6 +194,7 @@ class SeedDiscovery:
         layout when a match fits the lead in a catalog order, before the seed is adopted: the planner
         plans that order."""
         self.on_order = on_order
+        self.order: str | None = None  # the lead's order the last match fitted (None: none yet)
         self.settings = cfg.seed_discovery
         self.config = cfg.to_dict()
         self.epochs = cfg.job.epochs  # the planning horizon: a plan predicts its seed's epochs 0..epochs-1
@@ -217,6 +223,7 @@ class SeedDiscovery:
         self._wanted = trio.Event()
         self._scope: trio.CancelScope | None = None
         self._adopting = False
+        self._order_only = False  # the wanted search only asks which order a written seed is read in
 
     # ------------------------------------------------------------------ events (trio thread)
 
@@ -250,6 +257,7 @@ class SeedDiscovery:
         if found is not None and self._fits(int(found)) is None:
             self.trigger = f"the {origin} seed {plan_seed} does not match the opens"
             self.note = f"adopted the seed found before, {found}"
+            self._tell_order(self.result.get("order"))
             self._adopt(int(found), self.seed.version())  # a decision under the seed in use: its version
 
     def _fits(self, found: int) -> int | None:
@@ -261,6 +269,16 @@ class SeedDiscovery:
         """A seed adopted (one of ``SeedState.listeners``, given where the seed is made)."""
         if self._adopting or seed.origin not in ("written", "peer"):
             return
+        leads = [ds for ds in self.config["datasets"] if ds["follows"] is None]  # the lead is one of these
+        order_unknown = self.settings.enabled and self.order is None and any(ds["layout"] is None for ds in leads)
+        if order_unknown and self._scope is not None and not self.opens and self.state in ("preparing", "waiting"):
+            # The search under way has not been given an open yet: every open it will get is this seed's.
+            # Kept (its process and loaded snapshot), it answers for this seed: which order it is read in.
+            self._recordings += 1
+            self._fed = self._recordings
+            self.trigger, self._since, self.note = self._order_trigger(seed), seed.version(), None
+            self._order_only = True
+            return
         # Opens before a write show the order of the seed before it: a new recording judges this one.
         self.opens, self._recordings = [], self._recordings + 1
         self._recording = self.settings.enabled
@@ -269,8 +287,19 @@ class SeedDiscovery:
             self.superseded += 1
             self.note = f"stopped: a seed was {seed.origin} ({seed.value})"
             log.info("seed discovery stopped: seed %d was %s", seed.value, seed.origin)
+        if order_unknown:
+            # No layout configured and no match has told the order yet: the seed's plan lists the files
+            # as ImageFolder does, which the job may not.  Its first opens say, without waiting for the
+            # cursor to call the seed a mismatch (which takes an epoch's worth of opens or more).
+            self._want(self._order_trigger(seed))
+            self._order_only = True
+
+    @staticmethod
+    def _order_trigger(seed: SeedState) -> str:
+        return f"the {seed.origin} seed {seed.value}: which catalog order the job reads (no layout configured)"
 
     def _want(self, trigger: str) -> None:
+        self._order_only = False  # a search for the order alone sets it after this
         self.trigger = trigger
         self._since = self.seed.version()
         self.note = None
@@ -406,22 +435,45 @@ class SeedDiscovery:
                 log.info("seed discovery: dropped the match %d, seed %d came after the search", value, self.seed.value)
                 return
             epoch = self._fits(value) if self.seed.origin != "assumed" else None
+            reordered = self._tell_order(doc.get("order"))  # before the seed: its plan is made in this order
             if epoch is not None:
                 where = f" in its epoch {epoch}" if epoch else ""
-                self.note = f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
+                if reordered:
+                    self.note = (
+                        f"the seed in use, {self.seed.value}, fits the opens{where} in the {doc.get('order')} "
+                        "order: planned in that order"
+                    )
+                else:
+                    self.note = (
+                        f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
+                    )
                 return
-            order = doc.get("order")
-            if isinstance(order, str) and self.on_order is not None:
-                # before the seed, so that its plan is made in this order: the lead's, and every other
-                # dataset's without a layout (one training script lists all its datasets alike)
-                for i, ds in enumerate(self.config["datasets"]):
-                    if ds.get("layout") is None or i == self.setup.get("lead"):
-                        self.on_order(i, order)
+            if self._order_only:
+                # Asked only which order the written seed is read in: another seed fits, so the written
+                # one is wrong, but that is for the cursor to say; a mismatch then adopts this answer.
+                self.note = f"the opens fit {value}, not the {self.seed.origin} seed {self.seed.value}"
+                return
             self._adopt(value, self._since)
         elif status == "not_searchable":
             self.state = "not_searchable"
         else:
             self.state = "not_found"  # not_found, or too_few_opens with every open the mount recorded
+
+    def _tell_order(self, order: object) -> bool:
+        """Hand a match's catalog order to ``on_order``: for the lead and for every dataset without a
+        configured layout (one training script lists all its datasets alike).  Returns whether it
+        differs from the order told before (at first: the lead's configured layout or imagefolder)."""
+        lead = self.setup.get("lead")
+        if not isinstance(order, str) or not isinstance(lead, int) or self.on_order is None:
+            return False
+        datasets = self.config["datasets"]
+        before, self.order = self.order or datasets[lead].get("layout") or DEFAULT_LAYOUT, order
+        if order == before:
+            return False
+        for i, ds in enumerate(datasets):
+            if ds.get("layout") is None or i == lead:
+                self.on_order(i, order)
+        return True
 
     # ------------------------------------------------------------------ status
 
