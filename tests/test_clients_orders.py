@@ -27,7 +27,18 @@ from typing import Any
 
 import pytest
 from pfsemu_fixture import requires_fuse
-from test_clients import PFS_FACTOR, WALL_FACTOR, WALL_REPEATS, Run, Source, Verdict, run_client, seerfs_options
+from test_clients import (
+    PFS_FACTOR,
+    SLOW_S,
+    WALL_FACTOR,
+    WALL_REPEATS,
+    Run,
+    Source,
+    Verdict,
+    fs_seconds,
+    run_client,
+    seerfs_options,
+)
 
 from placement.discovery import NO_ORDER_FITS
 
@@ -132,6 +143,10 @@ def test_timm_train_py(tmp_path: Path, source: Source, verdict: Verdict, written
     verdict.check(run.final["seed_origin"] == want_origin, f"seed origin {run.final['seed_origin']}, not {want_origin}")
     judge_epochs(verdict, run, ["train1", "epoch1", "train2", "epoch2"])  # epochN: validation after epoch N
     verdict.metrics["first_epoch"] = {k: rates(run).get(k) for k in ("train0", "epoch0")}
+    # Reported, not judged (the training side's clock; the lock's latency is another check's): training
+    # samples of epoch 0 after the node's first 128 opens (64 per rank) whose open+read waited for the PFS.
+    late = [x for r in run.ranks for x in [s for s in r["samples"] if s[:2] == ["train", 0]][64:]]
+    verdict.metrics["epoch0_slow_after_128"] = sum(fs_seconds(x) >= SLOW_S for x in late)
     verdict.pfs_once(run, source)
     verdict.done(run)
 
