@@ -80,10 +80,11 @@ WHAT_DECIDES = {
         "served reactively"
     ),
     "random": (
-        "DataLoader(shuffle=True)'s order is decided by its generator's seed; without generator= it comes from "
-        "torch's global RNG, which no seed written here can predict: pass generator=torch.Generator()"
-        ".manual_seed(S) and write S; a file list the script shuffles itself cannot be predicted and is "
-        "served reactively"
+        "DataLoader(shuffle=True)'s order is decided by its generator's seed; without generator= (timm's "
+        "train.py in one process, most single-GPU scripts) it is drawn from torch's global RNG as it stands at "
+        "iter(), after the model's initialisation drew from it, which no seed written here can predict: pass "
+        "generator=torch.Generator().manual_seed(S) and write S; a file list the script shuffles itself cannot "
+        "be predicted and is served reactively"
     ),
 }
 """For a search that found nothing: what decides the configured kind's order, and what to write."""
