@@ -243,17 +243,16 @@ def test_worker_finds_seed_plus_epoch_from_exactly_two_batches_per_local_rank(sn
     assert phases[:2] == ["preparing", "ready"] and phases[-1] == "done", phases
     ready = out[1]
     assert (ready["dataset"], ready["files"], ready["sampler"], ready["need"]) == ("train", TRAIN, ["distributed"], 32)
-    # no layout given: the modelled orders (one here: the tree lists alike in all), the likely seeds only
-    assert ready["orders"] == ["imagefolder"] and ready["planned"] == ready["likely"] == len(
-        dv.candidates(1 << 16, 1000)[0]
-    )
+    # no layout given: the modelled orders, the likely seeds only; found in the first, the others never listed
+    likely = len(dv.candidates(1 << 16, 1000)[0])
+    assert ready["orders"] == list(dv.MODELLED_ORDERS) and ready["planned"] == ready["likely"] == 3 * likely
     searching = next(d for d in out if d["phase"] == "searching")
     assert searching["opens"] == 32 and searching["tier"] == "likely"
     done = out[-1]
     assert (done["status"], done["seed"], done["identifies"], done["node"]) == ("found", 3407, "seed+epoch", 1)
     assert done["opens"] == 32 and done["false_match_chance"] < 1e-6
     assert done["result"] == "seed+epoch = 3407 (DistributedSampler, node 1, imagefolder order)"
-    assert done["order"] == "imagefolder"
+    assert done["order"] == "imagefolder" and done["orders"] == ["imagefolder"] and done["candidates_planned"] == likely
     configured = config_dict(**{"datasets.0.layout": "imagefolder"})  # a layout given: the whole range too
     ready = run_worker(request_for(snap_file, configured), feeds)[1]
     assert ready["planned"] == len(ss.default_candidates()) and ready["likely"] < ready["planned"]
@@ -466,7 +465,9 @@ def test_a_seed_outside_the_range_is_not_found_and_never_locked(
     disc = doc["discovery"]
     assert disc["state"] == "not_found" and disc["seed"] is None, disc
     assert disc["result"].startswith(dv.NO_ORDER_FITS), disc["result"]
-    assert disc["candidates_tried"] == disc["candidates_planned"] == disc["likely_candidates"], disc
+    # the likely seeds of each order (here all list the tree as ImageFolder does: one searched), no range
+    assert disc["candidates_tried"] == disc["candidates_planned"] == len(dv.candidates(1 << 16, 1000)[0]), disc
+    assert disc["orders"] == "imagefolder", disc
     assert "write the seed" in disc["reason"], disc["reason"]
     assert disc["best_chance"] > 1e-6
     assert (doc["seed"]["value"], doc["seed"]["origin"]) == (0, "assumed")

@@ -159,7 +159,8 @@ def test_the_planner_is_told_the_order_before_the_seed(snapshot: tuple[Path, Any
     trio.run(main)
     assert calls == [("order", (0, "timm_folder")), ("seed", 1234)], calls
     st = disc.status()
-    assert (st["order"], st["orders"], st["seed"]) == ("timm_folder", "imagefolder, timm_folder, files", 1234)
+    # searched: ImageFolder's order, then timm's, where it fitted (files, never listed)
+    assert (st["order"], st["orders"], st["seed"]) == ("timm_folder", "imagefolder, timm_folder", 1234)
     manager = PlanManager(snap_file, "fp", cfg, tmp_path)
     before = plan_key("fp", manager.config, 1234)
     manager.use_layout(0, "timm_folder")

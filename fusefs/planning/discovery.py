@@ -123,9 +123,10 @@ class DiscoveryStatus(TypedDict):
     orders: Annotated[
         str | None,
         text(
-            "the orders searched, comma-separated: the configured layout, or, when datasets.N.layout is not given, "
-            "every modelled order (imagefolder, timm_folder, files; one that lists the files exactly as an "
-            "earlier one does is searched once)"
+            "the orders to search, comma-separated: the configured layout, or, when datasets.N.layout is not "
+            "given, every modelled order (imagefolder, timm_folder, files); once the search ended, those it "
+            "searched (an order listing the files exactly as an earlier one is not searched again, and one is "
+            "listed only when the earlier ones' likely seeds did not fit)"
         ),
     ]
     node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
@@ -492,7 +493,7 @@ class SeedDiscovery:
             "identifies": r.get("identifies"),
             "sampler": r.get("sampler"),
             "order": r.get("order"),
-            "orders": ", ".join(self.setup["orders"]) if isinstance(self.setup.get("orders"), list) else None,
+            "orders": _joined(r.get("orders", self.setup.get("orders"))),
             "node": r.get("node"),
             "dataset": self.setup.get("dataset"),
             "files": self.setup.get("files"),
@@ -518,6 +519,10 @@ class SeedDiscovery:
             "message": self.message,
             "limit": self.settings.limit,
         }
+
+
+def _joined(names: object) -> str | None:
+    return ", ".join(str(x) for x in names) if isinstance(names, list) else None
 
 
 class SearchFailed(Exception):

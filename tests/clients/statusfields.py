@@ -53,6 +53,7 @@ def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
                 "reason",
                 "found_at_opens",
                 "candidates_tried",
+                "candidates_planned",
                 "likely_candidates",
                 "seconds",
                 "cpu_seconds",
