@@ -159,6 +159,7 @@ class SamplerConfig:
         "accelerate_default",
         "torchdata_random",
         "ordered_distributed",
+        "repeat_aug",
     ] = doc(
         "distributed: DistributedSampler (torchrun, Lightning's injected one); random: DataLoader(shuffle=True, "
         "generator seeded) in one process per rank; sequential: in index order (validation); list: the order "
@@ -167,11 +168,13 @@ class SamplerConfig:
         "without it (one generator seeded at prepare(), running on across epochs); torchdata_random: torchdata "
         "StatefulDataLoader(shuffle=True) without a sampler; ordered_distributed: timm's OrderedDistributedSampler "
         "(its distributed validation loader: rank r reads r, r + world_size, ... of the dataset, padded from "
-        "its start, no seed).  Which seed to write for each: seerfs.yaml(5), "
+        "its start, no seed); repeat_aug: timm's RepeatAugSampler (train.py --aug-repeats under torchrun: "
+        "seeded by the epoch alone, no seed).  Which seed to write for each: seerfs.yaml(5), "
         "WHICH SEED TO WRITE",
         "distributed",
     )
     shuffle: bool = doc("DistributedSampler(shuffle=...); accelerate: the DataLoader's shuffle", True)
+    aug_repeats: float = doc("repeat_aug: timm's --aug-repeats (RepeatAugSampler's num_repeats)", 3.0)
     drop_last: bool = doc("DistributedSampler(drop_last=...): truncate instead of padding", False)
     persistent_workers: bool = doc(
         "random, accelerate_default, torchdata_random: DataLoader(persistent_workers=...)", False

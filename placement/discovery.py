@@ -129,6 +129,11 @@ def search_setup(config: Mapping[str, Any], js: JobStreams) -> SearchSetup:
         kinds = ("random",)
     elif kind == "distributed":
         reason = f"dataset {ds['root']!r} is read in index order (sampler.shuffle false): no seed decides it"
+    elif kind == "repeat_aug":
+        reason = (
+            f"dataset {ds['root']!r} is read by timm's RepeatAugSampler, which seeds its shuffle with the epoch "
+            "alone: no seed decides it, nothing to write"
+        )
     elif kind in UNSEARCHED and smp.get("shuffle", True):
         reason = f"dataset {ds['root']!r}: {UNSEARCHED[kind]}"
     else:

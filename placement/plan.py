@@ -53,6 +53,8 @@ from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
 
 FRAMEWORK_SAMPLER_KEYS = ("even_batches", "split_batches", "loader_generator")
+KIND_SAMPLER_KEYS = {"aug_repeats": "repeat_aug"}
+"""Sampler keys that decide the plan for one kind only: in the inputs (and digests) of that kind alone."""
 FORMAT = 2
 """Version of the planning algorithm, hashed into every digest: plans of another version never match.
 2: the digest covers every output column (objects and fill order too), not only tiers and owners."""
@@ -99,7 +101,11 @@ def _sampler_inputs(sampler: Mapping[str, Any]) -> dict[str, Any]:
     the inputs, and digests, of the other kinds stay what they were before those keys existed)."""
     framework = sampler.get("kind") in FRAMEWORK_KINDS
     return {
-        k: sampler[k] for k in sorted(sampler) if k != "order_file" and (framework or k not in FRAMEWORK_SAMPLER_KEYS)
+        k: sampler[k]
+        for k in sorted(sampler)
+        if k != "order_file"
+        and (framework or k not in FRAMEWORK_SAMPLER_KEYS)
+        and KIND_SAMPLER_KEYS.get(k, sampler.get("kind")) == sampler.get("kind")
     }
 
 
@@ -178,6 +184,7 @@ def _streams(
                 loader_generator=bool(smp.get("loader_generator", False)),
                 persistent_workers=bool(smp.get("persistent_workers", False)),
                 num_workers=int(job.get("num_workers", 0)),
+                aug_repeats=float(smp.get("aug_repeats", 3.0)),
                 order=orders.get(i),
                 backend=backend,
             )

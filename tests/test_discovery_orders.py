@@ -179,5 +179,6 @@ def test_unpredictable_samplers_say_what_decides_them_and_what_to_write() -> Non
         setup = dv.search_setup(cfg, job_streams_of(cfg, [600]))
         assert not setup.searchable and all(w in (setup.reason or "") for w in words), (kind, setup.reason)
         assert "no seed decides it" not in (setup.reason or "")
-    cfg = config_dict(**{"datasets.0.sampler.kind": "ordered_distributed"})
-    assert "no seed decides it" in (dv.search_setup(cfg, job_streams_of(cfg, [600])).reason or "")
+    for kind in ("ordered_distributed", "repeat_aug"):
+        cfg = config_dict(**{"datasets.0.sampler.kind": kind})
+        assert "no seed decides it" in (dv.search_setup(cfg, job_streams_of(cfg, [600])).reason or ""), kind

@@ -121,3 +121,55 @@ def test_a_plan_builds_with_datasets_that_batch_differently(tmp_path: Path) -> N
     plan = Plan.build(Snapshot.scan(str(tmp_path)).tree, cfg, seed=3)
     js = plan.job_streams()
     assert js.datasets[1].streams.length == 4 and js.datasets[0].streams.length == 8  # 7 -> 4 per rank; 11 -> 8
+
+
+def timm_repeat_aug(n: int, world: int, rank: int, repeats: float) -> Any:
+    torchvision_cpu.load()
+    mod = pytest.importorskip("timm.data.distributed_sampler", reason="timm is not installed")
+    return mod.RepeatAugSampler(Indices(n), num_replicas=world, rank=rank, num_repeats=repeats)
+
+
+@pytest.mark.parametrize(("n", "world", "repeats"), [(10, 2, 3), (300, 4, 3), (257, 3, 2), (50, 2, 1.5), (7, 4, 3)])
+def test_repeat_aug_matches_timm(n: int, world: int, repeats: float) -> None:
+    """timm's RepeatAugSampler (--aug-repeats): the epoch alone seeds it, so any seed gives this order."""
+    cfg = config(
+        **{
+            "datasets": f"[{{root: ., sampler: {{kind: repeat_aug, aug_repeats: {repeats}}}}}]",
+            "job.world_size": str(world),
+            "job.ranks_per_node": str(world),
+        }
+    )
+    (streams,) = P._streams(P.plan_inputs(cfg, 12345), [n], {}, "numpy")
+    assert sampler_name(streams.sampler) == "repeat_aug" and varies_by_epoch(streams.sampler)
+    for epoch in (0, 1, 4):
+        for rank in range(world):
+            ref = timm_repeat_aug(n, world, rank, repeats)
+            ref.set_epoch(epoch)
+            want = list(iter(ref))
+            assert streams.sampler.num_samples() == len(ref)
+            assert streams.rank_stream(epoch, rank).tolist() == want, (epoch, rank)
+
+
+def test_repeat_aug_repeats_are_in_its_plan_inputs_only() -> None:
+    assert "aug_repeats" not in P.plan_inputs(config(), 0)["datasets"][0]["sampler"]  # digests unchanged
+    cfg = config(datasets="[{root: ., sampler: {kind: repeat_aug, aug_repeats: 2}}]")
+    assert P.plan_inputs(cfg, 0)["datasets"][0]["sampler"]["aug_repeats"] == 2.0
+
+
+def test_a_plan_builds_over_repeat_aug(tmp_path: Path) -> None:
+    for k in range(300):
+        (tmp_path / "train" / f"c{k % 3}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "train" / f"c{k % 3}" / f"img_{k}.jpg").write_bytes(b"x" * (10 + k))
+    cfg = config(
+        **{
+            "datasets": "[{root: train, sampler: {kind: repeat_aug}}]",
+            "job.world_size": "4",
+            "job.ranks_per_node": "2",
+            "job.epochs": "3",
+            "job.batch_size": "4",
+        }
+    )
+    plan = Plan.build(Snapshot.scan(str(tmp_path)).tree, cfg, seed=0)
+    js = plan.job_streams()
+    assert js.datasets[0].streams.length == 256 // 4  # timm reads n // 256 * 256 / world samples per rank
+    assert plan.files == 300

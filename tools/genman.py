@@ -470,6 +470,7 @@ WHICH_SEED = (
         "generator=torch.Generator().manual_seed(S) (with loader_generator).",
     ),
     ("sequential, list, ordered_distributed", "no seed: the order does not depend on one."),
+    ("repeat_aug", "no seed: timm's RepeatAugSampler shuffles with the epoch as its seed."),
 )
 """The WHICH SEED TO WRITE section of seerfs.yaml(5), by datasets[].sampler.kind."""
 
