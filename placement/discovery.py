@@ -132,7 +132,8 @@ def search_setup(config: Mapping[str, Any], js: JobStreams) -> SearchSetup:
     elif kind == "repeat_aug":
         reason = (
             f"dataset {ds['root']!r} is read by timm's RepeatAugSampler, which seeds its shuffle with the epoch "
-            "alone: no seed decides it, nothing to write"
+            "alone: no seed decides it, nothing to write; with no seed to search, its catalog order is not "
+            "discovered either: set datasets.N.layout (timm_folder for timm's folder reader)"
         )
     elif kind in UNSEARCHED and smp.get("shuffle", True):
         reason = f"dataset {ds['root']!r}: {UNSEARCHED[kind]}"

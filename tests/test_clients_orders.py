@@ -151,6 +151,28 @@ def test_timm_train_py(tmp_path: Path, source: Source, verdict: Verdict, written
     verdict.done(run)
 
 
+def test_timm_aug_repeats(tmp_path: Path, source: Source, verdict: Verdict) -> None:
+    """timm's --aug-repeats 3: RepeatAugSampler, shuffled by the epoch alone, so planned without any seed
+    (nothing written); with no seed to search the order is not discovered, so the config names it
+    (layout timm_folder).  Every epoch after the first predicted; in the first, the cursor places the
+    node from its opens (nothing written: the plan is not presumed, although no seed could be wrong)."""
+    opts = timm_options() | {
+        "datasets.0.layout": "timm_folder",
+        "datasets.1.layout": "timm_folder",
+        "datasets.0.sampler.kind": "repeat_aug",
+        "datasets.0.sampler.aug_repeats": "3",
+    }
+    args = ["--snapshot-train", "--aug-repeats", "3"]
+    run = run_client(tmp_path, source, "augrepeats", "timm_loop.py", 2, args, opts, seed=None)
+    verdict.bytes_identical(run, source)
+    samplers = run.ranks[0].get("samplers")
+    verdict.check(samplers == ["RepeatAugSampler", "OrderedDistributedSampler"], f"timm's samplers: {samplers}")
+    judge_epochs(verdict, run, ["epoch0", "train1", "epoch1", "train2", "epoch2"])
+    verdict.metrics["first_epoch"] = rates(run).get("train0")
+    verdict.pfs_once(run, source)
+    verdict.done(run)
+
+
 def test_custom_dataset_in_natural_order(tmp_path: Path, source: Source, verdict: Verdict) -> None:
     """A Dataset over glob() sorted naturally: the order timm's folder reader gives these files."""
     opts = seerfs_options(2, 3, val=False)

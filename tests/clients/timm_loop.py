@@ -76,6 +76,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("-j", "--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=42, help="train.py's --seed (default 42): the global RNGs only")
     p.add_argument("--snapshot-train", action="store_true", help="also snapshot status between train and val")
+    p.add_argument("--aug-repeats", type=float, default=0, help="train.py's --aug-repeats: RepeatAugSampler")
     p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (GPU time)")
     return p.parse_args()
 
@@ -99,6 +100,7 @@ def main() -> int:
         train,
         batch_size=args.batch_size,
         is_training=True,
+        num_aug_repeats=args.aug_repeats,
         num_workers=args.workers,
         distributed=True,
         collate_fn=clientlib.collate,
