@@ -151,18 +151,30 @@ class SnapshotSettings:
 @dataclass(frozen=True)
 class SamplerConfig:
     kind: Literal[
-        "distributed", "random", "sequential", "list", "accelerate", "accelerate_default", "torchdata_random"
+        "distributed",
+        "random",
+        "sequential",
+        "list",
+        "accelerate",
+        "accelerate_default",
+        "torchdata_random",
+        "ordered_distributed",
+        "repeat_aug",
     ] = doc(
         "distributed: DistributedSampler (torchrun, Lightning's injected one); random: DataLoader(shuffle=True, "
         "generator seeded) in one process per rank; sequential: in index order (validation); list: the order "
         "in order_file; accelerate: accelerate's prepare() with use_seedable_sampler=True (whole batches dealt "
         "to the processes in turn; without shuffle: its evaluation loaders); accelerate_default: prepare() "
         "without it (one generator seeded at prepare(), running on across epochs); torchdata_random: torchdata "
-        "StatefulDataLoader(shuffle=True) without a sampler.  Which seed to write for each: seerfs.yaml(5), "
+        "StatefulDataLoader(shuffle=True) without a sampler; ordered_distributed: timm's OrderedDistributedSampler "
+        "(its distributed validation loader: rank r reads r, r + world_size, ... of the dataset, padded from "
+        "its start, no seed); repeat_aug: timm's RepeatAugSampler (train.py --aug-repeats under torchrun: "
+        "seeded by the epoch alone, no seed).  Which seed to write for each: seerfs.yaml(5), "
         "WHICH SEED TO WRITE",
         "distributed",
     )
     shuffle: bool = doc("DistributedSampler(shuffle=...); accelerate: the DataLoader's shuffle", True)
+    aug_repeats: float = doc("repeat_aug: timm's --aug-repeats (RepeatAugSampler's num_repeats)", 3.0)
     drop_last: bool = doc("DistributedSampler(drop_last=...): truncate instead of padding", False)
     persistent_workers: bool = doc(
         "random, accelerate_default, torchdata_random: DataLoader(persistent_workers=...)", False
@@ -188,13 +200,28 @@ class SamplerConfig:
 
 
 @dataclass(frozen=True)
+class LoaderConfig:
+    batch_size: int | None = doc(
+        "this dataset's DataLoader batch size per rank (e.g. timm's --validation-batch-size); null: job.batch_size",
+        None,
+    )
+    drop_last: bool | None = doc(
+        "this dataset's DataLoader(drop_last=...), not the DistributedSampler's (sampler.drop_last): timm drops "
+        "the last partial batch when training only; null: job.drop_last",
+        None,
+    )
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     root: str = doc("directory of the dataset inside the mount ('.' for the mount root)", ".")
-    layout: Literal["imagefolder", "files", "list", "timm_folder"] = doc(
+    layout: Literal["imagefolder", "files", "list", "timm_folder"] | None = doc(
         "imagefolder: torchvision ImageFolder order; files: every file, sorted; list: list_file's order; "
         "timm_folder: timm's folder reader (whole tree walked, root files included, class = leaf directory "
-        "name, samples in natural order of the full path: img_2 before img_10)",
-        "imagefolder",
+        "name, samples in natural order of the full path: img_2 before img_10).  null (not given): planned as "
+        "imagefolder until seed discovery finds the job reading another modelled order (imagefolder, "
+        "timm_folder, files) with a likely seed; the plan then uses that order (status discovery.order)",
+        None,
     )
     list_file: str | None = doc("list: file of paths relative to root, one per line (relative names: in SOURCE)", None)
     extensions: list[str] | None = doc(
@@ -207,6 +234,9 @@ class DatasetConfig:
     )
     every: int = doc("with follows: read after every Nth epoch", 1)
     sampler: SamplerConfig = doc("how the training code samples this dataset", factory=SamplerConfig)
+    loader: LoaderConfig = doc(
+        "how this dataset's DataLoader batches, where it differs from job.*", factory=LoaderConfig
+    )
 
 
 @dataclass(frozen=True)
@@ -344,6 +374,14 @@ class SeedDiscoveryConfig:
         "a DistributedSampler job resumed in epoch e shows seed + e: the common seeds and dates are also "
         "tried with e = 1..epoch_span-1",
         1000,
+    )
+    range_orders: Literal["configured", "all"] = doc(
+        "which catalog orders are searched over the whole range 0..limit-1 after the likely seeds.  "
+        "configured: only the lead dataset's layout when the config gives one (when it does not, every "
+        "modelled order is tried with the likely seeds only, so a job reading an order seerfs does not model "
+        "costs a second of CPU, not a minute); all: every modelled order tried (minutes of CPU per order at "
+        "the default limit)",
+        "configured",
     )
 
 
@@ -645,6 +683,8 @@ def check(cfg: Config) -> Config:
         if ds.sampler.kind == "list" and not ds.sampler.order_file:
             raise ConfigError(f"{key}.sampler.order_file: expected a file name when sampler.kind is 'list'")
         _check_positive(f"{key}.every", ds.every)
+        if ds.loader.batch_size is not None:
+            _check_positive(f"{key}.loader.batch_size", ds.loader.batch_size)
     for i, ds in enumerate(cfg.datasets):
         if ds.follows is not None and os.path.normpath(ds.follows) not in roots:
             raise ConfigError(f"datasets.{i}.follows: expected the root of another dataset, got {ds.follows!r}")

@@ -54,6 +54,8 @@ from placement.tree import KIND_DIR, KIND_FILE, KIND_SYMLINK, LINK_OUTSIDE, Tree
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 TIMM_EXTENSIONS = (".png", ".jpg", ".jpeg")
 LAYOUTS = ("imagefolder", "files", "list", "timm_folder")
+DEFAULT_LAYOUT = "imagefolder"
+"""What a dataset whose config gives no layout is planned as, until seed discovery finds its order."""
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -378,10 +380,30 @@ _DIGITS = re.compile(r"(\d+)")
 
 def natural_key(s: str) -> list[str | int]:
     """timm's sort key: lower-cased, digit runs (odd split positions) compared as numbers."""
-    parts: list[str | int] = []
-    for k, part in enumerate(_DIGITS.split(s.lower())):
-        parts.append(int(part) if k % 2 else part)
+    parts: list[str | int] = list(_DIGITS.split(s.lower()))
+    parts[1::2] = map(int, parts[1::2])  # the digit runs
     return parts
+
+
+def _natural_run(m: re.Match[str]) -> str:
+    digits = str(int(m.group()))  # \d matches every Unicode digit, as in timm: its value, in ASCII
+    return f"\0{chr(0x100 + len(digits))}{digits}"
+
+
+def natural_sort_key(s: str) -> str:
+    """:func:`natural_key` as one string that sorts (and ties) alike, for sorting millions of paths.
+
+    Each text part ends with NUL (no name holds one), so a part that is a prefix of another sorts
+    first, as in the list; each digit run becomes its length (a character above every digit and
+    NUL) and its digits without leading zeros, so runs compare by value, as ints do.
+    """
+    return _DIGITS.sub(_natural_run, s.lower()) + "\0"
+
+
+def _splitext_ext(name: str) -> str:
+    """``os.path.splitext(name)[1]`` for a base name: from the last dot, unless only dots precede it."""
+    dot = name.rfind(".")
+    return name[dot:] if dot > len(name) - len(name.lstrip(".")) else ""
 
 
 def _timm_folder(view: _TreeView, top: int, extensions: tuple[str, ...]) -> tuple[_Listing, list[str]]:
@@ -393,17 +415,20 @@ def _timm_folder(view: _TreeView, top: int, extensions: tuple[str, ...]) -> tupl
     dir_ids: list[int] = []
     names: list[str] = []
     for rel, d in _walk_dirs(view, top, "", listing):
+        leaf = posixpath.basename(rel)  # the class: the name of the directory the file sits in
+        prefix = f"{rel}/" if rel else ""
         for e in _dir_files(view, d, keep, listing).tolist():
             name = decode(view.name(e))
-            if posixpath.splitext(name)[1].lower() in types:
-                paths.append(_join(rel, name))
+            if _splitext_ext(name).lower() in types:
+                paths.append(prefix + name)
                 entries.append(e)
                 dir_ids.append(len(listing.dirs))
-                names.append(posixpath.basename(rel))
+                names.append(leaf)
         listing.dirs.append(rel)
     classes = sorted(set(names), key=lambda c: (natural_key(c), c))
-    keys = [natural_key(p) for p in paths]
-    order = sorted(range(len(paths)), key=lambda k: (keys[k], paths[k]))
+    keys = [natural_sort_key(p) for p in paths]
+    # (key, path, position) sorted as tuples: the order of sorted(range(n), key=(keys[k], paths[k]))
+    order = [k for _key, _path, k in sorted(zip(keys, paths, range(len(paths)), strict=True))]
     class_keys = [natural_key(c) for c in classes]
     ties = any(a == b for a, b in itertools.pairwise(class_keys))
     ties = ties or any(keys[a] == keys[b] for a, b in itertools.pairwise(order))
@@ -524,8 +549,9 @@ def build_catalogs(
             if lists is None or i not in lists:
                 raise ValueError(f"datasets.{i}: layout 'list' needs the contents of {ds.get('list_file')}")
             paths = [p for p in lists[i] if p.strip()]
+        layout = ds["layout"] or DEFAULT_LAYOUT
         try:
-            out.append(build_catalog(tree, ds["root"], ds["layout"], ds.get("extensions"), paths, _view=view))
+            out.append(build_catalog(tree, ds["root"], layout, ds.get("extensions"), paths, _view=view))
         except ValueError as exc:
             raise ValueError(f"datasets.{i}: {exc}") from None
     return out

@@ -544,6 +544,7 @@ def build_sampler(
     persistent_workers: bool = False,
     num_workers: int = 0,
     order: npt.ArrayLike | None = None,
+    aug_repeats: float = 3,
     backend: Backend = "auto",
 ) -> SamplerModel:
     """The model for a config's ``datasets[].sampler``: every kind, the plain PyTorch ones through
@@ -598,6 +599,7 @@ def build_sampler(
         persistent_workers=persistent_workers,
         num_workers=num_workers,
         order=order,
+        aug_repeats=aug_repeats,
         backend=backend,
     )
 

@@ -108,9 +108,9 @@ class JobStreams:
             ds = self.datasets[d].streams
             models = [
                 *unshuffled_alternatives(ds.sampler),
-                *framework_alternatives(ds.sampler, self.shape.batch_size, self.shape.drop_last),
+                *framework_alternatives(ds.sampler, ds.shape.batch_size, ds.shape.drop_last),
             ]
-            self._variants[d] = [ds, *(Streams(m, self.shape) for m in models)]
+            self._variants[d] = [ds, *(Streams(m, ds.shape) for m in models)]
         return self._variants[d]
 
     def phases(self, epoch: int) -> list[tuple[DatasetStreams, int]]:

@@ -23,6 +23,7 @@ use the seed.  The daemon's cursor follows each dataset on its own, past the hor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +35,7 @@ import numpy.typing as npt
 import xxhash
 
 from placement.assign import Assignment, assign, earliest_reader, spread_covers
-from placement.catalog import Catalog, build_catalogs
+from placement.catalog import DEFAULT_LAYOUT, Catalog, build_catalogs
 from placement.frameworks import FRAMEWORK_KINDS, build_sampler
 from placement.frequency import (
     AccessStats,
@@ -52,6 +53,8 @@ from placement.streams import JobShape, Streams
 from placement.tree import TreeArrays
 
 FRAMEWORK_SAMPLER_KEYS = ("even_batches", "split_batches", "loader_generator")
+KIND_SAMPLER_KEYS = {"aug_repeats": "repeat_aug"}
+"""Sampler keys that decide the plan for one kind only: in the inputs (and digests) of that kind alone."""
 FORMAT = 2
 """Version of the planning algorithm, hashed into every digest: plans of another version never match.
 2: the digest covers every output column (objects and fill order too), not only tiers and owners."""
@@ -79,11 +82,12 @@ def plan_inputs(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
         "datasets": [
             {
                 "root": os.path.normpath(ds["root"]),
-                "layout": ds["layout"],
+                "layout": ds["layout"] or DEFAULT_LAYOUT,  # not given: planned as imagefolder
                 "extensions": ds.get("extensions"),
                 "follows": None if ds.get("follows") is None else os.path.normpath(ds["follows"]),
                 "every": int(ds.get("every", 1)),
                 "sampler": _sampler_inputs(ds["sampler"]),
+                **_loader_inputs(ds),
             }
             for ds in config["datasets"]
         ],
@@ -97,8 +101,30 @@ def _sampler_inputs(sampler: Mapping[str, Any]) -> dict[str, Any]:
     the inputs, and digests, of the other kinds stay what they were before those keys existed)."""
     framework = sampler.get("kind") in FRAMEWORK_KINDS
     return {
-        k: sampler[k] for k in sorted(sampler) if k != "order_file" and (framework or k not in FRAMEWORK_SAMPLER_KEYS)
+        k: sampler[k]
+        for k in sorted(sampler)
+        if k != "order_file"
+        and (framework or k not in FRAMEWORK_SAMPLER_KEYS)
+        and KIND_SAMPLER_KEYS.get(k, sampler.get("kind")) == sampler.get("kind")
     }
+
+
+def _loader_inputs(ds: Mapping[str, Any]) -> dict[str, Any]:
+    """A dataset's own DataLoader batching (``datasets.N.loader``), only where some key is set: the
+    inputs, and digests, of configs that leave it to ``job.*`` stay what they were before it existed."""
+    loader = {k: v for k, v in sorted((ds.get("loader") or {}).items()) if v is not None}
+    return {"loader": loader} if loader else {}
+
+
+def _dataset_shape(shape: JobShape, ds: Mapping[str, Any]) -> JobShape:
+    """The job's shape with this dataset's DataLoader batch size and drop_last where it has its own."""
+    loader = ds.get("loader") or {}
+    batch, drop = loader.get("batch_size"), loader.get("drop_last")
+    return dataclasses.replace(
+        shape,
+        batch_size=shape.batch_size if batch is None else int(batch),
+        drop_last=shape.drop_last if drop is None else bool(drop),
+    )
 
 
 def _shape(inputs: Mapping[str, Any]) -> JobShape:
@@ -135,8 +161,10 @@ def _streams(
     shape = _shape(inputs)
     job = inputs["job"]
     out = []
+    job_shape = shape
     for i, ds in enumerate(inputs["datasets"]):
         smp = ds["sampler"]
+        shape = _dataset_shape(job_shape, ds)
         if sizes[i] == 0:
             raise ValueError(f"datasets.{i} ({ds['root']}): no files to plan for")
         if smp["kind"] == "list" and i not in orders:
@@ -156,6 +184,7 @@ def _streams(
                 loader_generator=bool(smp.get("loader_generator", False)),
                 persistent_workers=bool(smp.get("persistent_workers", False)),
                 num_workers=int(job.get("num_workers", 0)),
+                aug_repeats=float(smp.get("aug_repeats", 3.0)),
                 order=orders.get(i),
                 backend=backend,
             )

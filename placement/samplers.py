@@ -13,6 +13,11 @@ in that epoch (before the DataLoader batches it).  The facts modelled (torch's
   ``randperm(n)`` and, when it is exhausted, computes and discards a second ``randperm(n)``.
   Every rank runs the same code with the same seed, so all ranks read the same order.
 * sequential: ``0..n-1``; list: an order given by the user.
+* timm's ``RepeatAugSampler`` (:class:`RepeatAugSamplerModel`): seeded by the epoch alone.
+* timm's ``OrderedDistributedSampler`` (timm 1.0's ``timm/data/distributed_sampler.py``, the sampler
+  of its distributed *validation* loader): rank r reads ``[i % n for i in range(r, total_size, R)]``
+  with ``total_size = ceil(n / R) * R``: strided like an unshuffled DistributedSampler, padded
+  cyclically from the start of the dataset, never truncated (it has no drop_last).
 
 Models answer for any epoch in any order: per-epoch arrays are kept in a small LRU and the
 random sampler keeps generator checkpoints, so long jobs never hold every epoch at once.
@@ -41,7 +46,7 @@ from placement.randperm import (
     resolve_backend,
 )
 
-SAMPLER_KINDS = ("distributed", "random", "sequential", "list")
+SAMPLER_KINDS = ("distributed", "random", "sequential", "list", "ordered_distributed", "repeat_aug")
 BASE_SEED_DRAWS = 2  # torch.empty((), dtype=torch.int64).random_(generator=G): one random64()
 
 UNPREDICTABLE_RANDOM = (
@@ -214,6 +219,80 @@ class DistributedSamplerModel:
     def rank_indices(self, epoch: int, rank: int) -> IndexArray:
         rank = check_rank(rank, self.world_size)
         return self.epoch_order(epoch)[rank :: self.world_size]
+
+
+class OrderedDistributedSamplerModel(DistributedSamplerModel):
+    """timm's ``OrderedDistributedSampler(dataset)``: its distributed validation loader's sampler.
+
+    timm 1.0.31 gives rank r the entries ``r, r + R, ...`` of ``0..total_size-1`` taken modulo n,
+    ``total_size = ceil(n / R) * R`` (not one contiguous chunk per rank): the order of
+    ``DistributedSampler(shuffle=False, drop_last=False)``, whose padding also repeats the list from
+    its start.  Its own class so that a config and status name timm's sampler, and so that nobody
+    can give it a seed, a shuffle or a drop_last it does not have.
+    """
+
+    def __init__(self, n: int, world_size: int, *, cache_epochs: int = 2) -> None:
+        super().__init__(n, world_size, 0, shuffle=False, drop_last=False, cache_epochs=cache_epochs)
+
+
+class RepeatAugSamplerModel:
+    """timm's ``RepeatAugSampler(dataset, num_repeats=R)`` (train.py ``--aug-repeats R`` under torchrun).
+
+    timm 1.0.31 (``timm/data/distributed_sampler.py``): each ``__iter__`` seeds a fresh generator with
+    the *epoch* alone (no seed argument), takes ``randperm(n)``, repeats every index R times in place
+    (a non-integer R: index ``int(i // R)`` for i below ``ceil(R * n)``), and gives rank r the entries
+    ``r, r + W, ...`` below ``total_size = ceil(n * R / W) * W``, wrapped around the repeated list,
+    cut to ``num_selected_samples`` (``n // 256 * 256 // W``, or ``ceil(n / W)`` below 256 files; at
+    most num_samples).  So the same order for every job with the same n, R and world size.
+    """
+
+    kind = "repeat_aug"
+    shuffle = True
+
+    def __init__(
+        self, n: int, world_size: int, num_repeats: float = 3, *, backend: Backend = "auto", cache_epochs: int = 2
+    ) -> None:
+        self.n = check_n(n)
+        self.world_size = check_world(world_size)
+        if isinstance(num_repeats, bool) or not num_repeats > 0:
+            raise ValueError(f"num_repeats: expected a positive number, got {num_repeats!r}")
+        self.num_repeats = float(num_repeats)
+        self.backend = resolve_backend(backend)
+        self._num_samples_all = math.ceil(self.n * self.num_repeats / self.world_size)
+        self.total_size = self._num_samples_all * self.world_size
+        selected_round, ratio = 256, self.world_size  # timm's defaults (selected_ratio 0: the world size)
+        if self.n >= selected_round:
+            selected = math.floor(self.n // selected_round * selected_round / ratio)
+        else:
+            selected = math.ceil(self.n / ratio)
+        self.num_selected = min(selected, self._num_samples_all)
+        self.max_repeats = math.ceil(self.num_repeats) + 1  # a bound on one rank's reads of a file (wrap included)
+        self._cache: LRU[int, IndexArray] = LRU(cache_epochs)
+
+    def num_samples(self) -> int:
+        return self.num_selected
+
+    def epoch_order(self, epoch: int) -> IndexArray:
+        """The repeated list wrapped to total_size: rank r reads ``[r::W][:num_samples()]``."""
+        epoch = check_epoch(epoch)
+        return self._cache.get(epoch, lambda: frozen(self._compute(epoch)))
+
+    def _compute(self, epoch: int) -> npt.NDArray[np.int64]:
+        perm = randperm(self.n, epoch, backend=self.backend)
+        r = self.num_repeats
+        if r.is_integer():
+            repeated = np.repeat(perm, int(r))
+        else:  # timm's own float arithmetic, index by index
+            repeated = perm[np.asarray([int(i // r) for i in range(math.ceil(r * self.n))], dtype=np.int64)]
+        return np.asarray(repeated[np.arange(self.total_size) % repeated.shape[0]], dtype=np.int64)
+
+    def epoch_layout(self, epoch: int) -> EpochLayout:
+        order = self.epoch_order(epoch)
+        return EpochLayout(order=order, shared=False, distinct=1 if self.num_repeats > 1 else min(self.n, order.size))
+
+    def rank_indices(self, epoch: int, rank: int) -> IndexArray:
+        rank = check_rank(rank, self.world_size)
+        return self.epoch_order(epoch)[rank :: self.world_size][: self.num_selected]
 
 
 class EpochStreams:
@@ -396,6 +475,8 @@ def sampler_name(model: SamplerModel) -> str:
     kind = getattr(model, "kind", None)
     if isinstance(kind, str):  # the framework models name their kind
         return kind if getattr(model, "shuffle", True) else f"{kind}(shuffle=False)"
+    if isinstance(model, OrderedDistributedSamplerModel):
+        return "ordered_distributed"
     if isinstance(model, DistributedSamplerModel):
         return "distributed" if model.shuffle else "distributed(shuffle=False)"
     if isinstance(model, RandomSamplerModel):
@@ -434,9 +515,11 @@ def make_sampler(
     num_workers: int = 0,
     order: npt.ArrayLike | None = None,
     generator_seeded: bool = True,
+    aug_repeats: float = 3,
     backend: Backend = "auto",
 ) -> SamplerModel:
-    """The model for a config's ``datasets[].sampler`` (kind: distributed, random, sequential, list).
+    """The model for a config's ``datasets[].sampler`` (kind: distributed, random, sequential, list,
+    ordered_distributed, repeat_aug).
 
     Raises ValueError with a one-line reason for setups whose order cannot be predicted or that
     PyTorch itself would refuse.
@@ -458,6 +541,10 @@ def make_sampler(
         )
     if kind == "sequential":
         return SequentialSamplerModel(n, world_size)
+    if kind == "ordered_distributed":
+        return OrderedDistributedSamplerModel(n, world_size)
+    if kind == "repeat_aug":
+        return RepeatAugSamplerModel(n, world_size, aug_repeats, backend=backend)
     if kind == "list":
         if order is None:
             raise ValueError("sampler 'list' needs the order (sampler.order_file)")

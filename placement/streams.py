@@ -104,6 +104,11 @@ class JobShape:
             return ranks % self.ranks_per_node
         return ranks // self.nodes
 
+    def placement(self) -> tuple[int, int, str]:
+        """Where the ranks sit: what streams must share to be folded together (each dataset's own
+        DataLoader batch size and drop_last are already in its streams' lengths)."""
+        return (self.world_size, self.ranks_per_node, self.rank_order)
+
     def opened_per_rank(self, per_rank: int) -> int:
         """How many of a rank's sampler entries are opened: drop_last drops the partial batch."""
         return per_rank - per_rank % self.batch_size if self.drop_last else per_rank
@@ -445,7 +450,7 @@ class NodeReads:
     def add(self, streams: Streams, lay: EpochLayout, *, offset: int = 0, start: int = 0) -> None:
         """Fold one epoch of ``streams`` (its layout ``lay``), its files at ``offset``, its node
         streams starting at job position ``start``."""
-        if streams.shape != self.shape:
+        if streams.shape.placement() != self.shape.placement():
             raise ValueError("NodeReads: the streams belong to another job shape")
         if lay.shared:
             self._add_shared(streams, lay, offset, start)

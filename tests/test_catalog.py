@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fusefs.meta.snapshot import Snapshot
-from placement.catalog import Catalog, build_catalog, build_catalogs
+from placement.catalog import Catalog, build_catalog, build_catalogs, natural_key, natural_sort_key
 from tools.harness import torchvision_cpu
 
 LATIN1 = b"\x80x.jpg"  # not UTF-8: str sort puts it (\udc80) after CJK, bytes sort before
@@ -227,3 +228,14 @@ def test_timm_folder_ties_are_broken_by_str_and_not_exact(tmp_path: Path) -> Non
     cat = build_catalog(Snapshot.scan(str(root)).tree, layout="timm_folder")
     assert not cat.exact  # timm keeps os.scandir's order for img1/img01, which a snapshot does not record
     assert list(cat.paths(Snapshot.scan(str(root)).tree)) == ["c/img01.jpg", "c/img1.jpg", "c/img2.jpg"]
+
+
+def test_the_one_string_natural_key_sorts_and_ties_as_timms_list_key() -> None:
+    """The timm_folder layout sorts millions of paths by natural_sort_key (a string: C comparisons),
+    not by timm's list key: both must order, and tie, every pair alike (Unicode digits included)."""
+    rng = random.Random(2)
+    alphabet = "ab0123456789_./-AZ\u0660\u0661\u0662"
+    for _ in range(100_000):
+        a, b = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(2))
+        ka, kb, sa, sb = natural_key(a), natural_key(b), natural_sort_key(a), natural_sort_key(b)
+        assert ((ka < kb), (ka == kb)) == ((sa < sb), (sa == sb)), (a, b)

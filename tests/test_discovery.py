@@ -243,13 +243,19 @@ def test_worker_finds_seed_plus_epoch_from_exactly_two_batches_per_local_rank(sn
     assert phases[:2] == ["preparing", "ready"] and phases[-1] == "done", phases
     ready = out[1]
     assert (ready["dataset"], ready["files"], ready["sampler"], ready["need"]) == ("train", TRAIN, ["distributed"], 32)
-    assert ready["planned"] == len(ss.default_candidates()) and ready["likely"] < ready["planned"]
+    # no layout given: the modelled orders, the likely seeds only; found in the first, the others never listed
+    likely = len(dv.candidates(1 << 16, 1000)[0])
+    assert ready["orders"] == list(dv.MODELLED_ORDERS) and ready["planned"] == ready["likely"] == 3 * likely
     searching = next(d for d in out if d["phase"] == "searching")
     assert searching["opens"] == 32 and searching["tier"] == "likely"
     done = out[-1]
     assert (done["status"], done["seed"], done["identifies"], done["node"]) == ("found", 3407, "seed+epoch", 1)
     assert done["opens"] == 32 and done["false_match_chance"] < 1e-6
-    assert done["result"] == "seed+epoch = 3407 (DistributedSampler, node 1)"
+    assert done["result"] == "seed+epoch = 3407 (DistributedSampler, node 1, imagefolder order)"
+    assert done["order"] == "imagefolder" and done["orders"] == ["imagefolder"] and done["candidates_planned"] == likely
+    configured = config_dict(**{"datasets.0.layout": "imagefolder"})  # a layout given: the whole range too
+    ready = run_worker(request_for(snap_file, configured), feeds)[1]
+    assert ready["planned"] == len(ss.default_candidates()) and ready["likely"] < ready["planned"]
 
 
 def test_worker_reports_too_few_opens_and_unsearchable_jobs(snapshot: tuple[Path, Any]) -> None:
@@ -306,7 +312,8 @@ def test_a_match_found_after_a_newer_seed_arrived_is_dropped(snapshot: tuple[Pat
     seed: a match never replaces a seed that came after the search was asked for.  Only a mismatch
     of 17 itself then adopts it."""
     snap_file, snap = snapshot
-    cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16)})
+    # a layout given: a seed arriving starts no search of its own for the order the job reads
+    cfg = cfgmod.load(None, {**CONFIG, "seed_discovery.limit": str(1 << 16), "datasets.0.layout": "imagefolder"})
     train = build_catalogs(snap.tree, cfg.to_dict())[0]
     followers: list[SeedDiscovery] = []
     here, peer = seed_followed_by(followers, me=1), SeedState(me=0)
@@ -322,7 +329,7 @@ def test_a_match_found_after_a_newer_seed_arrived_is_dropped(snapshot: tuple[Pat
         disc.on_open(entry)
     search_to_the_end(disc)
     st = disc.status()
-    assert (st["result"], st["seed"]) == ("seed+epoch = 3407 (DistributedSampler, node 1)", 3407), st
+    assert (st["result"], st["seed"]) == ("seed+epoch = 3407 (DistributedSampler, node 1, imagefolder order)", 3407), st
     assert (here.value, here.origin) == (17, "peer")
     assert (st["state"], st["superseded"]) == ("stopped", 1), st
     assert "17" in (st["note"] or "") and "3407" in (st["note"] or ""), st
@@ -449,14 +456,19 @@ def test_a_wrong_written_seed_is_corrected(tmp_path: Path, source: tuple[Path, d
 def test_a_seed_outside_the_range_is_not_found_and_never_locked(
     tmp_path: Path, source: tuple[Path, dict[str, str], int]
 ) -> None:
-    """A random 64-bit seed: the likely tier (the range ends at 65536 here) finds nothing, the seed stays
-    assumed, the cursor reports the mismatch and the reactive policy serves every byte correctly."""
+    """A random 64-bit seed: the likely tier of every modelled order finds nothing (no layout given:
+    no range follows), the seed stays assumed, the cursor reports the mismatch and the reactive policy
+    serves every byte correctly."""
     job = Job(seed=WRONG_SEED, epochs=2)
-    doc, results, pfs = run_job(tmp_path, source, job, seed_discovery={"limit": 1 << 16})
+    doc, results, pfs = run_job(tmp_path, source, job)
     assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
     disc = doc["discovery"]
     assert disc["state"] == "not_found" and disc["seed"] is None, disc
-    assert disc["result"] == f"not found (searched {len(dv.candidates(1 << 16, 1000)[0]):,} candidates)"
+    assert disc["result"].startswith(dv.NO_ORDER_FITS), disc["result"]
+    # the likely seeds of each order (here all list the tree as ImageFolder does: one searched), no range
+    assert disc["candidates_tried"] == disc["candidates_planned"] == len(dv.candidates(1 << 16, 1000)[0]), disc
+    assert disc["orders"] == "imagefolder", disc
+    assert "write the seed" in disc["reason"], disc["reason"]
     assert disc["best_chance"] > 1e-6
     assert (doc["seed"]["value"], doc["seed"]["origin"]) == (0, "assumed")
     assert doc["cursor"]["state"] == "mismatch" and doc["prefetch"]["mode"] == "reactive"
@@ -553,7 +565,11 @@ def test_the_whole_default_range(
     root, digests, total = source
     tiers = [{"kind": "memory", "bytes": f"{int(total * 1.5) + (16 << 20)}", "threads": 4}]
     first, second = Job(seed=seed, epochs=1), Job(seed=seed, start_epoch=1, epochs=2)
-    cfg = seerfs_config(tmp_path / "seerfs.yaml", first, cache_dir=tmp_path / "cache", tiers=tiers)
+    layout = [  # the configured order: searched over the whole range
+        {"root": "train", "layout": "imagefolder", "sampler": {"kind": "distributed"}},
+        {"root": "val", "follows": "train", "sampler": {"shuffle": False}},
+    ]
+    cfg = seerfs_config(tmp_path / "seerfs.yaml", first, cache_dir=tmp_path / "cache", tiers=tiers, datasets=layout)
     with running_pfsemu(root) as emu, seerfs_over(emu.mountpoint, tmp_path / "mnt", cfg) as mnt:
         results = run_readers(mnt, first, digests, tmp_path / "run1")
         doc = wait_discovery(mnt, timeout=3600)

@@ -469,7 +469,8 @@ WHICH_SEED = (
         "loader.sampler.generator.initial_seed(), or S when the StatefulDataLoader was given "
         "generator=torch.Generator().manual_seed(S) (with loader_generator).",
     ),
-    ("sequential, list", "no seed: the order does not depend on one."),
+    ("sequential, list, ordered_distributed", "no seed: the order does not depend on one."),
+    ("repeat_aug", "no seed: timm's RepeatAugSampler shuffles with the epoch as its seed."),
 )
 """The WHICH SEED TO WRITE section of seerfs.yaml(5), by datasets[].sampler.kind."""
 
@@ -836,6 +837,28 @@ that the written seed reproduces in one of its plan's epochs (found as seed + e)
 A written seed that matches the opens is used and no search runs.  A job first seen in epoch e of
 a DistributedSampler is found as seed + e, which is what is planned: its epoch e + k reads like
 epoch k of that value.
+.PP
+The sampler draws dataset indices; which file an index is depends on how the training code lists
+its files.  When
+.B datasets.N.layout
+is given, the search tries that order only, over the whole range.  When it is not, the search tries
+each modelled order with the likely seeds: ImageFolder's (torchvision, the PyTorch examples,
+Lightning and accelerate scripts), timm's folder reader (natural sort of the paths: timm's
+train.py, natsort\-ed file lists) and every file sorted by path
+.RB ( "sorted(glob(...))" );
+an order that lists the files exactly as an earlier one is tried once, and each order's search is
+held to the false\-lock chance divided by the number of orders.  A match names its order
+.RB ( discovery.order ),
+and the plan then lists the lead dataset, and every dataset without a layout, in that order.  A
+seed written with no layout given is checked the same way on its first opens.  When no modelled
+order fits with a likely seed, the result says "no modelled order with a likely seed fits" and the
+job is served exactly as without a seed (the reactive policy): a list the script shuffled itself,
+or a seed outside the likely ones, costs about a second of CPU, not the whole range
+.RB ( "seed_discovery.range_orders: all"
+searches every order over the whole range).  The reason says what decides the order and what to
+write.  accelerate's default sampler and torchdata's RandomSampler draw their order from a 64\-bit
+seed taken from the global RNG, out of any search's reach: write the seed seerfs.yaml(5) names for
+them (WHICH SEED TO WRITE).
 .PP
 The
 .B discovery

@@ -334,7 +334,7 @@ class Daemon:
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         plans_dir = cfg.cache_path / "plans" / mount_tag
         self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, plans_dir, on_plan=self._plan_ready)
-        self.discovery = SeedDiscovery(snap_file, cfg, self.seed)
+        self.discovery = SeedDiscovery(snap_file, cfg, self.seed, on_order=self._order_to_planner)
         # In a group, the peers' clients come first: the fetcher asks peers through them (driven by
         # the executor, through the policy's port), and they report a member down into that port.
         port = PolicyPort()
@@ -381,6 +381,10 @@ class Daemon:
     def _seed_to_planner(self, seed: SeedState) -> None:
         """A seed adopted: plan for it."""
         self.plans.request(seed.value)
+
+    def _order_to_planner(self, dataset: int, layout: str) -> None:
+        """Seed discovery found the job reading ``dataset`` in catalog order ``layout``: plan it so."""
+        self.plans.use_layout(dataset, layout)
 
     def _seed_to_discovery(self, seed: SeedState) -> None:
         """A seed adopted: seed discovery starts a new recording of opens for it."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -54,6 +55,7 @@ import trio
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState
 from fusefs.planning.workerproc import failure_reason, start_worker, stop_worker
+from placement.catalog import DEFAULT_LAYOUT
 from placement.cursor import FALSE_LOCK, DatasetState
 from placement.discovery import epoch_in_plan
 from placement.statusfields import counter, gauge, info, state, text
@@ -78,20 +80,27 @@ class DiscoveryStatus(TypedDict):
         state(
             "off; idle: nothing to search, a written seed is in use; waiting: for enough opens of the lead "
             "dataset, or for the search process to start; preparing: the search process loads the snapshot; "
-            "searching; found; not_found (the whole range searched, or too few opens ever came); "
+            "searching; found; not_found (the whole range searched, no modelled order fits with a likely seed, or too "
+            "few opens ever came); "
             "not_searchable; stopped: a newer seed was written, here or on a peer, after the search was asked "
             "for: the search was killed, or its match dropped (note)"
         ),
     ]
     trigger: Annotated[
-        str | None, text('why it ran: "no seed written", or "the written seed N does not match the opens"')
+        str | None,
+        text(
+            'why it ran: "no seed written", "the written seed N does not match the opens", or "the written seed '
+            'N: which catalog order the job reads (no layout configured)"'
+        ),
     ]
     result: Annotated[
         str | None,
         text(
-            'one line: "seed+epoch = V (DistributedSampler, node K)", "seed = V (DataLoader(shuffle=True, '
-            'seeded generator))", "not found (searched N candidates)", "not searchable (why)" or '
-            '"too few opens (why)"'
+            'one line: "seed+epoch = V (DistributedSampler, node K, ORDER order)", "seed = V '
+            '(DataLoader(shuffle=True, seeded generator), ORDER order)", "not found (searched N candidates in the '
+            'ORDER order)", "no modelled order with a likely seed fits (tried ORDERS with the likely seeds)": '
+            "the job is served as without a seed, reason says what decides its order and what to write; "
+            '"not searchable (why)" or "too few opens (why)"'
         ),
     ]
     seed: Annotated[int | None, info("the value found: the 32-bit generator seed, which is what is planned")]
@@ -104,6 +113,22 @@ class DiscoveryStatus(TypedDict):
         ),
     ]
     sampler: Annotated[str | None, info("distributed or random: the lead dataset's configured kind, the one searched")]
+    order: Annotated[
+        str | None,
+        info(
+            "the catalog order of the lead dataset the match fits (imagefolder, timm_folder, files, or the "
+            "configured layout): the plan is made in this order; null without a match"
+        ),
+    ]
+    orders: Annotated[
+        str | None,
+        text(
+            "the orders to search, comma-separated: the configured layout, or, when datasets.N.layout is not "
+            "given, every modelled order (imagefolder, timm_folder, files); once the search ended, those it "
+            "searched (an order listing the files exactly as an earlier one is not searched again, and one is "
+            "listed only when the earlier ones' likely seeds did not fit)"
+        ),
+    ]
     node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
     dataset: Annotated[str | None, text("the lead dataset searched (its root in the mount)")]
     files: Annotated[int | None, gauge("its file count")]
@@ -163,7 +188,14 @@ class DiscoveryStatus(TypedDict):
 
 
 class SeedDiscovery:
-    def __init__(self, snapshot_file: Path, cfg: Config, seed: SeedState) -> None:
+    def __init__(
+        self, snapshot_file: Path, cfg: Config, seed: SeedState, on_order: Callable[[int, str], None] | None = None
+    ) -> None:
+        """``on_order``: told (dataset, layout) for the lead dataset and each one without a configured
+        layout when a match fits the lead in a catalog order, before the seed is adopted: the planner
+        plans that order."""
+        self.on_order = on_order
+        self.order: str | None = None  # the lead's order the last match fitted (None: none yet)
         self.settings = cfg.seed_discovery
         self.config = cfg.to_dict()
         self.epochs = cfg.job.epochs  # the planning horizon: a plan predicts its seed's epochs 0..epochs-1
@@ -192,6 +224,7 @@ class SeedDiscovery:
         self._wanted = trio.Event()
         self._scope: trio.CancelScope | None = None
         self._adopting = False
+        self._order_only = False  # the wanted search only asks which order a written seed is read in
 
     # ------------------------------------------------------------------ events (trio thread)
 
@@ -225,6 +258,7 @@ class SeedDiscovery:
         if found is not None and self._fits(int(found)) is None:
             self.trigger = f"the {origin} seed {plan_seed} does not match the opens"
             self.note = f"adopted the seed found before, {found}"
+            self._tell_order(self.result.get("order"))
             self._adopt(int(found), self.seed.version())  # a decision under the seed in use: its version
 
     def _fits(self, found: int) -> int | None:
@@ -236,6 +270,16 @@ class SeedDiscovery:
         """A seed adopted (one of ``SeedState.listeners``, given where the seed is made)."""
         if self._adopting or seed.origin not in ("written", "peer"):
             return
+        leads = [ds for ds in self.config["datasets"] if ds["follows"] is None]  # the lead is one of these
+        order_unknown = self.settings.enabled and self.order is None and any(ds["layout"] is None for ds in leads)
+        if order_unknown and self._scope is not None and not self.opens and self.state in ("preparing", "waiting"):
+            # The search under way has not been given an open yet: every open it will get is this seed's.
+            # Kept (its process and loaded snapshot), it answers for this seed: which order it is read in.
+            self._recordings += 1
+            self._fed = self._recordings
+            self.trigger, self._since, self.note = self._order_trigger(seed), seed.version(), None
+            self._order_only = True
+            return
         # Opens before a write show the order of the seed before it: a new recording judges this one.
         self.opens, self._recordings = [], self._recordings + 1
         self._recording = self.settings.enabled
@@ -244,8 +288,19 @@ class SeedDiscovery:
             self.superseded += 1
             self.note = f"stopped: a seed was {seed.origin} ({seed.value})"
             log.info("seed discovery stopped: seed %d was %s", seed.value, seed.origin)
+        if order_unknown:
+            # No layout configured and no match has told the order yet: the seed's plan lists the files
+            # as ImageFolder does, which the job may not.  Its first opens say, without waiting for the
+            # cursor to call the seed a mismatch (which takes an epoch's worth of opens or more).
+            self._want(self._order_trigger(seed))
+            self._order_only = True
+
+    @staticmethod
+    def _order_trigger(seed: SeedState) -> str:
+        return f"the {seed.origin} seed {seed.value}: which catalog order the job reads (no layout configured)"
 
     def _want(self, trigger: str) -> None:
+        self._order_only = False  # a search for the order alone sets it after this
         self.trigger = trigger
         self._since = self.seed.version()
         self.note = None
@@ -345,7 +400,8 @@ class SeedDiscovery:
                 last = doc
                 phase = doc.get("phase")
                 if phase == "ready":
-                    self.setup = {k: doc.get(k) for k in ("dataset", "files", "sampler", "need", "planned", "likely")}
+                    keys = ("dataset", "lead", "files", "sampler", "orders", "need", "planned", "likely")
+                    self.setup = {k: doc.get(k) for k in keys}
                     self.state = "waiting"
                 elif phase == "waiting":
                     self.progress = doc
@@ -380,15 +436,45 @@ class SeedDiscovery:
                 log.info("seed discovery: dropped the match %d, seed %d came after the search", value, self.seed.value)
                 return
             epoch = self._fits(value) if self.seed.origin != "assumed" else None
+            reordered = self._tell_order(doc.get("order"))  # before the seed: its plan is made in this order
             if epoch is not None:
                 where = f" in its epoch {epoch}" if epoch else ""
-                self.note = f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
+                if reordered:
+                    self.note = (
+                        f"the seed in use, {self.seed.value}, fits the opens{where} in the {doc.get('order')} "
+                        "order: planned in that order"
+                    )
+                else:
+                    self.note = (
+                        f"the seed in use, {self.seed.value}, fits the opens{where}: the mismatch has another cause"
+                    )
+                return
+            if self._order_only:
+                # Asked only which order the written seed is read in: another seed fits, so the written
+                # one is wrong, but that is for the cursor to say; a mismatch then adopts this answer.
+                self.note = f"the opens fit {value}, not the {self.seed.origin} seed {self.seed.value}"
                 return
             self._adopt(value, self._since)
         elif status == "not_searchable":
             self.state = "not_searchable"
         else:
             self.state = "not_found"  # not_found, or too_few_opens with every open the mount recorded
+
+    def _tell_order(self, order: object) -> bool:
+        """Hand a match's catalog order to ``on_order``: for the lead and for every dataset without a
+        configured layout (one training script lists all its datasets alike).  Returns whether it
+        differs from the order told before (at first: the lead's configured layout or imagefolder)."""
+        lead = self.setup.get("lead")
+        if not isinstance(order, str) or not isinstance(lead, int) or self.on_order is None:
+            return False
+        datasets = self.config["datasets"]
+        before, self.order = self.order or datasets[lead].get("layout") or DEFAULT_LAYOUT, order
+        if order == before:
+            return False
+        for i, ds in enumerate(datasets):
+            if ds.get("layout") is None or i == lead:
+                self.on_order(i, order)
+        return True
 
     # ------------------------------------------------------------------ status
 
@@ -406,6 +492,8 @@ class SeedDiscovery:
             "seed": r.get("seed"),
             "identifies": r.get("identifies"),
             "sampler": r.get("sampler"),
+            "order": r.get("order"),
+            "orders": _joined(r.get("orders", self.setup.get("orders"))),
             "node": r.get("node"),
             "dataset": self.setup.get("dataset"),
             "files": self.setup.get("files"),
@@ -431,6 +519,10 @@ class SeedDiscovery:
             "message": self.message,
             "limit": self.settings.limit,
         }
+
+
+def _joined(names: object) -> str | None:
+    return ", ".join(str(x) for x in names) if isinstance(names, list) else None
 
 
 class SearchFailed(Exception):

@@ -126,6 +126,19 @@ class PlanManager:
         self._wanted = seed
         self._wakeup.set()
 
+    def use_layout(self, dataset: int, layout: str) -> None:
+        """Plan dataset ``dataset`` in catalog order ``layout`` from now on (seed discovery found the
+        job reading it): a plan for the old order is replanned, whatever its seed."""
+        datasets = self.config["datasets"]
+        if datasets[dataset].get("layout") == layout:
+            return
+        datasets = [*datasets]
+        datasets[dataset] = {**datasets[dataset], "layout": layout}
+        self.config = {**self.config, "datasets": datasets}
+        log.info("dataset %s is read in the %s order: planning it so", datasets[dataset]["root"], layout)
+        if self._wanted is not None:
+            self._wakeup.set()
+
     async def run(self) -> None:
         async with trio.open_nursery() as standby:
             standby.start_soon(self._keep_standby)

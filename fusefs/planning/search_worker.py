@@ -10,10 +10,12 @@ then ``{"opens": [entry, ...]}`` with the node's opens in order (snapshot entrie
 as the daemon records them; EOF: no more will come.
 
 stdout, JSON lines, each with ``phase``: ``preparing``; ``ready`` (``dataset``, ``files``,
-``sampler``, ``need``: distinct opens of the dataset to wait for, ``planned``, ``likely``);
+``sampler``, ``lead``: its index among the datasets, ``orders``: the catalog orders tried, ``need``:
+distinct opens of the dataset to wait for, ``planned``, ``likely``: over every order);
 ``waiting`` (``opens``, ``need``, ``reason``: the search said too few opens, it waits for more);
-``searching`` (``opens``, ``tried``, ``planned``, ``checked``, ``tier``, at most 4 a second);
-last ``done`` with the result's fields (:func:`placement.discovery.result_fields`), ``opens``,
+``searching`` (``opens``, ``tried``, ``planned``, ``checked``, ``tier``, ``order``, at most 4 a second);
+last ``done`` with the result's fields (:func:`placement.discovery.result_fields`, ``order`` the match's
+catalog order), ``opens``,
 ``seconds`` and ``cpu_seconds``, or ``failed`` with ``error`` (one line a user can read).
 
 The worker exits on its own when its parent is gone (it checks between chunks), so a daemon killed
@@ -27,17 +29,20 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from fusefs.errors import SeerfsError
 from fusefs.meta.snapshot import Snapshot
 from fusefs.planning.inputs import side_inputs
 from placement import discovery as dv
 from placement import seedsearch as ss
-from placement.catalog import build_catalogs
+from placement.catalog import DEFAULT_LAYOUT, build_catalog, build_catalogs
 from placement.plan import job_streams_of
 
 T0 = time.monotonic()
@@ -85,100 +90,252 @@ def main() -> int:
         return 1
 
 
+@dataclass
+class _Order:
+    """One catalog order of the lead dataset the search tries: its setup and entry -> index map."""
+
+    layout: str
+    setup: dv.SearchSetup
+    index: npt.NDArray[np.int64]  # snapshot entry -> index in this order (-1: not in the dataset)
+    full_range: bool  # searched past the likely seeds
+    search: ss.SeedSearch | None = None
+    steps: Iterator[ss.SearchProgress] | None = None
+    tried: int = 0
+    result: ss.SearchResult | None = None
+
+
+class _Orders:
+    """The lead dataset in each order to try (:func:`placement.discovery.orders_to_try`), listed when
+    first needed: a timm-order catalog of ImageNet costs seconds, which a job that is found in the
+    first order never pays.  An order that lists the same files in the same index order as an earlier
+    one is searched once, as the earlier."""
+
+    def __init__(self, snapshot: Snapshot, config: dict[str, Any], lists: Any, orders: Any) -> None:
+        self.snapshot, self.config, self.orders = snapshot, config, orders
+        self.catalogs = build_catalogs(snapshot.tree, config, lists)
+        self.sizes = [len(c) for c in self.catalogs]
+        self.lead = job_streams_of(config, self.sizes, orders).lead
+        self.names = dv.orders_to_try(config, self.lead)
+        self.ranged = dv.range_orders(config, self.lead, self.names)
+        self._seen: list[npt.NDArray[np.int32]] = []
+
+    def build(self, layout: str) -> _Order | None:
+        """The order ``layout`` (None: it cannot list this tree, lists it as an earlier one did, or
+        would make another dataset the lead)."""
+        ds = self.config["datasets"][self.lead]
+        if layout == (ds.get("layout") or DEFAULT_LAYOUT):
+            cat = self.catalogs[self.lead]
+        else:
+            try:
+                cat = build_catalog(self.snapshot.tree, ds["root"], layout, ds.get("extensions"))
+            except ValueError:
+                return None  # a tree this order cannot list (the configured one's error was raised above)
+        if any(np.array_equal(cat.entry, e) for e in self._seen):
+            return None
+        self._seen.append(cat.entry)
+        variant = {**self.config, "datasets": [*self.config["datasets"]]}
+        variant["datasets"][self.lead] = {**ds, "layout": layout}
+        sizes = [*self.sizes[: self.lead], len(cat), *self.sizes[self.lead + 1 :]]
+        setup = dv.search_setup(variant, job_streams_of(variant, sizes, self.orders))
+        if setup.lead != self.lead:
+            return None  # so many more files in this order that another dataset would lead: not this job
+        # a file listed twice (through a symlinked directory) counts as its first index, as the plan's ids do
+        entry = cat.entry.astype(np.int64)
+        index = np.full(len(self.snapshot.tree), -1, dtype=np.int64)
+        index[entry[::-1]] = np.arange(entry.shape[0] - 1, -1, -1, dtype=np.int64)
+        return _Order(layout, setup, index, layout in self.ranged)
+
+
+@dataclass
+class _Plan:
+    """What every order's search shares: the candidates, the threshold, the opens compared."""
+
+    full: ss.Candidates
+    likely_only: ss.Candidates
+    likely: int
+    threshold: float
+    use: npt.NDArray[np.int64]  # the opened entries compared (any dataset's: each order keeps its own)
+
+    def searcher(self, o: _Order) -> ss.SeedSearch:
+        idx = o.index[self.use]
+        return ss.SeedSearch(
+            o.setup.n,
+            idx[idx >= 0],
+            o.setup.shape,
+            kinds=o.setup.kinds,
+            candidates=self.full if o.full_range else self.likely_only,
+            threshold=self.threshold,
+            max_opens=dv.MAX_OPENS,
+        )
+
+
 def search(request: dict[str, Any], stdin: BinaryIO, parent: int) -> int:
     say("preparing")
     snapshot = Snapshot.load(Path(request["snapshot"]))
     config = request["config"]
     lists, orders = side_inputs(config["datasets"], snapshot.source)
-    catalogs = build_catalogs(snapshot.tree, config, lists)
-    setup = dv.search_setup(config, job_streams_of(config, [len(c) for c in catalogs], orders))
-    if not setup.searchable:
-        say("done", **_unsearchable(setup), opens=0, seconds=0.0, cpu_seconds=0.0)
+    builder = _Orders(snapshot, config, lists, orders)
+    head = builder.build(builder.names[0])
+    assert head is not None  # the first order is the configured (or default) one: always listed
+    first = head.setup
+    if not first.searchable:
+        say("done", **_unsearchable(first), opens=0, seconds=0.0, cpu_seconds=0.0)
         return 0
-    # snapshot entry -> index in the lead dataset (-1: another dataset's file or none); a file listed
-    # twice (through a symlinked directory) counts as its first index, as the plan's ids do
-    entry = catalogs[setup.lead].entry.astype(np.int64)
-    index = np.full(len(snapshot.tree), -1, dtype=np.int64)
-    index[entry[::-1]] = np.arange(entry.shape[0] - 1, -1, -1, dtype=np.int64)
-    plan, likely = dv.candidates(int(request["limit"]), int(request["epoch_span"]))
-    threshold = float(request["threshold"])
-    gate = dv.OpensGate(setup.start_opens)
+    limit, span = int(request["limit"]), int(request["epoch_span"])
+    full, likely = dv.candidates(limit, span)
+    likely_only, _ = dv.candidates(min(limit, ss.LIKELY_RANGE), span)
+    # each order at threshold / orders: a wrong seed fitting in any of them stays below the threshold
+    plan = _Plan(full, likely_only, likely, float(request["threshold"]) / len(builder.names), np.zeros(0, np.int64))
+    gate = dv.OpensGate(first.start_opens)
+    planned = sum(len(full if name in builder.ranged else likely_only) for name in builder.names)
     say(
         "ready",
-        dataset=setup.root,
-        files=setup.n,
-        sampler=list(setup.kinds),
+        dataset=first.root,
+        lead=first.lead,
+        files=first.n,
+        sampler=list(first.kinds),
+        orders=list(builder.names),
         need=gate.need,
-        planned=len(plan),
-        likely=likely,
+        planned=planned,
+        likely=likely * len(builder.names),
     )
-    seen = np.zeros(setup.n, dtype=np.bool_)
-    opens: list[int] = []  # distinct lead indices, in the order first opened
+    seen = np.zeros(len(snapshot.tree), dtype=np.bool_)
+    opens: list[int] = []  # distinct entries, in the order first opened
+    counted = 0  # of them, files of the lead dataset in the first order: what the gate counts
     more = True
     while True:
-        while more and not gate.ready(len(opens)):
+        while more and not gate.ready(counted):
             doc = _read_json(stdin)
             if doc is None:
                 more = False
                 break
             got = np.asarray(doc.get("opens", []), dtype=np.int64)
-            got = got[(got >= 0) & (got < index.shape[0])]
-            for i in index[got].tolist():
-                if i >= 0 and not seen[i]:
-                    seen[i] = True
-                    opens.append(i)
-        # Exactly the first ``need`` distinct opens (two batches per local rank): the evidence, and so
-        # the outcome, do not depend on how far the job got while this process started.  With no
-        # more opens to come (the mount recorded all it keeps), whatever there is.
-        use = opens[: gate.need] if gate.ready(len(opens)) else opens
-        searcher = ss.SeedSearch(
-            setup.n, use, setup.shape, kinds=setup.kinds, candidates=plan, threshold=threshold, max_opens=dv.MAX_OPENS
-        )
-        if searcher.status != "too_few_opens":
+            got = got[(got >= 0) & (got < seen.shape[0])]
+            for e in got.tolist():
+                if not seen[e]:
+                    seen[e] = True
+                    opens.append(e)
+                    counted += int(head.index[e] >= 0)
+        # Exactly the opens up to the first ``need`` distinct lead ones (two batches per local rank): the
+        # evidence, and so the outcome, do not depend on how far the job got while this process started.
+        # With no more opens to come (the mount recorded all it keeps), whatever there is.
+        all_opens = np.asarray(opens, dtype=np.int64)
+        ends = np.flatnonzero(head.index[all_opens] >= 0)
+        cut = int(ends[gate.need - 1]) + 1 if gate.ready(counted) else all_opens.shape[0]
+        plan.use = all_opens[:cut]
+        head.search = plan.searcher(head)
+        if head.search.status != "too_few_opens":
             break
-        gate.too_few(len(use))
+        lead_opens = min(counted, gate.need)
+        gate.too_few(lead_opens)
         if not more or gate.exhausted:
-            reason = f"{searcher.reason} (the node opened {len(opens)} distinct files of {setup.root!r})"
-            fields = {**dv.result_fields(searcher.run()), "reason": reason, "result": f"too few opens ({reason})"}
-            say("done", **fields, opens=len(use), seconds=0.0, cpu_seconds=0.0)
+            reason = f"{head.search.reason} (the node opened {counted} distinct files of {first.root!r})"
+            fields = {**dv.result_fields(head.search.run()), "reason": reason, "result": f"too few opens ({reason})"}
+            say("done", **fields, opens=lead_opens, seconds=0.0, cpu_seconds=0.0)
             return 0
-        say("waiting", opens=len(use), need=gate.need, reason=searcher.reason)
-    return _run(searcher, likely, parent, len(use))
+        say("waiting", opens=lead_opens, need=gate.need, reason=head.search.reason)
+    return _run(builder, head, plan, parent, min(counted, gate.need), planned, first)
 
 
-def _run(searcher: ss.SeedSearch, likely: int, parent: int, opens: int) -> int:
+def _run(
+    builder: _Orders, head: _Order, plan: _Plan, parent: int, opens: int, planned: int, first: dv.SearchSetup
+) -> int:
+    """Every order's likely seeds, in turn (each order listed when its turn comes), then the range of
+    those searched past them."""
     t0, c0 = time.monotonic(), _cpu_s()
     last = t0
     reniced = False
-    say("searching", opens=opens, tried=0, planned=searcher.planned, checked=0, tier="likely", seconds=0.0)
-    for step in searcher.steps():
-        if os.getppid() != parent:  # the daemon is gone: nobody will read the answer
-            return 1
-        if not reniced and step.tried >= likely:
-            os.nice(RANGE_NICE - SEARCH_NICE)
-            reniced = True
-        if step.result is not None:
-            say(
-                "done",
-                **dv.result_fields(step.result),
-                opens=opens,
-                seconds=round(time.monotonic() - t0, 3),
-                cpu_seconds=round(_cpu_s() - c0, 3),
-            )
-            return 0
-        now = time.monotonic()
-        if now - last >= PROGRESS_INTERVAL:
-            last = now
-            say(
-                "searching",
-                opens=opens,
-                tried=step.tried,
-                planned=step.planned,
-                checked=step.checked,
-                tier="likely" if step.tried < likely else "range",
-                seconds=round(now - t0, 3),
-            )
-    return 1
+    say("searching", opens=opens, tried=0, planned=planned, checked=0, tier="likely", seconds=0.0)
+    tries: list[_Order] = []
+    for tier in ("likely", "range"):
+        for k, name in enumerate(builder.names):
+            if tier == "likely":
+                o = head if k == 0 else builder.build(name)
+                if o is None or not o.setup.searchable:
+                    continue
+                o.search = o.search or plan.searcher(o)
+                if o.search.status == "too_few_opens":
+                    continue
+                o.steps = o.search.steps()
+                tries.append(o)
+            else:
+                found = next((x for x in tries if x.layout == name), None)
+                if found is None or found.result is not None:
+                    continue
+                o = found
+                if not reniced:
+                    os.nice(RANGE_NICE - SEARCH_NICE)
+                    reniced = True
+            assert o.steps is not None
+            for step in o.steps:
+                if os.getppid() != parent:  # the daemon is gone: nobody will read the answer
+                    return 1
+                o.tried = step.tried
+                if step.result is not None:
+                    o.result = step.result
+                    break
+                now = time.monotonic()
+                if now - last >= PROGRESS_INTERVAL:
+                    last = now
+                    say(
+                        "searching",
+                        opens=opens,
+                        tried=sum(x.tried for x in tries),
+                        planned=planned,
+                        checked=step.checked,
+                        tier=tier,
+                        order=o.layout,
+                        seconds=round(now - t0, 3),
+                    )
+                if tier == "likely" and step.tried >= plan.likely:
+                    break
+            if o.result is not None and o.result.match is not None:
+                _done(o, tries, planned, first, opens, t0, c0, len(builder.names))
+                return 0
+    _done(None, tries, planned, first, opens, t0, c0, len(builder.names))
+    return 0
+
+
+def _done(
+    found: _Order | None,
+    tries: list[_Order],
+    planned: int,
+    first: dv.SearchSetup,
+    opens: int,
+    t0: float,
+    c0: float,
+    orders: int,
+) -> None:
+    """The last line: the match and its order, or why no order fit and what to write.  ``orders``: how
+    many the threshold was shared by (the false-match chances stated are bounds over all of them)."""
+    searched = [o.layout for o in tries]
+    timing = {"opens": opens, "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(_cpu_s() - c0, 3)}
+    tried = sum(o.tried for o in tries)
+    # the plan as it turned out: orders that listed the tree as an earlier one were not searched
+    planned = sum(o.search.planned for o in tries if o.search is not None) or planned
+    counts = {"candidates_tried": tried, "candidates_planned": planned, "orders": searched}
+    if found is not None:
+        assert found.result is not None
+        say("done", **{**dv.result_fields(found.result, found.layout, orders), **timing, **counts})
+        return
+    ends = [o.result for o in tries if o.result is not None]
+    best = min((r.best_chance for r in ends), default=1.0)
+    base = ends[-1] if ends else None
+    what = dv.WHAT_DECIDES.get(first.kinds[0], "") if first.kinds else ""
+    names = ", ".join(searched)
+    if any(o.full_range for o in tries):
+        result = f"not found (searched {tried:,} candidates in the {names} order{'s' if len(tries) > 1 else ''})"
+    else:
+        result = f"{dv.NO_ORDER_FITS} (tried {names} with the likely seeds)"
+    said = base.reason if base is not None else "nothing searched"
+    fields: dict[str, Any] = {
+        **(dv.result_fields(base, None, orders) if base is not None else {}),
+        "status": "not_found",
+        "result": result,
+        "best_chance": min(1.0, best * orders),
+        "reason": f"{said}; {what}" if what else said,
+    }
+    say("done", **{**fields, **timing, **counts})
 
 
 def _unsearchable(setup: dv.SearchSetup) -> dict[str, Any]:

@@ -42,4 +42,21 @@ def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
         "seed": (doc.get("seed") or {}).get("value"),
         "seed_origin": (doc.get("seed") or {}).get("origin"),
         "plan": {k: (doc.get("plan") or {}).get(k) for k in ("state", "seed")},
+        "discovery": {
+            k: (doc.get("discovery") or {}).get(k)
+            for k in (
+                "state",
+                "result",
+                "seed",
+                "order",
+                "orders",
+                "reason",
+                "found_at_opens",
+                "candidates_tried",
+                "candidates_planned",
+                "likely_candidates",
+                "seconds",
+                "cpu_seconds",
+            )
+        },
     }
