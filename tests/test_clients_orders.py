@@ -9,7 +9,8 @@ files ``img_<k>.jpg`` without zero padding, so torchvision sorts ``class10`` bef
 
 * timm's train.py data path (tests/clients/timm_loop.py: timm's wheel does not ship train.py, so
   the script makes train.py's calls: ``create_dataset``, ``create_loader(distributed=True)``,
-  set_epoch, validation after every epoch); training and validation judged separately;
+  set_epoch, validation after every epoch); training and validation judged separately (the real
+  train.py runs in test_clients_timm_train.py, where ``SEERFS_TIMM_TRAIN`` names one);
 * a custom Dataset over ``glob`` sorted naturally (tests/clients/custom_loop.py);
 * the same Dataset shuffled once by the script with an unseeded RNG: no model can know that order;
   what must hold is that it is named as such after the likely seeds of each modelled order, within
