@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 TARGET_SECONDS = 15.0
 TARGET_RSS_MB = 1500.0
@@ -65,34 +66,55 @@ def synthetic_tree(classes: int, files: int, val_files: int, mean_size: int, sig
             child_count.append(0)
         class_ids.append(ids)
     mu = np.log(mean_size) - sigma**2 / 2
+    # level 3, built as arrays (14 million files as Python objects would take gigabytes)
+    file_names: list[npt.NDArray[np.uint8]] = []
+    file_parent: list[npt.NDArray[np.int64]] = []
+    file_sizes: list[npt.NDArray[np.int64]] = []
+    next_file = len(names)
     for ids, (_, total) in zip(class_ids, splits, strict=True):
         per_class = np.full(classes, total // classes)
         per_class[: total % classes] += 1
         for c, d in enumerate(ids):
             k = int(per_class[c])
-            child_start[d], child_count[d] = len(names), k
-            names.extend(f"n{c:08d}_{i:06d}.JPEG".encode() for i in range(k))
-            kind.extend([KIND_FILE] * k)
-            parent.extend([d] * k)
-            sizes.extend(np.maximum(1, rng.lognormal(mu, sigma, k)).astype(np.int64).tolist())
-            child_start.extend([0] * k)
-            child_count.extend([0] * k)
-    lens = np.array([len(n) for n in names], np.uint8)
-    off = np.zeros(len(names), np.uint64)
+            child_start[d], child_count[d] = next_file, k
+            next_file += k
+            file_parent.append(np.full(k, d, np.int64))
+            file_sizes.append(np.maximum(1, rng.lognormal(mu, sigma, k)).astype(np.int64))
+            file_names.append(_file_names(c, k))
+    n_files = sum(a.shape[0] for a in file_parent)
+    lens = np.concatenate([np.array([len(x) for x in names], np.uint8), np.full(n_files, _NAME_LEN, np.uint8)])
+    off = np.zeros(lens.shape[0], np.uint64)
     np.cumsum(lens[:-1], out=off[1:])
-    n = len(names)
+    n = lens.shape[0]
+    blob = np.concatenate([np.frombuffer(b"".join(names), np.uint8), *(a.reshape(-1) for a in file_names)])
+    kinds = np.concatenate([np.array(kind, np.uint8), np.full(n_files, KIND_FILE, np.uint8)])
+    zeros = np.zeros(n_files, np.uint32)
     return TreeArrays(
-        names=np.frombuffer(b"".join(names), np.uint8).copy(),
+        names=blob,
         name_off=off,
         name_len=lens,
-        parent=np.array(parent, np.uint32),
-        kind=np.array(kind, np.uint8),
-        size=np.array(sizes, np.int64),
+        parent=np.concatenate([np.array(parent, np.uint32), *(a.astype(np.uint32) for a in file_parent)]),
+        kind=kinds,
+        size=np.concatenate([np.array(sizes, np.int64), *file_sizes]),
         mtime_ns=np.zeros(n, np.int64),
-        child_start=np.array(child_start, np.uint32),
-        child_count=np.array(child_count, np.uint32),
+        child_start=np.concatenate([np.array(child_start, np.uint32), zeros]),
+        child_count=np.concatenate([np.array(child_count, np.uint32), zeros]),
         link_target=np.full(n, LINK_NONE, np.int32),
     )
+
+
+_NAME_LEN = len("n00000000_000000.JPEG")
+
+
+def _file_names(c: int, k: int) -> npt.NDArray[np.uint8]:
+    """``n{c:08d}_{i:06d}.JPEG`` for i < k, as a (k, 21) byte array."""
+    out = np.empty((k, _NAME_LEN), np.uint8)
+    out[:, :10] = np.frombuffer(f"n{c:08d}_".encode(), np.uint8)
+    i = np.arange(k, dtype=np.int64)
+    for d in range(6):
+        out[:, 10 + d] = 48 + (i // 10 ** (5 - d)) % 10
+    out[:, 16:] = np.frombuffer(b".JPEG", np.uint8)
+    return out
 
 
 def job_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,297 @@
+"""Plans at cluster scale: one node's reads exactly, everybody else's through a rule all nodes share.
+
+The dense planner (:func:`placement.frequency.access_stats` then :func:`placement.assign.assign`)
+keeps every node's read counts and first uses, (nodes x files) arrays: 5 GB at 256 nodes over
+ImageNet-1k, 54 GiB at 1,024 nodes over 14 million files.  A node acts on its own tiers and fill
+order and on one owner per file; this module computes those in memory that grows with the files, not
+with nodes x files:
+
+* :func:`node_pass`: one pass over the job's segments (one permutation each, as before) that keeps
+  ``node``'s counts and first uses exactly, and per file what every node can compute alike: the job's
+  first read of it (position and node) and its total reads.  O(files) memory.
+* :func:`designate`: the *first-reader rule* for spread mode.  Each read, cacheable object is
+  designated to the node that reads it first in the job (ties: the lowest node), which fetches it
+  from the PFS then anyway.  A node whose designated bytes exceed its room keeps those it reads
+  earliest and gives the rest back; what is given back goes round the nodes that still have room,
+  by object index, each taking what fits in index order, until nothing is left or nobody has room.
+  Only per-file arrays and per-node byte sums go in, so every node computes the same designation.
+  The dense planner's ownership rounds designate the node that reads an object *most*, which needs
+  every node's counts; both give every object a holder when :func:`placement.assign.spread_covers`
+  holds, so PFS bytes and files held are the same (``tests/test_simulate.py`` compares them).
+* :func:`node_assignment`: ``node``'s tiers exactly as the dense planner places them given the
+  designation (its designated objects first, then its most-read others into the room left, tiers
+  fastest first), and its fill order.  The primary owner of an object is its designated holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from placement.assign import fill, fragmentation_reserve, place_in_tiers, priority_order
+from placement.frequency import Segment
+from placement.parallel import Pool
+from placement.streams import Streams, _first_positions, _first_reads, entry_nodes, entry_positions, layouts_ahead
+from placement.streams import node_positions as _node_positions
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+NEVER_KEY = int(np.iinfo(np.int64).max)
+
+
+@dataclass(eq=False)
+class NodePass:
+    """One node's reads over the job, and per file what every node computes alike.
+
+    ``counts``/``first_epoch_counts``/``first``: ``node``'s reads of each file over the job, in job
+    epoch 0, and its first job position (:attr:`never` where it never reads it).  ``first_key``: per
+    file, ``position * nodes + node`` of the job's first read of it (:data:`NEVER_KEY`: never read),
+    so one minimum orders by position, then node.  ``total``: reads of each file by all nodes.
+    """
+
+    node: int
+    nodes: int
+    counts: npt.NDArray[np.unsignedinteger[Any]]
+    first_epoch_counts: npt.NDArray[np.unsignedinteger[Any]]
+    first: npt.NDArray[np.signedinteger[Any]]
+    first_key: I64
+    total: npt.NDArray[np.uint32]
+
+    @property
+    def never(self) -> int:
+        return int(np.iinfo(self.first.dtype).max)
+
+    def earliest(self) -> I64:
+        """Per file, the job's first read position (``never`` as in :attr:`first`)."""
+        out = self.first_key // self.nodes
+        out[self.first_key == NEVER_KEY] = self.never
+        return out
+
+    def first_reader(self) -> I32:
+        """Per file, the node reading it first (-1: nobody)."""
+        out = (self.first_key % self.nodes).astype(np.int32)
+        out[self.first_key == NEVER_KEY] = -1
+        return out
+
+
+def node_pass(
+    streams: Sequence[Streams],
+    offsets: Sequence[int],
+    segments: Sequence[Segment],
+    node: int,
+    count_type: type[np.unsignedinteger[Any]],
+    pool: Pool | None = None,
+    width: int = 1,
+) -> NodePass:
+    """``node``'s counts and first uses over ``segments`` (global ids), and per file the job's first
+    read and its total reads; one permutation per segment, computed ``width`` ahead in ``pool``."""
+    shape = streams[0].shape
+    nodes = shape.nodes
+    if not 0 <= node < nodes:
+        raise ValueError(f"node: expected 0..{nodes - 1}, got {node}")
+    total_files = int(offsets[-1])
+    job_len = segments[-1].start + segments[-1].length if segments else 0
+    pos_type: type[np.signedinteger[Any]] = np.int32 if job_len < np.iinfo(np.int32).max else np.int64
+    never = int(np.iinfo(pos_type).max)
+    counts = np.zeros(total_files, count_type)
+    first = np.full(total_files, never, pos_type)
+    first_key = np.full(total_files, NEVER_KEY, np.int64)
+    total = np.zeros(total_files, np.uint32)
+    epoch0: npt.NDArray[np.unsignedinteger[Any]] | None = None
+    ahead = layouts_ahead(streams, [(s.dataset, s.ds_epoch) for s in segments], pool, width)
+    with contextlib.closing(ahead) as layouts:
+        for seg, lay in zip(segments, layouts, strict=True):
+            if epoch0 is None and seg.job_epoch > 0:
+                epoch0 = counts.copy()
+            st = streams[seg.dataset]
+            off, n, start = int(offsets[seg.dataset]), st.n, seg.start
+            sl = slice(off, off + n)
+            if lay.shared:
+                flat = lay.order[: st.length]
+                first_t, _dup = _first_reads(flat, lay.distinct, n)
+                times = np.bincount(flat, minlength=n).astype(np.uint32) if flat.size else np.zeros(n, np.uint32)
+                times *= np.uint32(shape.ranks_per_node)
+                counts[sl] += times.astype(count_type)
+                total[sl] += times * np.uint32(nodes)
+                read = np.flatnonzero(first_t >= 0)
+                t = first_t.take(read).astype(np.int64)
+                pos = _node_positions(t, np.zeros_like(t), st.length, shape) + start
+                mine = first[sl]
+                np.minimum.at(mine, read, pos.astype(pos_type))
+                keys = first_key[sl]
+                np.minimum.at(keys, read, pos * nodes)  # node 0 reads it first: every node at once
+                continue
+            flat = lay.order[: st.length * shape.world_size]
+            u = min(lay.distinct, flat.size)
+            inv = _first_positions(flat, u, n)  # entry t of each file in flat[:u], -1 unread
+            who = entry_nodes(inv, shape)
+            if u < n:
+                unread = inv < 0
+                who[unread] = nodes  # nobody
+                total[sl] += ~unread
+            else:
+                total[sl] += np.uint32(1)
+            mine = np.flatnonzero(who == node)
+            counts[off + mine] += count_type(1)
+            fresh = mine[first[off + mine] == never]
+            if fresh.size:
+                pos = entry_positions(inv.take(fresh).astype(np.int64), st.length, shape) + start
+                first[off + fresh] = pos.astype(pos_type)
+            keys = first_key[sl]
+            unseen = np.flatnonzero((keys == NEVER_KEY) & (who < nodes))
+            if unseen.size:
+                pos = entry_positions(inv.take(unseen).astype(np.int64), st.length, shape) + start
+                pos *= nodes
+                pos += who.take(unseen)
+                keys[unseen] = pos
+            if u < flat.size:  # padding: files read again, maybe earlier in some node's stream
+                t = np.arange(u, flat.size, dtype=np.int64)
+                files = flat[u:].astype(np.int64)
+                rep_nodes = entry_nodes(t, shape).astype(np.int64)
+                rep_pos = entry_positions(t.copy(), st.length, shape) + start
+                np.add.at(total, files + off, 1)
+                np.minimum.at(first_key, files + off, rep_pos * nodes + rep_nodes)
+                sel = rep_nodes == node
+                np.add.at(counts, files[sel] + off, 1)
+                np.minimum.at(first, files[sel] + off, rep_pos[sel].astype(pos_type))
+    if epoch0 is None:
+        epoch0 = counts.copy()
+    return NodePass(node, nodes, counts, epoch0, first, first_key, total)
+
+
+def fold_pass(p: NodePass, gid_obj: npt.NDArray[np.int32] | None, objects: int) -> NodePass:
+    """The pass over objects (snapshot entries shared by several ids): counts summed, firsts the least."""
+    if gid_obj is None:
+        return p
+
+    def summed(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.bincount(gid_obj, weights=a, minlength=objects).astype(a.dtype)
+
+    def least(a: npt.NDArray[Any], high: int) -> npt.NDArray[Any]:
+        out = np.full(objects, high, a.dtype)
+        np.minimum.at(out, gid_obj, a)
+        return out
+
+    return NodePass(
+        p.node,
+        p.nodes,
+        summed(p.counts),
+        summed(p.first_epoch_counts),
+        least(p.first, p.never),
+        least(p.first_key, NEVER_KEY),
+        summed(p.total),
+    )
+
+
+def node_room(budgets: npt.NDArray[np.int64], largest: int) -> int:
+    """Bytes a node may be designated: its capacity less the fragmentation reserve (as in assign)."""
+    cap = int(budgets.sum())
+    return cap - fragmentation_reserve(largest, int(budgets.shape[0]), cap)
+
+
+def designate(
+    first_key: I64, sizes: I64, read: npt.NDArray[np.bool_], nodes: int, budgets: npt.NDArray[np.int64]
+) -> I32:
+    """Designated holder per object by the first-reader rule (module docstring); -1: none had room.
+
+    ``first_key``: :attr:`NodePass.first_key` over objects; ``budgets``: (tiers,) bytes per node.
+    O(objects log objects) time, O(objects + nodes) memory, the same on every node.
+    """
+    m = int(sizes.shape[0])
+    designated = np.full(m, -1, np.int32)
+    if not read.any() or not budgets.size:
+        return designated
+    largest = int(sizes[read].max())
+    room = np.full(nodes, node_room(budgets, largest), np.int64)
+    objs = np.flatnonzero(read)
+    reader = (first_key.take(objs) % nodes).astype(np.int32)
+    load = np.bincount(reader, weights=sizes.take(objs), minlength=nodes)
+    over = load > room
+    designated[objs] = reader
+    active = room > 0
+    pending: list[I64] = []
+    if over.any():
+        # an overfull node keeps the objects it reads earliest, as far as they fit
+        by_node = objs[np.lexsort((first_key.take(objs), reader))]
+        bounds = np.searchsorted(reader[np.lexsort((first_key.take(objs), reader))], np.arange(nodes + 1))
+        for k in np.flatnonzero(over).tolist():
+            mine = by_node[bounds[k] : bounds[k + 1]]
+            taken = fill(sizes.take(mine), max(0, int(room[k])))
+            designated[mine[~taken]] = -1
+            pending.append(mine[~taken])
+            active[k] = False
+    room -= np.bincount(designated[designated >= 0], weights=sizes[designated >= 0], minlength=nodes).astype(np.int64)
+    left = np.sort(np.concatenate(pending)) if pending else objs[:0]
+    while left.size and active.any():
+        candidates = np.flatnonzero(active)
+        choice = candidates[left % candidates.size]
+        rest: list[I64] = []
+        for k in candidates.tolist():
+            mine = left[choice == k] if candidates.size > 1 else left
+            if not mine.size:
+                continue
+            taken = fill(sizes.take(mine), max(0, int(room[k])))
+            designated[mine[taken]] = k
+            room[k] -= int(sizes.take(mine[taken]).sum())
+            if not taken.all():
+                rest.append(mine[~taken])
+                active[k] = False
+        left = np.sort(np.concatenate(rest)) if rest else left[:0]
+    return designated
+
+
+@dataclass(eq=False)
+class NodePart:
+    """What one node acts on: its tier per object (-1: not kept), its fill order, bytes per tier."""
+
+    node: int
+    tier_of: npt.NDArray[np.int8]
+    fill_obj: npt.NDArray[np.int32]
+    fill_due: npt.NDArray[np.int64]
+    tier_bytes: I64
+    tier_files: I64
+
+
+def node_assignment(
+    p: NodePass,
+    designated: I32,
+    sizes: I64,
+    cacheable: npt.NDArray[np.bool_],
+    budgets: npt.NDArray[np.int64],
+) -> NodePart:
+    """``p.node``'s tiers and fill order given the designation (over objects: :func:`fold_pass`)."""
+    k = p.node
+    tiers = int(budgets.shape[0])
+    read = cacheable & (p.first_key != NEVER_KEY)
+    largest = int(sizes[read].max()) if read.any() else 0
+    room = node_room(budgets, largest)
+    wanted = p.counts > 0
+    mine = designated == k
+    wanted |= mine
+    wanted &= read
+    order = priority_order(p.counts, p.first, np.flatnonzero(wanted))
+    sz = sizes.take(order)
+    owned = mine.take(order)
+    others = np.flatnonzero(~owned)
+    extra_room = room - int(sz[owned].sum())
+    owned[others[fill(sz.take(others), max(0, extra_room))]] = True
+    order, sz = order[owned], sz[owned]
+    placed = place_in_tiers(sz, [int(x) for x in budgets])
+    tier_of = np.full(sizes.shape[0], -1, np.int8)
+    tier_of[order] = placed
+    tier_bytes = np.array([int(sz[placed == j].sum()) for j in range(tiers)], np.int64)
+    tier_files = np.array([int((placed == j).sum()) for j in range(tiers)], np.int64)
+    # fill order: by due position (the owner's: anybody's first read; the others': their own)
+    held = np.flatnonzero(tier_of >= 0)
+    due = p.first.take(held).astype(np.int64)
+    use_earliest = designated.take(held) == k
+    use_earliest |= due == p.never
+    if use_earliest.any():
+        due[use_earliest] = p.earliest().take(held[use_earliest])
+    ordered = np.lexsort((held, due))
+    return NodePart(k, tier_of, held[ordered].astype(np.int32), due[ordered], tier_bytes, tier_files)
