@@ -36,7 +36,7 @@ import numpy.typing as npt
 from placement.assign import fill, fragmentation_reserve, place_in_tiers, priority_order
 from placement.frequency import Segment
 from placement.parallel import Pool
-from placement.streams import Streams, _first_positions, _first_reads, entry_nodes, entry_positions, layouts_ahead
+from placement.streams import JobShape, Streams, _first_reads, entry_nodes, entry_positions, layouts_ahead
 from placement.streams import node_positions as _node_positions
 
 I64 = npt.NDArray[np.int64]
@@ -103,6 +103,8 @@ def node_pass(
     first_key = np.full(total_files, NEVER_KEY, np.int64)
     total = np.zeros(total_files, np.uint32)
     epoch0: npt.NDArray[np.unsignedinteger[Any]] | None = None
+    mine_at: dict[int, tuple[I64, I64]] = {}  # per stream length: this node's entries, their positions
+    unseen: dict[int, int] = {}  # per dataset offset: files nobody has read yet
     ahead = layouts_ahead(streams, [(s.dataset, s.ds_epoch) for s in segments], pool, width)
     with contextlib.closing(ahead) as layouts:
         for seg, lay in zip(segments, layouts, strict=True):
@@ -128,40 +130,53 @@ def node_pass(
                 continue
             flat = lay.order[: st.length * shape.world_size]
             u = min(lay.distinct, flat.size)
-            inv = _first_positions(flat, u, n)  # entry t of each file in flat[:u], -1 unread
-            who = entry_nodes(inv, shape)
-            if u < n:
-                unread = inv < 0
-                who[unread] = nodes  # nobody
-                total[sl] += ~unread
-            else:
+            if st.length not in mine_at:
+                mine_at[st.length] = _node_entries(shape, node, st.length)
+            t_mine, pos_mine = mine_at[st.length]
+            # this node's reads: a gather of its entries (files/nodes of them), no inverse of the epoch
+            head = int(np.searchsorted(t_mine, u))  # its entries in flat[:u] read distinct files
+            files = flat.take(t_mine) + off
+            pos = pos_mine + start
+            got = files[:head]
+            counts[got] += count_type(1)
+            cur = first[got]
+            np.minimum(cur, pos[:head].astype(pos_type), out=cur)
+            first[got] = cur
+            if head < files.shape[0]:  # padding: files read again
+                np.add.at(counts, files[head:], 1)
+                np.minimum.at(first, files[head:], pos[head:].astype(pos_type))
+            # every node's reads, per file: how many, and the first while some file is still unread
+            if u >= n:
                 total[sl] += np.uint32(1)
-            mine = np.flatnonzero(who == node)
-            counts[off + mine] += count_type(1)
-            fresh = mine[first[off + mine] == never]
-            if fresh.size:
-                pos = entry_positions(inv.take(fresh).astype(np.int64), st.length, shape) + start
-                first[off + fresh] = pos.astype(pos_type)
-            keys = first_key[sl]
-            unseen = np.flatnonzero((keys == NEVER_KEY) & (who < nodes))
-            if unseen.size:
-                pos = entry_positions(inv.take(unseen).astype(np.int64), st.length, shape) + start
-                pos *= nodes
-                pos += who.take(unseen)
-                keys[unseen] = pos
-            if u < flat.size:  # padding: files read again, maybe earlier in some node's stream
-                t = np.arange(u, flat.size, dtype=np.int64)
-                files = flat[u:].astype(np.int64)
-                rep_nodes = entry_nodes(t, shape).astype(np.int64)
-                rep_pos = entry_positions(t.copy(), st.length, shape) + start
-                np.add.at(total, files + off, 1)
-                np.minimum.at(first_key, files + off, rep_pos * nodes + rep_nodes)
-                sel = rep_nodes == node
-                np.add.at(counts, files[sel] + off, 1)
-                np.minimum.at(first, files[sel] + off, rep_pos[sel].astype(pos_type))
+            else:
+                total[flat[:u] + off] += np.uint32(1)
+            if u < flat.size:
+                np.add.at(total, flat[u:] + off, 1)
+            if unseen.get(off, n):
+                t = np.arange(flat.size, dtype=np.int64)
+                keys = entry_positions(t.copy(), st.length, shape)
+                keys += start
+                keys *= nodes
+                keys += entry_nodes(t, shape)
+                mine_keys = first_key[off + flat[:u]]
+                np.minimum(mine_keys, keys[:u], out=mine_keys)
+                first_key[off + flat[:u]] = mine_keys
+                if u < flat.size:
+                    np.minimum.at(first_key, off + flat[u:], keys[u:])
+                unseen[off] = int((first_key[sl] == NEVER_KEY).sum())
     if epoch0 is None:
         epoch0 = counts.copy()
     return NodePass(node, nodes, counts, epoch0, first, first_key, total)
+
+
+def _node_entries(shape: JobShape, node: int, length: int) -> tuple[I64, I64]:
+    """The strided entries ``node``'s ranks read (rank r: r, r + W, r + 2W, ...; ``length`` each), in
+    ascending order, and their positions in the node's stream: the same in every epoch."""
+    world = shape.world_size
+    ranks = np.array(shape.ranks_of_node(node), np.int64)
+    t = (np.arange(length, dtype=np.int64)[:, None] * world + ranks[None, :]).reshape(-1)
+    t.sort()
+    return t, entry_positions(t.copy(), length, shape)
 
 
 def fold_pass(p: NodePass, gid_obj: npt.NDArray[np.int32] | None, objects: int) -> NodePass:
