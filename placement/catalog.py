@@ -240,8 +240,8 @@ class _TreeView:
                     raw[length <= k] = 0
                     packed |= raw << np.uint64(8 * k)
                 part = out[lo : lo + _ENTRY_CHUNK]
-                for size, mask, code in codes:
-                    part |= (length >= size) & ((packed & mask) == code)
+                for size, mask, bits in codes:
+                    part |= (length >= size) & ((packed & mask) == bits)
         # exact str semantics where ASCII shortcuts do not apply
         slow = self.nonascii if len(short) == len(extensions) else np.ones(n, np.bool_)
         for i in np.flatnonzero(slow).tolist():
