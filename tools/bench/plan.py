@@ -9,6 +9,12 @@ assignment and summary seconds, total, peak RSS, and the ratio to the targets (1
 
     tools/bench/plan                    # both backends, default ImageNet job
     tools/bench/plan --modes numpy --epochs 10
+    tools/bench/plan --modes numpy --nodes 1024 --ranks-per-node 8 --files 14000000 --val-files 0
+    tools/bench/plan --modes numpy --per-node off,on   # today's dense plan next to the per-node one
+
+``--per-node``: auto (the planner's choice: per node above ``placement.plan.DENSE_CELLS``), on, off,
+or a comma list of them, one row each.  A per-node plan is built for ``--node``; its saved size is
+that node's share, and "load" maps it and reads that node's fill order.
 """
 
 from __future__ import annotations
@@ -156,8 +162,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     catalogs = build_catalogs(tree, cfg)
     t1 = time.perf_counter()
     timer = PlanTimer()
+    per_node = {"auto": None, "on": True, "off": False}[args.per_node]
     with plan_pool(args.workers) as (pool, width):
-        plan = Plan.from_catalogs(catalogs, cfg, args.seed, entries=len(tree), pool=pool, width=width, phases=timer)
+        plan = Plan.from_catalogs(
+            catalogs,
+            cfg,
+            args.seed,
+            entries=len(tree),
+            pool=pool,
+            width=width,
+            phases=timer,
+            node=args.node,
+            per_node=per_node,
+        )
     t2 = time.perf_counter()
     s = timer.stamp(plan).summary()
     import tempfile
@@ -169,11 +186,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         save_plan(plan, tmp)
         t4 = time.perf_counter()
         loaded = load_plan(tmp)
-        loaded.fill_order(0)
+        loaded.fill_order(args.node)
         t5 = time.perf_counter()
         disk = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
     return {
         "mode": args.child,
+        "per_node": plan.per_node,
         "torch": torch_available(),
         "catalog_s": t1 - t0,
         "timings": s["timings"],
@@ -201,6 +219,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     out += ["--mean-size", str(args.mean_size), "--sigma", str(args.sigma), "--seed", str(args.seed)]
     if args.workers is not None:
         out += ["--workers", str(args.workers)]
+    out += ["--node", str(args.node)]
     return out + (["--no-spread"] if args.no_spread else [])
 
 
@@ -222,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="planning threads (default: planner's; 1: none)")
     p.add_argument("--no-spread", action="store_true")
+    p.add_argument("--per-node", default="auto", help="auto, on, off, or a comma list (a row each; see above)")
+    p.add_argument("--node", type=int, default=0, help="the node a per-node plan is built for (default 0)")
     p.add_argument("--json", action="store_true", help="print the raw results")
     p.add_argument("--child", choices=["torch", "numpy"], help=argparse.SUPPRESS)
     return p
@@ -234,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)))
         return 0
     rows = []
-    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        cmd = [sys.executable, "-m", "tools.bench.plan", "--child", mode, *_forwarded(args)]
+    kinds = [k.strip() for k in args.per_node.split(",") if k.strip()]
+    if any(k not in ("auto", "on", "off") for k in kinds):
+        p.error(f"--per-node: expected auto, on or off, got {args.per_node!r}")
+    for mode, kind in [(m.strip(), k) for m in args.modes.split(",") if m.strip() for k in kinds]:
+        cmd = [sys.executable, "-m", "tools.bench.plan", "--child", mode, "--per-node", kind, *_forwarded(args)]
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
         if out.returncode:
@@ -251,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         f"spread={'off' if args.no_spread else 'on'}"
     )
     head = (
-        f"{'backend':<8}{'catalog':>9}{'pass':>8}{'assign':>8}{'summary':>9}{'total s':>9}{'/15s':>7}"
+        f"{'backend':<8}{'plan':>9}{'catalog':>9}{'pass':>8}{'assign':>8}{'summary':>9}{'total s':>9}{'/15s':>7}"
         f"{'cpu s':>8}{'peak MB':>9}{'/1.5GB':>8}{'load':>11}"
     )
     print(head)
@@ -261,17 +285,22 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         t = r["timings"]
         print(
-            f"{r['mode']:<8}{r['catalog_s']:>9.2f}{t['access_s']:>8.2f}{t['assign_s']:>8.2f}{t['summary_s']:>9.2f}"
+            f"{r['mode']:<8}{'per node' if r['per_node'] else 'dense':>9}{r['catalog_s']:>9.2f}"
+            f"{t['access_s']:>8.2f}{t['assign_s']:>8.2f}{t['summary_s']:>9.2f}"
             f"{r['total_s']:>9.2f}{r['total_s'] / TARGET_SECONDS:>7.2f}{r['cpu_s']:>8.2f}{r['peak_rss_mb']:>9.0f}"
             f"{r['peak_rss_mb'] / TARGET_RSS_MB:>8.2f}{r['load_start']:>6.1f}/{r['load']:<4.1f}"
         )
+    for r in rows:
+        kind = "per node" if r["per_node"] else "dense"
+        print(f"{kind} plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")
+        cov = r["coverage"]
+        print(
+            f"  coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
+            f"{r['pfs_bytes_job']:,} B ({r['pfs_bytes_job'] / 1e9:,.1f} GB) vs "
+            f"{r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached"
+        )
     r = rows[-1]
-    print(f"saved plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")
-    cov, f = r["coverage"], r["frequency"]
-    print(
-        f"coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
-        f"{r['pfs_bytes_job'] / 1e9:,.1f} GB vs {r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached"
-    )
+    f = r["frequency"]
     if f:
         print(
             f"files read >= {f['threshold']} times by a node: expected {f['expected_heavy_per_node']:,.0f} "
