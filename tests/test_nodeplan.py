@@ -143,3 +143,19 @@ def test_large_spread_jobs_plan_per_node_small_ones_densely(tree: Any, monkeypat
     monkeypatch.setattr(P, "DENSE_CELLS", 10)
     assert Plan.build(tree, plan_config(), seed=3).per_node
     assert not Plan.build(tree, plan_config(**{"peers.spread": "false"}), seed=3).per_node
+
+
+def test_a_daemon_loading_another_nodes_plan_computes_its_own_part_while_loading(tree: Any, tmp_path: Path) -> None:
+    """Daemons sharing cache_dir share plan directories: the one saved may be another node's.  The
+    loader (a thread of the plan manager) computes the presumed node's part, equal to that node's
+    own plan, so the FUSE loop never does."""
+    from fusefs.planning.manager import load_daemon_plan
+
+    cfg = plan_config()
+    save_plan(Plan.build(tree, cfg, seed=3, per_node=True, node=1), tmp_path / "p")
+    loaded = load_daemon_plan(tmp_path / "p", node=2)
+    assert loaded.planned_nodes() == [1, 2]
+    own = Plan.build(tree, cfg, seed=3, per_node=True, node=2)
+    assert np.array_equal(loaded.node_tiers(2), own.node_tiers(2))
+    assert np.array_equal(loaded.fill_order(2)[1], own.fill_order(2)[1])
+    assert load_daemon_plan(tmp_path / "p").planned_nodes() == [1]
