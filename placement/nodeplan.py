@@ -42,6 +42,7 @@ from placement.streams import node_positions as _node_positions
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 NEVER_KEY = int(np.iinfo(np.int64).max)
+_KEY_CHUNK = 1 << 20  # entries whose first-read keys are computed at once
 
 
 @dataclass(eq=False)
@@ -153,16 +154,19 @@ def node_pass(
             if u < flat.size:
                 np.add.at(total, flat[u:] + off, 1)
             if unseen.get(off, n):
-                t = np.arange(flat.size, dtype=np.int64)
-                keys = entry_positions(t.copy(), st.length, shape)
-                keys += start
-                keys *= nodes
-                keys += entry_nodes(t, shape)
-                mine_keys = first_key[off + flat[:u]]
-                np.minimum(mine_keys, keys[:u], out=mine_keys)
-                first_key[off + flat[:u]] = mine_keys
-                if u < flat.size:
-                    np.minimum.at(first_key, off + flat[u:], keys[u:])
+                for lo in range(0, flat.size, _KEY_CHUNK):  # slices: no epoch-sized temporaries
+                    t = np.arange(lo, min(lo + _KEY_CHUNK, flat.size), dtype=np.int64)
+                    keys = entry_positions(t.copy(), st.length, shape)
+                    keys += start
+                    keys *= nodes
+                    keys += entry_nodes(t, shape)
+                    files = flat[lo : lo + _KEY_CHUNK] + off
+                    distinct = max(0, min(u - lo, files.shape[0]))
+                    got = first_key[files[:distinct]]
+                    np.minimum(got, keys[:distinct], out=got)
+                    first_key[files[:distinct]] = got
+                    if distinct < files.shape[0]:
+                        np.minimum.at(first_key, files[distinct:], keys[distinct:])
                 unseen[off] = int((first_key[sl] == NEVER_KEY).sum())
     if epoch0 is None:
         epoch0 = counts.copy()
