@@ -11,13 +11,15 @@ with nodes x files:
   first read of it (position and node) and its total reads.  O(files) memory.
 * :func:`designate`: the *first-reader rule* for spread mode.  Each read, cacheable object is
   designated to the node that reads it first in the job (ties: the lowest node), which fetches it
-  from the PFS then anyway.  A node whose designated bytes exceed its room keeps those it reads
-  earliest and gives the rest back; what is given back goes round the nodes that still have room,
-  by object index, each taking what fits in index order, until nothing is left or nobody has room.
-  Only per-file arrays and per-node byte sums go in, so every node computes the same designation.
-  The dense planner's ownership rounds designate the node that reads an object *most*, which needs
-  every node's counts; both give every object a holder when :func:`placement.assign.spread_covers`
-  holds, so PFS bytes and files held are the same (``tests/test_simulate.py`` compares them).
+  from the PFS then anyway.  A node whose designated bytes exceed its room keeps those the job reads
+  most (each held object saves a PFS read per read), then those read earliest, and gives the rest
+  back; what is given back goes round the nodes that still have room, by object index, each taking
+  what fits in the same order, until nothing is left or nobody has room.  Only per-file arrays and
+  per-node byte sums go in, so every node computes the same designation.  The dense planner's
+  ownership rounds designate the node that reads an object *most*, which needs every node's counts;
+  both give every object a holder when :func:`placement.assign.spread_covers` holds, so PFS bytes
+  and files held are the same (``tests/test_simulate.py``); with less room than data, the per-node
+  rule holds as many files and reads no more from the PFS, within 1% (``tests/test_nodeplan.py``).
 * :func:`node_assignment`: ``node``'s tiers exactly as the dense planner places them given the
   designation (its designated objects first, then its most-read others into the room left, tiers
   fastest first), and its fill order.  The primary owner of an object is its designated holder.
@@ -214,11 +216,18 @@ def node_room(budgets: npt.NDArray[np.int64], largest: int) -> int:
 
 
 def designate(
-    first_key: I64, sizes: I64, read: npt.NDArray[np.bool_], nodes: int, budgets: npt.NDArray[np.int64]
+    first_key: I64,
+    total: npt.NDArray[Any],
+    sizes: I64,
+    read: npt.NDArray[np.bool_],
+    nodes: int,
+    budgets: npt.NDArray[np.int64],
 ) -> I32:
     """Designated holder per object by the first-reader rule (module docstring); -1: none had room.
 
-    ``first_key``: :attr:`NodePass.first_key` over objects; ``budgets``: (tiers,) bytes per node.
+    ``first_key``, ``total``: :attr:`NodePass.first_key` and the reads by all nodes, over objects;
+    ``budgets``: (tiers,) bytes per node.  Where room runs short, the objects read most often over
+    the job are kept first (each one held saves a PFS read per read of it), then the earliest read.
     O(objects log objects) time, O(objects + nodes) memory, the same on every node.
     """
     m = int(sizes.shape[0])
@@ -234,10 +243,13 @@ def designate(
     designated[objs] = reader
     active = room > 0
     pending: list[I64] = []
+    rank = np.zeros(m, np.int64)  # priority where room is short: most reads, then earliest read
     if over.any():
-        # an overfull node keeps the objects it reads earliest, as far as they fit
-        by_node = objs[np.lexsort((first_key.take(objs), reader))]
-        bounds = np.searchsorted(reader[np.lexsort((first_key.take(objs), reader))], np.arange(nodes + 1))
+        rank[objs[np.lexsort((first_key.take(objs), -total.take(objs).astype(np.int64)))]] = np.arange(objs.size)
+        # an overfull node keeps its objects in that order, as far as they fit
+        by_reader = np.lexsort((rank.take(objs), reader))
+        by_node = objs[by_reader]
+        bounds = np.searchsorted(reader[by_reader], np.arange(nodes + 1))
         for k in np.flatnonzero(over).tolist():
             mine = by_node[bounds[k] : bounds[k + 1]]
             taken = fill(sizes.take(mine), max(0, int(room[k])))
@@ -254,6 +266,7 @@ def designate(
             mine = left[choice == k] if candidates.size > 1 else left
             if not mine.size:
                 continue
+            mine = mine[np.argsort(rank.take(mine), kind="stable")]
             taken = fill(sizes.take(mine), max(0, int(room[k])))
             designated[mine[taken]] = k
             room[k] -= int(sizes.take(mine[taken]).sum())

@@ -435,7 +435,7 @@ class Plan:
             objects = Objects.of(cats, entries)
             po = fold_pass(p, objects.gid_obj, len(objects))
             read = objects.cacheable & (po.first_key != NEVER_KEY)
-            owner = designate(po.first_key, objects.size, read, nodes, budgets)
+            owner = designate(po.first_key, po.total, objects.size, read, nodes, budgets)
             part = node_assignment(po, owner, objects.size, objects.cacheable, budgets)
             digest = _digest(inputs, cats, order_arrays, _outputs(objects, None, owner))
             mark("summary")

@@ -87,16 +87,20 @@ def test_designation_respects_room_and_covers_when_there_is_room() -> None:
     keys = rng.permutation(m).astype(np.int64) * nodes + rng.integers(0, nodes, m)
     keys[:10] = NEVER_KEY  # never read: nobody is designated
     read = keys != NEVER_KEY
-    roomy = designate(keys, sizes, read, nodes, np.array([10**6, 10**6]))
+    total = rng.integers(1, 5, m)
+    roomy = designate(keys, total, sizes, read, nodes, np.array([10**6, 10**6]))
     assert (roomy[~read] == -1).all() and (roomy[read] == keys[read] % nodes).all()
     tight_budget = np.array([int(sizes.sum()) // (3 * nodes), int(sizes.sum()) // (3 * nodes)])
-    tight = designate(keys, sizes, read, nodes, tight_budget)
+    tight = designate(keys, total, sizes, read, nodes, tight_budget)
     room = node_room(tight_budget, int(sizes[read].max()))
     held = np.bincount(tight[tight >= 0], weights=sizes[tight >= 0], minlength=nodes)
     assert (held <= room).all() and held.min() > 0.9 * room
     assert 0 < int((tight[read] == -1).sum()) < m
-    again = designate(keys.copy(), sizes.copy(), read.copy(), nodes, tight_budget)
+    again = designate(keys.copy(), total.copy(), sizes.copy(), read.copy(), nodes, tight_budget)
     assert np.array_equal(again, tight)
+    # what is left out is what is read least: no held object is read less than most left-out ones
+    out = read & (tight == -1)
+    assert np.median(total[out]) <= np.median(total[read & (tight >= 0)])
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +169,17 @@ def test_a_daemon_loading_another_nodes_plan_computes_its_own_part_while_loading
     assert np.array_equal(loaded.node_tiers(2), own.node_tiers(2))
     assert np.array_equal(loaded.fill_order(2)[1], own.fill_order(2)[1])
     assert load_daemon_plan(tmp_path / "p").planned_nodes() == [1]
+
+
+@pytest.mark.parametrize("memory,disk", [(60_000, 120_000), (100_000, 200_000)])
+def test_without_room_for_every_file_the_rules_leave_out_as_much(tmp_path: Path, memory: int, disk: int) -> None:
+    """Aggregate room below the dataset (a third to two thirds of it): the dense plan drops what its
+    nodes read least, the per-node plan what the job reads least; the per-node plan holds no fewer
+    files and reads no more PFS bytes over the job than the dense one, within 1%."""
+    tree = Snapshot.scan(str(small_tree(tmp_path / "src", classes=8, per_class=100, val=10))).tree
+    tiers = f"[{{kind: memory, bytes: {memory}}}, {{kind: directory, path: /x, bytes: {disk}}}]"
+    dense = Plan.build(tree, plan_config(tiers=tiers), seed=3, per_node=False).summary()
+    per = Plan.build(tree, plan_config(tiers=tiers), seed=3, per_node=True).summary()
+    assert dense["coverage"]["held_bytes"] < dense["coverage"]["read_bytes"]
+    assert per["coverage"]["held_objects"] >= 0.99 * dense["coverage"]["held_objects"]
+    assert per["pfs_bytes_job"] <= 1.01 * dense["pfs_bytes_job"]

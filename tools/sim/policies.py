@@ -199,7 +199,7 @@ def per_node_assignment(setup: Setup) -> Assignment:
     nodes = setup.system.nodes
     passes = [node_pass(streams, [0, setup.files], segments, k, ctype) for k in range(nodes)]
     read = passes[0].first_key != NEVER_KEY
-    owner = designate(passes[0].first_key, setup.sizes, read, nodes, budgets)
+    owner = designate(passes[0].first_key, passes[0].total, setup.sizes, read, nodes, budgets)
     cacheable = np.ones(setup.files, np.bool_)
     parts = [node_assignment(p, owner, setup.sizes, cacheable, budgets) for p in passes]
     off = np.zeros(nodes + 1, np.int64)
