@@ -170,6 +170,23 @@ class Catalog:
 # --------------------------------------------------------------------------- tree-wide columns
 
 
+_ENTRY_CHUNK = 1 << 16  # entries whose extensions are matched at once (arrays that stay in cache)
+_NAME_CHUNK = 1 << 24  # name bytes looked at at once: a bool per byte of 14M names would be 300 MB
+
+
+def _nonascii(names: npt.NDArray[np.uint8], start: I64, length: I64) -> Bools:
+    """Per entry, whether its name has a byte >= 0x80, in memory O(entries + chunk), not a running
+    count per name byte (2.3 GB at 14 million names); chunks without such bytes cost one compare."""
+    out = np.zeros(start.shape[0], np.bool_)
+    end = start + length
+    for lo in range(0, names.shape[0], _NAME_CHUNK):
+        high = np.flatnonzero(names[lo : lo + _NAME_CHUNK] >= 0x80)
+        if high.size:
+            high += lo
+            out |= np.searchsorted(high, end) > np.searchsorted(high, start)
+    return out
+
+
 class _TreeView:
     """Vectorised per-entry facts the listings need, computed once per tree."""
 
@@ -188,8 +205,7 @@ class _TreeView:
         self.outside = links & (tree.link_target == LINK_OUTSIDE)
         start = tree.name_off.astype(np.int64)
         length = tree.name_len.astype(np.int64)
-        high = np.concatenate([[0], np.cumsum(tree.names >= 0x80, dtype=np.int64)])
-        self.nonascii = (high[start + length] - high[start]) > 0
+        self.nonascii = _nonascii(tree.names, start, length)
         self._start = start
         self._len = length
 
@@ -204,21 +220,30 @@ class _TreeView:
         short = tuple(e for e in extensions if e.isascii() and len(e) <= 8)
         out = np.zeros(n, np.bool_)
         if short:
-            # last (up to) 8 name bytes, ASCII-lower-cased, packed with the final byte lowest
+            # last (up to) 8 name bytes, ASCII-lower-cased, packed with the final byte lowest; only as
+            # many bytes as the longest extension, a slice of entries at a time (cache-sized arrays)
             names = self.tree.names
-            end = self._start + self._len
-            packed = np.zeros(n, np.uint64)
-            for k in range(min(8, int(self._len.max()) if n else 0)):
-                raw = names.take(np.maximum(end - 1 - k, 0)).astype(np.uint64)
-                raw += ((raw >= 65) & (raw <= 90)).astype(np.uint64) << np.uint64(5)
-                raw[self._len <= k] = 0
-                packed |= raw << np.uint64(8 * k)
+            longest = max(len(e.encode()) for e in short)
+            codes = []
             for e in short:
                 code = 0
                 for k, ch in enumerate(reversed(e.encode())):
                     code |= ch << (8 * k)
                 mask = np.uint64((1 << (8 * len(e))) - 1) if len(e) < 8 else np.uint64(2**64 - 1)
-                out |= (self._len >= len(e)) & ((packed & mask) == np.uint64(code))
+                codes.append((len(e), mask, np.uint64(code)))
+            for lo in range(0, n, _ENTRY_CHUNK):
+                length = self._len[lo : lo + _ENTRY_CHUNK]
+                end = self._start[lo : lo + _ENTRY_CHUNK] + length
+                end -= 1
+                packed = np.zeros(length.shape[0], np.uint64)
+                for k in range(min(longest, int(length.max()) if length.size else 0)):
+                    raw = names.take(np.maximum(end - k, 0)).astype(np.uint64)
+                    raw += ((raw >= 65) & (raw <= 90)).astype(np.uint64) << np.uint64(5)
+                    raw[length <= k] = 0
+                    packed |= raw << np.uint64(8 * k)
+                part = out[lo : lo + _ENTRY_CHUNK]
+                for size, mask, bits in codes:
+                    part |= (length >= size) & ((packed & mask) == bits)
         # exact str semantics where ASCII shortcuts do not apply
         slow = self.nonascii if len(short) == len(extensions) else np.ones(n, np.bool_)
         for i in np.flatnonzero(slow).tolist():

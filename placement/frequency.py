@@ -120,6 +120,17 @@ def _count_bound(streams: Streams) -> int:
     return repeats * (streams.shape.ranks_per_node if shared else 1)
 
 
+def count_type_for(streams: Sequence[Streams], segments: Sequence[Segment]) -> type[np.unsignedinteger[Any]]:
+    """The narrowest unsigned type that holds any node's reads of any file over ``segments``."""
+    bound = max(
+        (sum(_count_bound(streams[d]) for s in segments if s.dataset == d) for d in range(len(streams))), default=0
+    )
+    for t in (np.uint8, np.uint16):
+        if bound <= np.iinfo(t).max:
+            return t
+    return np.uint32
+
+
 def access_stats(
     streams: Sequence[Streams],
     offsets: Sequence[int],
@@ -136,14 +147,7 @@ def access_stats(
     """
     shape = streams[0].shape
     total = int(offsets[-1])
-    bound = max(
-        (sum(_count_bound(streams[d]) for s in segments if s.dataset == d) for d in range(len(streams))), default=0
-    )
-    count_type: type[np.unsignedinteger[Any]] = np.uint32
-    for t in (np.uint8, np.uint16):
-        if bound <= np.iinfo(t).max:
-            count_type = t
-            break
+    count_type = count_type_for(streams, segments)
     job_len = segments[-1].start + segments[-1].length if segments else 0
     pos_type: type[np.signedinteger[Any]] = np.int32 if job_len < np.iinfo(np.int32).max else np.int64
     reads = NodeReads(shape, total, count_type, pos_type)

@@ -41,12 +41,14 @@ from placement.frequency import (
     AccessStats,
     Segment,
     access_stats,
+    count_type_for,
     expected_heavy_files,
     heavy_threshold,
     job_segments,
 )
 from placement.jobstreams import DatasetStreams, EpochMap, JobStreams
 from placement.model import PerfModel
+from placement.nodeplan import NEVER_KEY, NodePart, NodePass, designate, fold_pass, node_assignment, node_pass
 from placement.parallel import Pool, per_node
 from placement.randperm import Backend
 from placement.streams import JobShape, Streams
@@ -55,9 +57,15 @@ from placement.tree import TreeArrays
 FRAMEWORK_SAMPLER_KEYS = ("even_batches", "split_batches", "loader_generator")
 KIND_SAMPLER_KEYS = {"aug_repeats": "repeat_aug"}
 """Sampler keys that decide the plan for one kind only: in the inputs (and digests) of that kind alone."""
-FORMAT = 2
+FORMAT = 3
 """Version of the planning algorithm, hashed into every digest: plans of another version never match.
-2: the digest covers every output column (objects and fill order too), not only tiers and owners."""
+2: the digest covers every output column (objects and fill order too), not only tiers and owners.
+3: large spread jobs plan per node (:mod:`placement.nodeplan`; :data:`DENSE_CELLS`)."""
+DENSE_CELLS = 1 << 27
+"""Above this many (node, object) cells a spread plan is per node (:mod:`placement.nodeplan`): each
+node computes its own reads and the first-reader designation, in O(objects) memory; up to it, the
+dense planner keeps every node's rows (ImageNet-1k up to about 100 nodes) and its exact ownership
+rounds.  Every node of a job takes the same branch: it depends on the inputs only."""
 HEAVY_DELTA = 0.8  # NoPFS's example threshold for "read much more often than average"
 I64 = npt.NDArray[np.int64]
 PlanPhase = Literal["streams", "access", "assign", "summary", "done"]
@@ -225,17 +233,25 @@ def _le_bytes(a: npt.NDArray[Any]) -> bytes:
     return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def _outputs(objects: Objects, assignment: Assignment) -> list[npt.NDArray[Any]]:
+def _outputs(objects: Objects, assignment: Assignment | None, owner: npt.NDArray[np.int32]) -> list[npt.NDArray[Any]]:
     """Every output column a node acts on: which entry an object is, its size, where it goes and when.
 
     All of them, because a node that agrees on owners but not on ``obj_entry`` serves another file's
-    bytes under the right name.  Hashing them costs a few ms at 1.28M files (xxh3, no copies)."""
-    out: list[npt.NDArray[Any]] = [
-        assignment.tier_of,
-        assignment.owner,
-        assignment.fill_obj,
-        assignment.fill_due,
-        assignment.fill_off,
+    bytes under the right name.  Hashing them costs a few ms at 1.28M files (xxh3, no copies).  A
+    per-node plan (``assignment`` None) hashes the owners and objects, which every node computes
+    alike; its own tiers are its own business (they follow from the owners and its own reads)."""
+    out: list[npt.NDArray[Any]] = (
+        [owner]
+        if assignment is None
+        else [
+            assignment.tier_of,
+            assignment.owner,
+            assignment.fill_obj,
+            assignment.fill_due,
+            assignment.fill_off,
+        ]
+    )
+    out += [
         objects.obj_entry,
         objects.size,
         objects.cacheable,
@@ -325,16 +341,27 @@ class Plan:
         catalogs: list[Catalog],
         orders: dict[int, I64],
         objects: Objects,
-        assignment: Assignment,
+        assignment: Assignment | None,
         digest: str,
         summary: dict[str, Any],
         backend: Backend = "auto",
+        *,
+        owner: npt.NDArray[np.int32] | None = None,
+        parts: Mapping[int, NodePart] | None = None,
     ) -> None:
         self.inputs = inputs
         self.catalogs = catalogs
         self.orders = orders
         self.objects = objects
         self.assignment = assignment
+        """Every node's rows (a dense plan), or None: a per-node plan (:attr:`per_node`)."""
+        if assignment is not None:
+            owner = assignment.owner
+        if owner is None:
+            raise ValueError("a plan needs an assignment or its owners")
+        self.owner_obj: npt.NDArray[np.int32] = owner
+        """Per object, the primary owner node (-1: nobody holds it)."""
+        self._parts: dict[int, NodePart] = dict(parts or {})
         self.digest = digest
         self._summary = summary
         self.backend: Backend = backend
@@ -358,12 +385,15 @@ class Plan:
         pool: Pool | None = None,
         width: int = 1,
         phases: Callable[[PlanPhase], None] | None = None,
+        node: int | None = None,
+        per_node: bool | None = None,
     ) -> Plan:
         """Plan the job in ``config`` (``Config.to_dict()``) over ``tree`` for sampler ``seed``.
 
         ``lists[i]`` / ``orders[i]``: contents of dataset i's list_file (paths) and
         order_file (indices), read by the caller.  Raises ValueError with a one-line reason for
-        setups whose reads cannot be predicted.  ``pool``, ``width`` and ``phases``: see :meth:`from_catalogs`.
+        setups whose reads cannot be predicted.  ``pool``, ``width``, ``phases``, ``node`` and
+        ``per_node``: see :meth:`from_catalogs`.
         """
         catalogs = build_catalogs(tree, config, lists)
         return cls.from_catalogs(
@@ -376,6 +406,8 @@ class Plan:
             width=width,
             entries=len(tree),
             phases=phases,
+            node=node,
+            per_node=per_node,
         )
 
     @classmethod
@@ -391,6 +423,8 @@ class Plan:
         width: int = 1,
         entries: int | None = None,
         phases: Callable[[PlanPhase], None] | None = None,
+        node: int | None = None,
+        per_node: bool | None = None,
     ) -> Plan:
         """The plan over catalogs already built (:meth:`build` builds them from a tree).
 
@@ -398,6 +432,9 @@ class Plan:
         (:mod:`placement.parallel`; None: the calling thread does everything); the plan does not
         depend on either.  ``phases`` is told each
         :data:`PlanPhase` as it begins, so that a caller can time them (``fusefs.planning.inputs``).
+        ``per_node``: plan per node (:mod:`placement.nodeplan`) or densely; None: per node for spread
+        jobs above :data:`DENSE_CELLS`.  ``node``: the node a per-node plan computes its part for at
+        once (default 0; any other node's part is computed when asked, :meth:`node_part`).
         """
         mark: Callable[[PlanPhase], None] = phases or _no_phase
         mark("streams")
@@ -412,19 +449,46 @@ class Plan:
         js = _job_streams(inputs, streams)
         segments = _segments(js, _shape(inputs).ranks_per_node)
         offsets = np.concatenate([[0], np.cumsum([len(c) for c in cats])]).astype(np.int64)
+        budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
+        if per_node is None:
+            per_node = bool(inputs["spread"]) and budgets.size > 0 and nodes * int(offsets[-1]) > DENSE_CELLS
+        if entries is None:
+            entries = 1 + max((int(c.entry.max()) for c in cats if len(c)), default=0)
+        if per_node:
+            if not inputs["spread"] or not budgets.size:
+                raise ValueError("a per-node plan needs peers.spread and at least one tier")
+            k = 0 if node is None else int(node)
+            mark("access")
+            p = node_pass(streams, offsets.tolist(), segments, k, count_type_for(streams, segments), pool, width)
+            mark("assign")
+            objects = Objects.of(cats, entries)
+            po = fold_pass(p, objects.gid_obj, len(objects))
+            read = objects.cacheable & (po.first_key != NEVER_KEY)
+            owner = designate(po.first_key, po.total, objects.size, read, nodes, budgets)
+            part = node_assignment(po, owner, objects.size, objects.cacheable, budgets)
+            digest = _digest(inputs, cats, order_arrays, _outputs(objects, None, owner))
+            mark("summary")
+            summary = _summarize_node(
+                inputs, cats, objects, p, po, part, owner, PerfModel.from_config(config), nodes, follows, segments
+            )
+            summary["digest"] = digest
+            mark("done")
+            plan = cls(
+                inputs, cats, order_arrays, objects, None, digest, summary, backend, owner=owner, parts={k: part}
+            )
+            plan._job_streams = js
+            plan._segments = segments
+            return plan
         mark("access")
         stats = access_stats(streams, offsets.tolist(), segments, pool, width)
         mark("assign")
-        if entries is None:
-            entries = 1 + max((int(c.entry.max()) for c in cats if len(c)), default=0)
         objects = Objects.of(cats, entries)
         counts = objects.fold(stats.counts, "sum")
         first = objects.fold(stats.first_use, "min")
-        budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
         assignment = assign(
             counts, first, objects.size, objects.cacheable, budgets, spread=inputs["spread"], pool=pool, width=width
         )
-        digest = _digest(inputs, cats, order_arrays, _outputs(objects, assignment))
+        digest = _digest(inputs, cats, order_arrays, _outputs(objects, assignment, assignment.owner))
         mark("summary")
         model = PerfModel.from_config(config)
         summary = _summarize(
@@ -495,25 +559,67 @@ class Plan:
         g = np.asarray(gids, dtype=np.int64)
         return g if self.objects.gid_obj is None else self.objects.gid_obj[g].astype(np.int64)
 
+    @property
+    def per_node(self) -> bool:
+        """Whether this plan holds only some nodes' parts (:mod:`placement.nodeplan`), not all rows."""
+        return self.assignment is None
+
+    def planned_nodes(self) -> list[int]:
+        """The nodes whose tiers this plan holds without computing anything (all, for a dense plan)."""
+        return list(range(self.nodes)) if self.assignment is not None else sorted(self._parts)
+
+    def node_part(self, node: int) -> NodePart:
+        """``node``'s tiers and fill order.  A per-node plan computes a node it was not built for here,
+        once (a pass over the job's permutations: seconds at ImageNet scale); see :meth:`planned_nodes`."""
+        if not 0 <= node < self.nodes:
+            raise ValueError(f"node: expected 0..{self.nodes - 1}, got {node}")
+        part = self._parts.get(node)
+        if part is not None:
+            return part
+        if self.assignment is not None:
+            a = self.assignment
+            obj, due = a.fill_order(node)
+            part = NodePart(node, a.tier_of[node], obj, due, a.tier_bytes[node], a.tier_files[node])
+        else:
+            js = self.job_streams()
+            streams = [d.streams for d in js.datasets]
+            segments = self.segments()
+            p = node_pass(streams, self.offsets.tolist(), segments, node, count_type_for(streams, segments))
+            po = fold_pass(p, self.objects.gid_obj, len(self.objects))
+            budgets = np.array([t["bytes"] for t in self.inputs["tiers"]], np.int64)
+            part = node_assignment(po, self.owner_obj, self.objects.size, self.objects.cacheable, budgets)
+        self._parts[node] = part
+        return part
+
+    def node_tiers(self, node: int) -> npt.NDArray[np.int8]:
+        """Per object: the tier holding it on ``node``, -1 none."""
+        if self.assignment is not None:
+            row: npt.NDArray[np.int8] = self.assignment.tier_of[node]
+            return row
+        return self.node_part(node).tier_of
+
     def tier_of(self, node: int) -> npt.NDArray[np.int8]:
         """Per global id: the tier holding it on ``node``, -1 none."""
-        row: npt.NDArray[np.int8] = self.assignment.tier_of[node]
+        row = self.node_tiers(node)
         return row if self.objects.gid_obj is None else row[self.objects.gid_obj]
 
     def owner(self) -> npt.NDArray[np.int32]:
         """Per global id: the primary owner node, -1 when no node holds it."""
-        o = self.assignment.owner
+        o = self.owner_obj
         return o if self.objects.gid_obj is None else o[self.objects.gid_obj]
 
     def owner_of(self, gids: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
         """The primary owner node of each of ``gids`` (-1: nobody holds it), without
         :meth:`owner`'s array over every id."""
-        return self.assignment.owner[self.obj_of(gids)]
+        return self.owner_obj[self.obj_of(gids)]
 
     def fill_order(self, node: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
         """Objects ``node`` keeps in its tiers, in the order to fetch them, with the job position
         each is due by (its first use there; for its primary owner, anybody's first use)."""
-        return self.assignment.fill_order(node)
+        if self.assignment is not None:
+            return self.assignment.fill_order(node)
+        part = self.node_part(node)
+        return part.fill_obj, part.fill_due
 
     def summary(self) -> dict[str, Any]:
         return self._summary
@@ -522,14 +628,29 @@ class Plan:
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
         """Every column of the plan by name: what :mod:`fusefs.planning.store` persists."""
-        arrays: dict[str, npt.NDArray[Any]] = {
-            "tier_of": self.assignment.tier_of,
-            "owner": self.assignment.owner,
-            "fill_obj": self.assignment.fill_obj,
-            "fill_due": self.assignment.fill_due,
-            "fill_off": self.assignment.fill_off,
-            "tier_bytes": self.assignment.tier_bytes,
-            "tier_files": self.assignment.tier_files,
+        arrays: dict[str, npt.NDArray[Any]] = {"owner": self.owner_obj}
+        if self.assignment is not None:
+            a = self.assignment
+            arrays |= {
+                "tier_of": a.tier_of,
+                "fill_obj": a.fill_obj,
+                "fill_due": a.fill_due,
+                "fill_off": a.fill_off,
+                "tier_bytes": a.tier_bytes,
+                "tier_files": a.tier_files,
+            }
+        else:
+            for k, part in sorted(self._parts.items()):
+                held = np.flatnonzero(part.tier_of >= 0).astype(np.int32)  # the node's share, not a row
+                arrays |= {
+                    f"node{k}_held": held,
+                    f"node{k}_tier": part.tier_of[held],
+                    f"node{k}_fill_obj": part.fill_obj,
+                    f"node{k}_fill_due": part.fill_due,
+                    f"node{k}_tier_bytes": part.tier_bytes,
+                    f"node{k}_tier_files": part.tier_files,
+                }
+        arrays |= {
             "obj_entry": self.objects.obj_entry,
             "obj_size": self.objects.size,
             "obj_cacheable": self.objects.cacheable,
@@ -547,6 +668,7 @@ class Plan:
         """The plan's JSON-able part (inputs, catalogs, digest, summary), next to :meth:`arrays`."""
         return {
             "digest": self.digest,
+            "per_node": sorted(self._parts) if self.assignment is None else None,
             "inputs": self.inputs,
             "catalogs": [c.meta() for c in self.catalogs],
             "summary": self._summary,
@@ -565,6 +687,33 @@ class Plan:
             )
         orders = {int(k[5:]): np.asarray(v) for k, v in arrays.items() if k.startswith("order")}
         objects = Objects(arrays.get("gid_obj"), arrays["obj_entry"], arrays["obj_size"], arrays["obj_cacheable"])
+        planned = meta.get("per_node")
+        if planned is not None:
+            parts = {}
+            for k in planned:
+                held = np.asarray(arrays[f"node{k}_held"], dtype=np.int64)
+                tier_of = np.full(len(objects), -1, np.int8)
+                tier_of[held] = arrays[f"node{k}_tier"]
+                parts[int(k)] = NodePart(
+                    int(k),
+                    tier_of,
+                    arrays[f"node{k}_fill_obj"],
+                    arrays[f"node{k}_fill_due"],
+                    arrays[f"node{k}_tier_bytes"],
+                    arrays[f"node{k}_tier_files"],
+                )
+            return cls(
+                dict(meta["inputs"]),
+                catalogs,
+                orders,
+                objects,
+                None,
+                meta["digest"],
+                dict(meta["summary"]),
+                backend,
+                owner=arrays["owner"],
+                parts=parts,
+            )
         assignment = Assignment(
             arrays["tier_of"],
             arrays["owner"],
@@ -580,7 +729,7 @@ class Plan:
 
     def recompute_digest(self) -> str:
         """The digest from this plan's own inputs and outputs (a loaded plan can check itself)."""
-        return _digest(self.inputs, self.catalogs, self.orders, _outputs(self.objects, self.assignment))
+        return _digest(self.inputs, self.catalogs, self.orders, _outputs(self.objects, self.assignment, self.owner_obj))
 
 
 # --------------------------------------------------------------------------- summary
@@ -765,8 +914,134 @@ def _summarize(
         },
         "pfs_bytes_job": pfs_bytes,
         "pfs_bytes_without_cache": int((total_reads * sizes).sum()),
-        "frequency": _frequency(inputs, catalogs, stats, nodes, follows),
+        "frequency": _frequency(inputs, catalogs, stats.segments, stats.counts, nodes, follows),
         "per_node": node_reports,
+    }
+
+
+def _summarize_node(
+    inputs: Mapping[str, Any],
+    catalogs: Sequence[Catalog],
+    objects: Objects,
+    p: NodePass,
+    po: NodePass,
+    part: NodePart,
+    owner: npt.NDArray[np.int32],
+    model: PerfModel,
+    nodes: int,
+    follows: Sequence[int | None],
+    segments: Sequence[Segment],
+) -> dict[str, Any]:
+    """:func:`_summarize` for a per-node plan: the job-wide numbers (coverage, PFS bytes) from the
+    per-object arrays every node has, and the one node's report.
+
+    Another node's tiers are not known here, so a read this node does not hold counts as a peer read
+    from its owner's slowest tier (the owner holds it, in some tier); a read of an object nobody owns
+    is a PFS read.  PFS bytes over the job: each owned object once, the others at every read (a node
+    keeping an unowned object by frequency fetches it itself: this counts its reads as PFS reads).
+    """
+    tiers = len(inputs["tiers"])
+    epochs = int(inputs["job"]["epochs"])
+    sizes = objects.size
+    fsizes = sizes.astype(np.float64)
+    k = part.node
+    held_any = owner >= 0
+    read_any = po.first_key != NEVER_KEY
+    total = po.total.astype(np.int64)
+    pfs_bytes = int(sizes[held_any & read_any].sum()) + int((total * sizes)[~held_any].sum())
+    cats = 2 * tiers + 1
+    pfs_cat = 2 * tiers
+    slowest_peer = min(range(tiers), key=model.peer_rate) if tiers else -1
+    remote = np.where(held_any & (owner != k), np.int8(slowest_peer), np.int8(-1))
+    table, pfs_above = model.source_table(nodes)
+    combo = part.tier_of.astype(np.intp)
+    combo += 1
+    combo *= tiers + 1
+    combo += remote
+    combo += 1
+    cat = table.take(combo)
+    if bool((np.isfinite(pfs_above) & (pfs_above >= 0)).any()):
+        cat[fsizes > pfs_above.take(combo)] = pfs_cat
+    epoch1 = next((s.start for s in segments if s.job_epoch == 1), np.iinfo(np.int64).max)
+    earliest = po.earliest()
+    reader = po.first_reader()
+    reads_by = np.zeros((2, cats), np.int64)
+    bytes_by = np.zeros((2, cats), np.int64)
+    c = po.counts.astype(np.float64)
+    c0 = po.first_epoch_counts.astype(np.float64)
+    reads_by[0] = np.rint(np.bincount(cat, weights=c0, minlength=cats))
+    reads_by[1] = np.rint(np.bincount(cat, weights=c, minlength=cats)) - reads_by[0]
+    bytes_by[0] = np.rint(np.bincount(cat, weights=c0 * fsizes, minlength=cats))
+    bytes_by[1] = np.rint(np.bincount(cat, weights=c * fsizes, minlength=cats)) - bytes_by[0]
+    cold = np.flatnonzero((reader == k) & held_any)
+    in_epoch0 = earliest.take(cold) < epoch1
+    for phase, sel in ((0, cold[in_epoch0]), (1, cold[~in_epoch0])):
+        moved_b = np.rint(np.bincount(cat.take(sel), weights=fsizes.take(sel), minlength=cats)).astype(np.int64)
+        reads_by[phase] -= np.bincount(cat.take(sel), minlength=cats)
+        bytes_by[phase] -= moved_b
+        reads_by[phase, pfs_cat] += int(sel.size)
+        bytes_by[phase, pfs_cat] += int(moved_b.sum())
+    node: dict[str, Any] = {
+        "node": k,
+        "tier_bytes": [int(x) for x in part.tier_bytes],
+        "tier_files": [int(x) for x in part.tier_files],
+        "owned_files": int((owner == k).sum()),
+        "owned_bytes": int(sizes[owner == k].sum()),
+    }
+    for phase, name, div in ((0, "first_epoch", 1), (1, "later_epochs", max(epochs - 1, 0))):
+        if div == 0:
+            node[name] = None
+            continue
+        r, b = reads_by[phase], bytes_by[phase]
+        local, peer, pfs = int(r[:tiers].sum()), int(r[tiers : 2 * tiers].sum()), int(r[2 * tiers])
+        n_all = max(local + peer + pfs, 1)
+        # every node reads the PFS alike in the model: as many readers as nodes that read it at all
+        seconds = _phase_seconds(model, b, int(r[2 * tiers]), tiers, nodes if pfs else 0)
+        node[name] = {
+            "reads_per_epoch": round((local + peer + pfs) / div, 1),
+            "share": {"local": round(local / n_all, 4), "peer": round(peer / n_all, 4), "pfs": round(pfs / n_all, 4)},
+            "pfs_bytes_per_epoch": int(b[2 * tiers]) // div,
+            "predicted_io_seconds_per_epoch": round(seconds / div, 3),
+        }
+    datasets = [
+        {
+            "root": cat_.root,
+            "layout": cat_.layout,
+            "files": len(cat_),
+            "bytes": cat_.total_bytes,
+            "classes": len(cat_.classes),
+            "unreadable": int((~cat_.readable).sum()),
+            "outside_links": len(cat_.outside_links),
+            "exact": cat_.exact,
+            "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
+            "reads": sum(1 for s in segments if s.dataset == d),
+        }
+        for d, cat_ in enumerate(catalogs)
+    ]
+    read = objects.cacheable & read_any
+    budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
+    return {
+        "seed": int(inputs["seed"]),
+        "nodes": nodes,
+        "world_size": int(inputs["job"]["world_size"]),
+        "ranks_per_node": int(inputs["job"]["ranks_per_node"]),
+        "epochs": epochs,
+        "spread": bool(inputs["spread"]),
+        "planned": "per_node",
+        "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]],
+        "datasets": datasets,
+        "objects": len(objects),
+        "coverage": {
+            "read_objects": int(read.sum()),
+            "read_bytes": int(sizes[read].sum()),
+            "held_objects": int((held_any & read).sum()),
+            "held_bytes": int(sizes[held_any & read].sum()),
+            "spread_guaranteed": bool(spread_covers(sizes, read, budgets)) if tiers else False,
+        },
+        "pfs_bytes_job": pfs_bytes,
+        "pfs_bytes_without_cache": int((total * sizes).sum()),
+        "frequency": _frequency(inputs, catalogs, list(segments), p.counts[None, :], nodes, follows),
+        "per_node": [node],
     }
 
 
@@ -784,11 +1059,13 @@ def _phase_seconds(model: PerfModel, bytes_by: I64, pfs_reads: int, tiers: int, 
 def _frequency(
     inputs: Mapping[str, Any],
     catalogs: Sequence[Catalog],
-    stats: AccessStats,
+    segments: Sequence[Segment],
+    counts: npt.NDArray[Any],
     nodes: int,
     follows: Sequence[int | None],
 ) -> dict[str, Any] | None:
-    """NoPFS 3.1 next to the measured counts for the first training dataset (strided samplers)."""
+    """NoPFS 3.1 next to the measured counts for the first training dataset (strided samplers);
+    ``counts``: a row per node observed (all nodes, or a per-node plan's own)."""
     primary = next((d for d, f in enumerate(follows) if f is None), None)
     if primary is None:
         return None
@@ -796,15 +1073,15 @@ def _frequency(
     if smp["kind"] != "distributed" or not smp.get("shuffle", True):
         return None
     files = len(catalogs[primary])
-    reads = sum(1 for s in stats.segments if s.dataset == primary)
+    reads = sum(1 for s in segments if s.dataset == primary)
     threshold = heavy_threshold(nodes, reads, HEAVY_DELTA)
     lo = sum(len(c) for c in catalogs[:primary])
-    observed = [int((stats.counts[k, lo : lo + files] >= threshold).sum()) for k in range(nodes)]
+    observed = [int((row[lo : lo + files] >= threshold).sum()) for row in counts]
     return {
         "delta": HEAVY_DELTA,
         "mean_reads_per_node": round(reads / nodes, 3),
         "threshold": threshold,
         "expected_heavy_per_node": round(expected_heavy_files(files, nodes, reads, HEAVY_DELTA), 1),
         "observed_heavy_per_node": observed,
-        "max_reads_by_one_node": int(stats.counts[:, lo : lo + files].max()) if files else 0,
+        "max_reads_by_one_node": int(counts[:, lo : lo + files].max()) if files else 0,
     }

@@ -95,6 +95,7 @@ def test_the_plan_digest_covers_objects_and_fill_order(tmp_path: Path) -> None:
     cfg["tiers"][0]["bytes"] = 60_000
     plan = Plan.build(Snapshot.scan(str(tmp_path / "src")).tree, cfg, seed=0, backend="numpy")
     assert plan.recompute_digest() == plan.digest
+    assert plan.assignment is not None  # a dense plan: every node's fill order is digested
     columns: dict[str, np.ndarray[Any, Any]] = {
         "obj_entry": plan.objects.obj_entry,
         "obj_size": plan.objects.size,
@@ -128,7 +129,7 @@ def test_the_plan_digest_stays_fast_at_imagenet_scale() -> None:
         np.zeros((8, 2), np.int64),
     )
     t0 = time.perf_counter()
-    _digest({"seed": 0}, [], {}, _outputs(objects, assignment))
+    _digest({"seed": 0}, [], {}, _outputs(objects, assignment, assignment.owner))
     assert time.perf_counter() - t0 < 0.5
 
 

@@ -226,7 +226,7 @@ def test_plan_respects_budgets_and_reports_per_node(tree_dir: Path) -> None:
     sizes = plan.objects.size
     for k, node in enumerate(s["per_node"]):
         assert node["tier_bytes"][0] <= 40000 and node["tier_bytes"][1] <= 60000
-        assert node["tier_bytes"] == [int(sizes[plan.assignment.tier_of[k] == j].sum()) for j in range(2)]
+        assert node["tier_bytes"] == [int(sizes[plan.node_tiers(k) == j].sum()) for j in range(2)]
         for phase in ("first_epoch", "later_epochs"):
             share = node[phase]["share"]
             assert sum(share.values()) == pytest.approx(1.0, abs=1e-3)
@@ -323,6 +323,7 @@ def test_save_load_roundtrip_is_memory_mapped_and_self_consistent(tree_dir: Path
     save_plan(plan, tmp_path / "p")
     again = load_plan(tmp_path / "p")
     assert again.digest == plan.digest == again.recompute_digest()
+    assert again.assignment is not None and plan.assignment is not None
     assert isinstance(again.assignment.tier_of, np.memmap)
     assert np.array_equal(again.assignment.tier_of, plan.assignment.tier_of)
     for k in range(plan.nodes):

@@ -92,6 +92,24 @@ def test_text_shows_one_row_per_node_and_node_selects_one(
     assert [n["node"] for n in json.loads(out)["per_node"]] == [2]
 
 
+def test_a_large_jobs_per_node_plan_reports_the_node_asked_for(
+    setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above DENSE_CELLS a plan holds one node's part: --node makes it for that node, and the digest
+    (owners and inputs) is the same whichever node asks."""
+    from placement import plan as P
+
+    src, cfg = setup
+    monkeypatch.setattr(P, "DENSE_CELLS", 1)
+    digests = set()
+    for node in ("1", "3"):
+        code, out, _ = run(capsys, str(src), "-c", str(cfg), "--node", node, "--json")
+        summary = json.loads(out)
+        assert code == 0 and [n["node"] for n in summary["per_node"]] == [int(node)]
+        digests.add(summary["digest"])
+    assert len(digests) == 1
+
+
 def test_a_saved_snapshot_plans_like_its_directory(
     setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -728,7 +728,7 @@ def test_a_replica_its_owner_could_not_serve_is_retried_while_the_gate_holds_lat
     s.follow()
     gen = s.policy.generation
     objs, _due = s.plan.fill_order(0)
-    owners = s.plan.assignment.owner[objs]
+    owners = s.plan.owner_obj[objs]
     entries = [int(e) for e in s.plan.objects.obj_entry[objs]]
     replicas = {e for e, o in zip(entries, owners, strict=True) if o != 0}
     s.do(Opened(s.files[0]))  # readers read: the gate applies
@@ -759,7 +759,7 @@ def test_replicas_whose_owner_cannot_serve_are_retried_after_the_pass(
     gen = s.policy.generation
     out = s.view([], node=0)
     objs, _ = s.plan.fill_order(0)
-    owners = s.plan.assignment.owner[objs]
+    owners = s.plan.owner_obj[objs]
     replicas = [int(e) for e, o in zip(s.plan.objects.obj_entry[objs], owners, strict=True) if o != 0]
     assert replicas, "the plan gives node 0 copies of files node 1 owns"
     pending = [i for i in out if isinstance(i, Fill)]

@@ -78,16 +78,18 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = load_config(args)
     snap = _snapshot(args.source, cfg, args.rescan)
-    try:
-        plan = build_plan(snap, planning_config(cfg), args.seed)
+    config = planning_config(cfg)
+    nodes = int(config["job"]["world_size"]) // max(1, int(config["job"]["ranks_per_node"]))
+    if args.node is not None and not 0 <= args.node < nodes:
+        raise SeerfsError(f"--node: expected 0..{nodes - 1}, got {args.node}", ExitCode.USAGE)
+    try:  # a per-node plan (large jobs) is made for --node and reports that node only
+        plan = build_plan(snap, config, args.seed, node=args.node)
     except ValueError as exc:
         raise ConfigError(f"cannot plan: {exc}") from None
     summary = dict(plan.summary())
     summary["source"] = os.fsdecode(snap.source)
     if args.node is not None:
-        if not 0 <= args.node < plan.nodes:
-            raise SeerfsError(f"--node: expected 0..{plan.nodes - 1}, got {args.node}", ExitCode.USAGE)
-        summary["per_node"] = [summary["per_node"][args.node]]
+        summary["per_node"] = [n for n in summary["per_node"] if n["node"] == args.node]
     return summary
 
 

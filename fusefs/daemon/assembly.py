@@ -333,7 +333,9 @@ class Daemon:
                 log.warning("cannot persist the snapshot for the planner: %s", exc.strerror or exc)
         mount_tag = xxhash.xxh64_hexdigest(self.req.mountpoint.encode())[:12]
         plans_dir = cfg.cache_path / "plans" / mount_tag
-        self.plans = PlanManager(snap_file, self.snapshot.fingerprint, cfg, plans_dir, on_plan=self._plan_ready)
+        self.plans = PlanManager(
+            snap_file, self.snapshot.fingerprint, cfg, plans_dir, on_plan=self._plan_ready, node_hint=self._group_index
+        )
         self.discovery = SeedDiscovery(snap_file, cfg, self.seed, on_order=self._order_to_planner)
         # In a group, the peers' clients come first: the fetcher asks peers through them (driven by
         # the executor, through the policy's port), and they report a member down into that port.
@@ -372,6 +374,10 @@ class Daemon:
     def _replicas_every(self) -> int:
         """The revalidator rechecks replicas every this many rounds: the group's size, as it grows."""
         return max(1, len(self.group.members), self.group.expect)
+
+    def _group_index(self) -> int | None:
+        """The training node to plan this daemon's part for: the one it presumes (_join_group), if any."""
+        return self.group.me if self.peers is not None else None
 
     def _plan_ready(self, plan: Plan | None) -> None:
         """A plan made or reused (None: planning failed): the prefetcher follows it.  The planner is

@@ -121,9 +121,12 @@ def plan_pool(threads: int | None = None) -> Iterator[tuple[ThreadPoolExecutor |
         yield pool, width
 
 
-def build_plan(snapshot: Snapshot, config: Mapping[str, Any], seed: int, backend: Backend = "auto") -> Plan:
+def build_plan(
+    snapshot: Snapshot, config: Mapping[str, Any], seed: int, backend: Backend = "auto", node: int | None = None
+) -> Plan:
     """The plan for ``seed`` over ``snapshot`` (``config`` from :func:`planning_config`), its
-    summary carrying how long planning took (:class:`PlanTimer`)."""
+    summary carrying how long planning took (:class:`PlanTimer`).  ``node``: the node a per-node
+    plan is made for (:meth:`placement.plan.Plan.from_catalogs`); the digest does not depend on it."""
     from placement.plan import Plan
 
     lists, orders = side_inputs(config["datasets"], snapshot.source)
@@ -139,5 +142,6 @@ def build_plan(snapshot: Snapshot, config: Mapping[str, Any], seed: int, backend
             pool=pool,
             width=width,
             phases=timer,
+            node=node,
         )
     return timer.stamp(plan)

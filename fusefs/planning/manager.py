@@ -50,10 +50,17 @@ LAST_BUILD = "last_build.json"
 time of the next build is estimated from it (status ``progress.plan.eta_s``)."""
 
 
-def load_daemon_plan(directory: Path) -> Plan:
+def load_daemon_plan(directory: Path, node: int | None = None) -> Plan:
     """Plans in the daemon compute epochs with numpy: importing torch would hold the GIL for a second
-    or more, stalling every FUSE request, and one numpy permutation per epoch is cheap enough."""
-    return load_plan(directory, backend="numpy")
+    or more, stalling every FUSE request, and one numpy permutation per epoch is cheap enough.
+
+    ``node``: the training node this daemon presumes to be.  A per-node plan saved by another node
+    (daemons sharing ``cache_dir`` share plan directories) lacks this node's part; it is computed here,
+    in the loading thread (a pass over the job's permutations), not later on the FUSE loop."""
+    plan = load_plan(directory, backend="numpy")
+    if node is not None and plan.per_node and 0 <= node < plan.nodes:
+        plan.node_part(node)
+    return plan
 
 
 PlanState = Literal["idle", "planning", "ready", "failed"]
@@ -96,9 +103,11 @@ class PlanManager:
         cfg: Config,
         plans_dir: Path,
         on_plan: Callable[[Plan | None], None] | None = None,
+        node_hint: Callable[[], int | None] | None = None,
     ) -> None:
         """``on_plan``: told of every plan made or reused (None: a failed one); the daemon's
-        prefetcher follows it."""
+        prefetcher follows it.  ``node_hint``: the training node this daemon presumes to be (its group
+        index), for which a per-node plan computes its part while planning (None: node 0)."""
         self.snapshot_file = snapshot_file
         self.fingerprint = fingerprint
         self.config = planning_config(cfg)
@@ -113,6 +122,7 @@ class PlanManager:
         self.reused = False
         self.refused: str | None = None  # why the last cached plan looked at was not used
         self.on_plan = on_plan
+        self.node_hint = node_hint
         self.progress = Progress("plan", "files")
         self._wanted: int | None = None
         self._wakeup = trio.Event()
@@ -191,6 +201,9 @@ class PlanManager:
         self._notify(plan)
         self._standby_wanted.set()
 
+    def _node(self) -> int | None:
+        return None if self.node_hint is None else self.node_hint()
+
     def _notify(self, plan: Plan | None) -> None:
         if self.on_plan is not None:
             self.on_plan(plan)
@@ -199,7 +212,7 @@ class PlanManager:
         if not (out / "plan.json").exists():
             return None
         try:
-            return await trio.to_thread.run_sync(load_daemon_plan, out)
+            return await trio.to_thread.run_sync(load_daemon_plan, out, self._node())
         except ValueError as exc:
             self.refused = str(exc)
             log.warning("cached plan refused: %s; planning again", exc)
@@ -208,7 +221,13 @@ class PlanManager:
 
     async def _build(self, seed: int, out: Path) -> Plan:
         out.parent.mkdir(parents=True, exist_ok=True)
-        request = {"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)}
+        request = {
+            "snapshot": str(self.snapshot_file),
+            "config": self.config,
+            "seed": seed,
+            "out": str(out),
+            "node": self._node(),
+        }
         proc = await self._worker_for(json.dumps(request).encode() + b"\n")
         last: dict[str, Any] = {}
         stderr: bytes = b""
@@ -237,7 +256,7 @@ class PlanManager:
             # if it was killed, by _prune), and ``out``, if there, is another daemon's whole plan.
             raise PlanFailed(failure_reason(last, stderr, code))
         try:
-            plan = await trio.to_thread.run_sync(load_daemon_plan, out)
+            plan = await trio.to_thread.run_sync(load_daemon_plan, out, self._node())
         except ValueError as exc:
             raise PlanFailed(str(exc)) from None
         self._record_build(time.monotonic() - self.started, plan.files)

@@ -37,9 +37,12 @@ from fusefs.meta.digests import persisted_digest, roundtrip
 from placement.plan import Plan
 from placement.randperm import Backend
 
-FORMAT = 2
+FORMAT = 3
 """Version of the on-disk layout; a plan saved in another format is refused (planned again).
-2: ``plan.json`` carries ``store_digest``."""
+2: ``plan.json`` carries ``store_digest``.
+3: a per-node plan (``plan.json``'s ``per_node`` lists its nodes) stores ``owner`` and, per node k
+planned, ``node{k}_held``/``node{k}_tier`` (its held objects and their tiers) and its fill order
+and tier totals, instead of the dense ``tier_of`` and every node's fill order."""
 
 
 TMP_SUFFIX = ".tmp"

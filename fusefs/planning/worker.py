@@ -61,7 +61,8 @@ def main() -> int:
         say("planning", files=files)
         # torch's randperm is ~10x faster, but importing it costs 1-2 s: worth it only at scale.
         backend: Backend = "auto" if files >= TORCH_WORTH_IT else "numpy"
-        plan = build_plan(snapshot, config, int(request["seed"]), backend=backend)
+        node = request.get("node")  # a per-node plan's part computed at once (placement.nodeplan)
+        plan = build_plan(snapshot, config, int(request["seed"]), backend=backend, node=node)
         say("saving", digest=plan.digest)
         save_plan(plan, request["out"])
         say("done", digest=plan.digest, seconds=plan.summary().get("plan_seconds"))

@@ -985,8 +985,8 @@ class ReadPolicy:
         self._fill = _FillRun(
             node,
             plan.objects.obj_entry[objs64].astype(np.int64),
-            plan.assignment.tier_of[node][objs64].astype(np.int64),
-            plan.assignment.owner[objs64].astype(np.int64),
+            plan.node_tiers(node)[objs64].astype(np.int64),
+            plan.owner_obj[objs64].astype(np.int64),
             _due.astype(np.int64),
         )
 

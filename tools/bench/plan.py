@@ -9,6 +9,12 @@ assignment and summary seconds, total, peak RSS, and the ratio to the targets (1
 
     tools/bench/plan                    # both backends, default ImageNet job
     tools/bench/plan --modes numpy --epochs 10
+    tools/bench/plan --modes numpy --nodes 1024 --ranks-per-node 8 --files 14000000 --val-files 0
+    tools/bench/plan --modes numpy --per-node off,on   # today's dense plan next to the per-node one
+
+``--per-node``: auto (the planner's choice: per node above ``placement.plan.DENSE_CELLS``), on, off,
+or a comma list of them, one row each.  A per-node plan is built for ``--node``; its saved size is
+that node's share, and "load" maps it and reads that node's fill order.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 TARGET_SECONDS = 15.0
 TARGET_RSS_MB = 1500.0
@@ -65,34 +72,55 @@ def synthetic_tree(classes: int, files: int, val_files: int, mean_size: int, sig
             child_count.append(0)
         class_ids.append(ids)
     mu = np.log(mean_size) - sigma**2 / 2
+    # level 3, built as arrays (14 million files as Python objects would take gigabytes)
+    file_names: list[npt.NDArray[np.uint8]] = []
+    file_parent: list[npt.NDArray[np.int64]] = []
+    file_sizes: list[npt.NDArray[np.int64]] = []
+    next_file = len(names)
     for ids, (_, total) in zip(class_ids, splits, strict=True):
         per_class = np.full(classes, total // classes)
         per_class[: total % classes] += 1
         for c, d in enumerate(ids):
             k = int(per_class[c])
-            child_start[d], child_count[d] = len(names), k
-            names.extend(f"n{c:08d}_{i:06d}.JPEG".encode() for i in range(k))
-            kind.extend([KIND_FILE] * k)
-            parent.extend([d] * k)
-            sizes.extend(np.maximum(1, rng.lognormal(mu, sigma, k)).astype(np.int64).tolist())
-            child_start.extend([0] * k)
-            child_count.extend([0] * k)
-    lens = np.array([len(n) for n in names], np.uint8)
-    off = np.zeros(len(names), np.uint64)
+            child_start[d], child_count[d] = next_file, k
+            next_file += k
+            file_parent.append(np.full(k, d, np.int64))
+            file_sizes.append(np.maximum(1, rng.lognormal(mu, sigma, k)).astype(np.int64))
+            file_names.append(_file_names(c, k))
+    n_files = sum(a.shape[0] for a in file_parent)
+    lens = np.concatenate([np.array([len(x) for x in names], np.uint8), np.full(n_files, _NAME_LEN, np.uint8)])
+    off = np.zeros(lens.shape[0], np.uint64)
     np.cumsum(lens[:-1], out=off[1:])
-    n = len(names)
+    n = lens.shape[0]
+    blob = np.concatenate([np.frombuffer(b"".join(names), np.uint8), *(a.reshape(-1) for a in file_names)])
+    kinds = np.concatenate([np.array(kind, np.uint8), np.full(n_files, KIND_FILE, np.uint8)])
+    zeros = np.zeros(n_files, np.uint32)
     return TreeArrays(
-        names=np.frombuffer(b"".join(names), np.uint8).copy(),
+        names=blob,
         name_off=off,
         name_len=lens,
-        parent=np.array(parent, np.uint32),
-        kind=np.array(kind, np.uint8),
-        size=np.array(sizes, np.int64),
+        parent=np.concatenate([np.array(parent, np.uint32), *(a.astype(np.uint32) for a in file_parent)]),
+        kind=kinds,
+        size=np.concatenate([np.array(sizes, np.int64), *file_sizes]),
         mtime_ns=np.zeros(n, np.int64),
-        child_start=np.array(child_start, np.uint32),
-        child_count=np.array(child_count, np.uint32),
+        child_start=np.concatenate([np.array(child_start, np.uint32), zeros]),
+        child_count=np.concatenate([np.array(child_count, np.uint32), zeros]),
         link_target=np.full(n, LINK_NONE, np.int32),
     )
+
+
+_NAME_LEN = len("n00000000_000000.JPEG")
+
+
+def _file_names(c: int, k: int) -> npt.NDArray[np.uint8]:
+    """``n{c:08d}_{i:06d}.JPEG`` for i < k, as a (k, 21) byte array."""
+    out = np.empty((k, _NAME_LEN), np.uint8)
+    out[:, :10] = np.frombuffer(f"n{c:08d}_".encode(), np.uint8)
+    i = np.arange(k, dtype=np.int64)
+    for d in range(6):
+        out[:, 10 + d] = 48 + (i // 10 ** (5 - d)) % 10
+    out[:, 16:] = np.frombuffer(b".JPEG", np.uint8)
+    return out
 
 
 def job_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,8 +162,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     catalogs = build_catalogs(tree, cfg)
     t1 = time.perf_counter()
     timer = PlanTimer()
+    per_node = {"auto": None, "on": True, "off": False}[args.per_node]
     with plan_pool(args.workers) as (pool, width):
-        plan = Plan.from_catalogs(catalogs, cfg, args.seed, entries=len(tree), pool=pool, width=width, phases=timer)
+        plan = Plan.from_catalogs(
+            catalogs,
+            cfg,
+            args.seed,
+            entries=len(tree),
+            pool=pool,
+            width=width,
+            phases=timer,
+            node=args.node,
+            per_node=per_node,
+        )
     t2 = time.perf_counter()
     s = timer.stamp(plan).summary()
     import tempfile
@@ -147,11 +186,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         save_plan(plan, tmp)
         t4 = time.perf_counter()
         loaded = load_plan(tmp)
-        loaded.fill_order(0)
+        loaded.fill_order(args.node)
         t5 = time.perf_counter()
         disk = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
     return {
         "mode": args.child,
+        "per_node": plan.per_node,
         "torch": torch_available(),
         "catalog_s": t1 - t0,
         "timings": s["timings"],
@@ -179,6 +219,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     out += ["--mean-size", str(args.mean_size), "--sigma", str(args.sigma), "--seed", str(args.seed)]
     if args.workers is not None:
         out += ["--workers", str(args.workers)]
+    out += ["--node", str(args.node)]
     return out + (["--no-spread"] if args.no_spread else [])
 
 
@@ -200,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="planning threads (default: planner's; 1: none)")
     p.add_argument("--no-spread", action="store_true")
+    p.add_argument("--per-node", default="auto", help="auto, on, off, or a comma list (a row each; see above)")
+    p.add_argument("--node", type=int, default=0, help="the node a per-node plan is built for (default 0)")
     p.add_argument("--json", action="store_true", help="print the raw results")
     p.add_argument("--child", choices=["torch", "numpy"], help=argparse.SUPPRESS)
     return p
@@ -212,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)))
         return 0
     rows = []
-    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        cmd = [sys.executable, "-m", "tools.bench.plan", "--child", mode, *_forwarded(args)]
+    kinds = [k.strip() for k in args.per_node.split(",") if k.strip()]
+    if any(k not in ("auto", "on", "off") for k in kinds):
+        p.error(f"--per-node: expected auto, on or off, got {args.per_node!r}")
+    for mode, kind in [(m.strip(), k) for m in args.modes.split(",") if m.strip() for k in kinds]:
+        cmd = [sys.executable, "-m", "tools.bench.plan", "--child", mode, "--per-node", kind, *_forwarded(args)]
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
         if out.returncode:
@@ -229,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         f"spread={'off' if args.no_spread else 'on'}"
     )
     head = (
-        f"{'backend':<8}{'catalog':>9}{'pass':>8}{'assign':>8}{'summary':>9}{'total s':>9}{'/15s':>7}"
+        f"{'backend':<8}{'plan':>9}{'catalog':>9}{'pass':>8}{'assign':>8}{'summary':>9}{'total s':>9}{'/15s':>7}"
         f"{'cpu s':>8}{'peak MB':>9}{'/1.5GB':>8}{'load':>11}"
     )
     print(head)
@@ -239,17 +285,22 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         t = r["timings"]
         print(
-            f"{r['mode']:<8}{r['catalog_s']:>9.2f}{t['access_s']:>8.2f}{t['assign_s']:>8.2f}{t['summary_s']:>9.2f}"
+            f"{r['mode']:<8}{'per node' if r['per_node'] else 'dense':>9}{r['catalog_s']:>9.2f}"
+            f"{t['access_s']:>8.2f}{t['assign_s']:>8.2f}{t['summary_s']:>9.2f}"
             f"{r['total_s']:>9.2f}{r['total_s'] / TARGET_SECONDS:>7.2f}{r['cpu_s']:>8.2f}{r['peak_rss_mb']:>9.0f}"
             f"{r['peak_rss_mb'] / TARGET_RSS_MB:>8.2f}{r['load_start']:>6.1f}/{r['load']:<4.1f}"
         )
+    for r in rows:
+        kind = "per node" if r["per_node"] else "dense"
+        print(f"{kind} plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")
+        cov = r["coverage"]
+        print(
+            f"  coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
+            f"{r['pfs_bytes_job']:,} B ({r['pfs_bytes_job'] / 1e9:,.1f} GB) vs "
+            f"{r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached"
+        )
     r = rows[-1]
-    print(f"saved plan: {r['plan_mb']:.0f} MB on disk, save {r['save_s']:.2f} s, load {r['load_s'] * 1000:.0f} ms")
-    cov, f = r["coverage"], r["frequency"]
-    print(
-        f"coverage: {cov['held_objects']:,}/{cov['read_objects']:,} files held; PFS bytes over the job "
-        f"{r['pfs_bytes_job'] / 1e9:,.1f} GB vs {r['pfs_bytes_without_cache'] / 1e9:,.1f} GB uncached"
-    )
+    f = r["frequency"]
     if f:
         print(
             f"files read >= {f['threshold']} times by a node: expected {f['expected_heavy_per_node']:,.0f} "

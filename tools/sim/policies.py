@@ -17,6 +17,8 @@ positions after p.  That is NoPFS's own heuristic for when a peer has a sample (
 * ``frequency``: seerfs: :func:`placement.assign.assign` with spread ownership on the exact access
   counts (:func:`placement.frequency.access_stats`), tiers filled in order of first use.
 * ``frequency-nospread``: the same without ownership: NoPFS's plain frequency fill.
+* ``frequency-pernode``: seerfs at cluster scale (:mod:`placement.nodeplan`): each node's own pass and
+  tiers, owners by the first-reader rule every node computes alike; what large jobs plan.
 
 Tier filling (NoPFS 5.1: each node fills its tiers in order of first use, by their own threads)
 is modelled by when a copy can serve: every holder of a sample has it from the job's first read
@@ -38,12 +40,13 @@ import numpy as np
 import numpy.typing as npt
 
 from placement.assign import Assignment, assign, earliest_reader
-from placement.frequency import AccessStats, access_stats, job_segments
+from placement.frequency import AccessStats, access_stats, count_type_for, job_segments
 from placement.model import PerfModel
+from placement.nodeplan import NEVER_KEY, designate, node_assignment, node_pass
 from tools.sim.engine import Routing, Tiers
 from tools.sim.system import Setup
 
-POLICIES = ("perfect", "naive", "staging", "lbann", "lru", "frequency-nospread", "frequency")
+POLICIES = ("perfect", "naive", "staging", "lbann", "lru", "frequency-nospread", "frequency", "frequency-pernode")
 LABELS = {
     "perfect": "Perfect",
     "naive": "Naive",
@@ -52,6 +55,7 @@ LABELS = {
     "lru": "LRU",
     "frequency-nospread": "Frequency (no spread)",
     "frequency": "Frequency (seerfs)",
+    "frequency-pernode": "Frequency (per node)",
 }
 
 
@@ -185,6 +189,40 @@ def frequency(setup: Setup, spread: bool = True) -> Routing:
     return routed(setup, a, stats.first_use, setup.model)
 
 
+def per_node_assignment(setup: Setup) -> Assignment:
+    """:mod:`placement.nodeplan` on every node: each node's own pass, the shared designation, its tiers
+    (the nodes' parts side by side, as the simulator needs every node's)."""
+    segments = job_segments([[(0, e)] for e in range(setup.epochs)], [setup.per_epoch])
+    streams = [setup.sampler_streams]
+    ctype = count_type_for(streams, segments)
+    budgets = np.array(setup.tier_bytes, np.int64)
+    nodes = setup.system.nodes
+    passes = [node_pass(streams, [0, setup.files], segments, k, ctype) for k in range(nodes)]
+    read = passes[0].first_key != NEVER_KEY
+    owner = designate(passes[0].first_key, passes[0].total, setup.sizes, read, nodes, budgets)
+    cacheable = np.ones(setup.files, np.bool_)
+    parts = [node_assignment(p, owner, setup.sizes, cacheable, budgets) for p in passes]
+    off = np.zeros(nodes + 1, np.int64)
+    np.cumsum([p.fill_obj.size for p in parts], out=off[1:])
+    return Assignment(
+        np.stack([p.tier_of for p in parts]),
+        owner,
+        np.concatenate([p.fill_obj for p in parts]),
+        np.concatenate([p.fill_due for p in parts]),
+        off,
+        np.stack([p.tier_bytes for p in parts]),
+        np.stack([p.tier_files for p in parts]),
+        passes[0].earliest(),
+        passes[0].first_reader(),
+    )
+
+
+def frequency_per_node(setup: Setup) -> Routing:
+    a = per_node_assignment(setup)
+    assert a.earliest is not None
+    return routed(setup, a, a.earliest, setup.model)
+
+
 BUILDERS: dict[str, Callable[[Setup], Routing]] = {
     "perfect": perfect,
     "naive": naive,
@@ -193,6 +231,7 @@ BUILDERS: dict[str, Callable[[Setup], Routing]] = {
     "lru": lru,
     "frequency-nospread": lambda s: frequency(s, spread=False),
     "frequency": frequency,
+    "frequency-pernode": frequency_per_node,
 }
 
 
