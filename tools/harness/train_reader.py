@@ -54,16 +54,18 @@ def from_memory(path: str) -> bytes:
 
 def _mount_counts(root: str) -> dict[str, int] | None:
     """A seerfs mount's counters so far, or None (not a seerfs mount): the read requests it answered
-    (``reads``), the opens, and the opens served locally (``local``: the page cache or a tier, with
-    no fetch of their own or in flight)."""
+    (``reads``), the opens, the opens served locally (``local``: the page cache or a tier, with
+    no fetch of their own or in flight) and the opens its plan predicted (``predicted``)."""
     try:
         with open(os.path.join(root, ".control", "status"), "rb") as fh:
-            reads = json.loads(fh.read())["reads"]
+            doc = json.loads(fh.read())
     except OSError:
         return None
+    reads = doc["reads"]
     served = reads["by_source"]
     local = sum(int(served[k]["files"]) for k in ("page_cache", "memory", "directory"))
-    return {"reads": int(reads["reads"]), "opens": int(reads["opens"]), "local": local}
+    predicted = int(doc["prefetch"]["predicted_opens"])
+    return {"reads": int(reads["reads"]), "opens": int(reads["opens"]), "local": local, "predicted": predicted}
 
 
 def collate(batch: list[Any]) -> list[Any]:
