@@ -42,4 +42,5 @@ def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
         "seed": (doc.get("seed") or {}).get("value"),
         "seed_origin": (doc.get("seed") or {}).get("origin"),
         "plan": {k: (doc.get("plan") or {}).get(k) for k in ("state", "seed")},
+        "discovery_found_at_opens": (doc.get("discovery") or {}).get("found_at_opens"),
     }
