@@ -39,6 +39,7 @@ from placement import discovery as dv
 from placement import seedsearch as ss
 from placement.catalog import build_catalogs
 from placement.plan import job_streams_of
+from placement.searchramp import Ramped
 
 T0 = time.monotonic()
 SEARCH_NICE = 10  # the likely tier: background, like the plan worker
@@ -101,6 +102,7 @@ def search(request: dict[str, Any], stdin: BinaryIO, parent: int) -> int:
     index = np.full(len(snapshot.tree), -1, dtype=np.int64)
     index[entry[::-1]] = np.arange(entry.shape[0] - 1, -1, -1, dtype=np.int64)
     plan, likely = dv.candidates(int(request["limit"]), int(request["epoch_span"]))
+    plan = Ramped(plan)  # small chunks first: a common seed answers in milliseconds
     threshold = float(request["threshold"])
     gate = dv.OpensGate(setup.start_opens)
     say(
