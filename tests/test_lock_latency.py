@@ -24,12 +24,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e import Job, make_source, run_readers, seerfs_config, seerfs_over, status
+from e2e import Job, make_source, run_readers, seerfs_config, seerfs_over, status, write_seed
+from mounting import wait_for
 from pfsemu_fixture import PfsStats, requires_fuse, running_pfsemu
+
+from fusefs.planning.discovery import STANDBY_AFTER
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch, requires_fuse, pytest.mark.timeout(900)]
 
@@ -148,3 +154,75 @@ def test_a_seed_written_right_before_the_loop_predicts_epoch_0(tmp_path: Path, w
     if wall_clock:
         assert ahead[0] >= EPOCH0_MIN, ahead
         assert fast_share(results, 0) >= EPOCH0_MIN, fast_share(results, 0)
+
+
+SEARCH_WORKER = "fusefs.planning.search_worker"
+
+
+def search_workers(parent: int) -> set[int]:
+    """The daemon's search-worker children, from /proc (each thread's children, their command lines)."""
+    found: set[int] = set()
+    try:
+        tids = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                kids = [int(x) for x in fh.read().split()]
+        except OSError:
+            continue
+        for pid in kids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if SEARCH_WORKER.encode() in fh.read().split(b"\0"):
+                        found.add(pid)
+            except OSError:
+                continue
+    return found
+
+
+def test_a_written_seeds_mismatch_is_searched_by_the_worker_prepared_at_mount(tmp_path: Path) -> None:
+    """Seed 99 written, the sampler's is 1234: the search on the mismatch runs in a search worker that
+    was already there when the seed was written (sampled every 2 ms from /proc), none started for it."""
+    job = Job(seed=1234, epochs=2, batch_size=8, num_workers=2, val=False, compute_s=PACE)
+    root = tmp_path / "pfs" / "data"
+    digests, total = make_source(root, 503, 0)
+    tiers = [{"kind": "memory", "bytes": f"{int(total * 1.5) + (16 << 20)}", "threads": 4}]
+    cfg = seerfs_config(tmp_path / "seerfs.yaml", job, cache_dir=tmp_path / "cache", tiers=tiers, prefetch_threads=32)
+    first_seen: dict[int, float] = {}
+    stop = threading.Event()
+    with running_pfsemu(root) as emu, seerfs_over(emu.mountpoint, tmp_path / "mnt", cfg) as mnt:
+        pid = int(status(mnt)["pid"])
+
+        def sample() -> None:
+            while not stop.wait(0.002):
+                for w in search_workers(pid):
+                    first_seen.setdefault(w, time.monotonic())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            present: set[int] = wait_for(
+                lambda: w if len(w := search_workers(pid)) >= 2 else None,
+                60,
+                "the first search's worker and the prepared one",
+            )
+            written = time.monotonic()
+            write_seed(mnt, 99)
+            results = run_readers(mnt, job, digests, tmp_path / "run")
+            doc = status(mnt)
+        finally:
+            stop.set()
+            sampler.join()
+    assert all(not r["bad"] for r in results), [r["bad"][:3] for r in results]
+    disc = doc["discovery"]
+    report("mismatch_search", found_at_opens=disc["found_at_opens"], seconds=disc["seconds"], workers=len(first_seen))
+    assert (disc["state"], disc["seed"]) == ("found", 1234), disc
+    assert disc["trigger"] == "the written seed 99 does not match the opens", disc
+    late = {
+        w: round(t - written, 2)
+        for w, t in first_seen.items()
+        if w not in present and t < written + STANDBY_AFTER - 5  # the next prepared one comes STANDBY_AFTER later
+    }
+    assert not late, f"search workers started after the seed was written (seconds after): {late}"
