@@ -48,6 +48,10 @@ WORKER = "fusefs.planning.worker"
 STANDBY_AFTER = 30.0
 """Seconds after a plan for which the stand-by was lost (killed by a newer seed, or failed) before
 another starts while a job runs."""
+NEAR_AFTER_S = 1.0
+"""A plan whose last build here took this long is preceded by its near horizon's (one epoch)."""
+NEAR_SUFFIX = "-near"
+"""The near-horizon plan's directory: the full plan's, with this suffix."""
 LAST_BUILD = "last_build.json"
 """How long the last plan built under this plans directory took, for how many files: the remaining
 time of the next build is estimated from it (status ``progress.plan.eta_s``)."""
@@ -115,6 +119,7 @@ class PlanManager:
         self.seconds = 0.0
         self.reused = False
         self.refused: str | None = None  # why the last cached plan looked at was not used
+        self.near_seconds: float | None = None  # from the request to the last near-horizon plan handed on
         self.on_plan = on_plan
         self.progress = Progress("plan", "files")
         self._wanted: int | None = None
@@ -156,6 +161,8 @@ class PlanManager:
                 if (last := self._last_build()) is not None:
                     self.progress.expect(last[0])  # until the worker names the file count
                 try:
+                    if self._near_worth_it():
+                        await self._near(seed, out)
                     plan = await self._build(seed, out)
                 except OSError as exc:  # the request file or the plans directory: e.g. cache_dir full
                     raise PlanFailed(f"cannot write in {self.plans_dir}: {exc.strerror or exc}") from None
@@ -198,9 +205,42 @@ class PlanManager:
             shutil.rmtree(out, ignore_errors=True)
             return None
 
-    async def _build(self, seed: int, out: Path) -> Plan:
+    def _near_worth_it(self) -> bool:
+        """Whether to plan the near horizon first: the last plan here took over :data:`NEAR_AFTER_S`
+        to compute (the job's epochs multiply it), the plan spans several epochs, and one node plans alone (in a
+        group every node must follow the plan whose digest and owners they agree on)."""
+        job = self.config["job"]
+        try:  # the worker's own planning time: a Python start or a busy node's wait is not the plan's
+            last = json.loads((self.plans_dir / LAST_BUILD).read_text())
+            planning = float(last.get("planning_s") or last["seconds"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return (
+            planning >= NEAR_AFTER_S and int(job["epochs"]) > 1 and int(job["world_size"]) == int(job["ranks_per_node"])
+        )
+
+    async def _near(self, seed: int, out: Path) -> None:
+        """The near horizon's plan (one epoch: the seed's epoch 0, whose first batches the local ranks
+        read next), built and handed to the listener before the full plan, which replaces it; the
+        status keeps saying planning until then.  A failed near plan only costs its time."""
+        near_out = out.with_name(out.name + NEAR_SUFFIX)
+        config = {**self.config, "job": {**self.config["job"], "epochs": 1}}
+        near = await self._cached(near_out)
+        if near is None:
+            try:
+                near = await self._build(seed, near_out, config)
+            except PlanFailed as exc:
+                log.info("near-horizon plan for seed %d failed (%s); the full plan follows", seed, exc)
+                return
+        self.near_seconds = time.monotonic() - self.started
+        log.info("near-horizon plan for seed %d ready (%.2fs)", seed, self.near_seconds)
+        self._notify(near)
+
+    async def _build(self, seed: int, out: Path, config: dict[str, Any] | None = None) -> Plan:
+        """Build a plan in the worker; ``config``: another than the daemon's (the near horizon's)."""
+        full, began = config is None, time.monotonic()
         out.parent.mkdir(parents=True, exist_ok=True)
-        request = {"snapshot": str(self.snapshot_file), "config": self.config, "seed": seed, "out": str(out)}
+        request = {"snapshot": str(self.snapshot_file), "config": config or self.config, "seed": seed, "out": str(out)}
         proc = await self._worker_for(json.dumps(request).encode() + b"\n")
         last: dict[str, Any] = {}
         stderr: bytes = b""
@@ -226,7 +266,11 @@ class PlanManager:
             plan = await trio.to_thread.run_sync(load_daemon_plan, out)
         except ValueError as exc:
             raise PlanFailed(str(exc)) from None
-        self._record_build(time.monotonic() - self.started, plan.files)
+        if full:
+            worker_s = last.get("seconds")  # the planning alone, as the worker timed it
+            self._record_build(
+                time.monotonic() - began, plan.files, worker_s if isinstance(worker_s, (int, float)) else None
+            )
         return plan
 
     async def _answer(self, seed: int, stdout: trio.abc.ReceiveStream) -> dict[str, Any]:
@@ -321,9 +365,10 @@ class PlanManager:
         if last is not None and last[1] > 0:
             self.progress.expect(last[0] * files / last[1])
 
-    def _record_build(self, seconds: float, files: int) -> None:
+    def _record_build(self, seconds: float, files: int, planning: float | None) -> None:
+        record = {"seconds": round(seconds, 3), "files": files, "planning_s": planning}
         try:
-            (self.plans_dir / LAST_BUILD).write_text(json.dumps({"seconds": round(seconds, 3), "files": files}))
+            (self.plans_dir / LAST_BUILD).write_text(json.dumps(record))
         except OSError as exc:  # only the next estimate is lost
             log.debug("%s not written: %s", LAST_BUILD, exc)
 
