@@ -13,6 +13,10 @@ Concurrency rules:
   only when none waits and no plan is being built, and kills the one waiting when the daemon
   stops.  A worker whose daemon died reads the end of its input and exits.
 
+Where the last plan took long to compute, the near horizon comes first (:meth:`PlanManager._near`):
+the seed's first epoch alone, planned in a fraction of the time and handed to the listener, which
+the full plan then replaces.  Only on one node: a group's members must agree on one plan's owners.
+
 A cached plan is used only after its digest checks (:func:`fusefs.planning.store.load_plan`); one
 that fails is deleted, named in status (``cache_refused``) and planned again.  No error of the cache
 directory (a full disk, say) stops the daemon: the plan fails with a one-line message in status and
