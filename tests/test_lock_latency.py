@@ -48,7 +48,9 @@ EPOCH0_MIN = 0.95  # share of epoch 0 predicted with a seed written right before
 PFS_FACTOR = 1.05
 
 
-def run(tmp_path: Path, files: int, job: Job, **extra: Any) -> tuple[dict[str, Any], list[dict[str, Any]], int, int]:
+def run(
+    tmp_path: Path, files: int, job: Job, **extra: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]], PfsStats, int]:
     """Mount over the emulator, run the job; (status after, reader results, PFS bytes, dataset bytes)."""
     root = tmp_path / "pfs" / "data"
     digests, total = make_source(root, files, 0)
@@ -80,7 +82,7 @@ def per_epoch(doc: dict[str, Any], rank0: dict[str, Any]) -> list[dict[str, Any]
 
 def fast_share(results: list[dict[str, Any]], epoch: int) -> float:
     """The readers' own measure: the share of the epoch's opens+reads shorter than the PFS's open latency."""
-    times = [t for r in results for e in r["epochs"] if e["epoch"] == epoch for t in e["reads_s"]]
+    times: list[float] = [t for r in results for e in r["epochs"] if e["epoch"] == epoch for t in e["reads_s"]]
     return sum(t < OPEN_MS / 1000 for t in times) / len(times)
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faults.procs import alive
@@ -103,15 +104,14 @@ def test_written_seeds_are_planned_by_the_worker_started_at_mount(
     with mounted(source, mountpoint, cache_dir=cache_dir):
         pid, standby = standby_of(mountpoint)
         for seed in (5, 6):
+
+            def planned(s: int = seed) -> dict[str, Any] | None:
+                d = status(mountpoint)
+                return d if d["plan"]["seed"] == s and d["plan"]["state"] == "ready" else None
+
             with WorkerSampler(pid) as sampler:
                 (mountpoint / ".control" / "seed").write_text(f"{seed}\n")
-                doc = wait_for(
-                    lambda s=seed: (
-                        (d := status(mountpoint))["plan"]["seed"] == s and d["plan"]["state"] == "ready" and d
-                    ),
-                    60,
-                    f"the plan for seed {seed}",
-                )
+                doc = wait_for(planned, 60, f"the plan for seed {seed}")
             assert not doc["plan"]["reused"]  # built, not loaded: some worker ran for it
             assert sampler.seen == {standby}, (
                 f"plan workers while {seed} was planned: {sampler.seen}, stand-by {standby}"

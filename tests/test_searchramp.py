@@ -3,6 +3,8 @@ after its first small chunk instead of a whole 65,536-value one (counted, not ti
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from torch.utils.data import DistributedSampler
@@ -32,7 +34,8 @@ def test_a_first_chunk_larger_than_the_search_asks_is_cut_to_it() -> None:
 def test_seed_42_is_found_after_the_first_small_chunk_with_the_same_answer() -> None:
     """Two batches per local rank of a 503-file job, seed 42: found after FIRST candidates, not 65,536."""
     n, shape = 503, JobShape(2, 2, 8, False)
-    perms = [list(DistributedSampler(range(n), num_replicas=2, rank=r, seed=42)) for r in (0, 1)]
+    data: Any = range(n)  # DistributedSampler needs only len()
+    perms: list[list[int]] = [list(DistributedSampler(data, num_replicas=2, rank=r, seed=42)) for r in (0, 1)]
     opens = [i for b in range(2) for p in perms for i in p[8 * b : 8 * (b + 1)]]
     plan, _likely = dv.candidates(1 << 24, 1000)
     answers = []
