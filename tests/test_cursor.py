@@ -811,10 +811,12 @@ def test_false_lock_chance_bounds_what_random_files_achieve(
     assert FALSE_LOCK == NodeCursor.FALSE_LOCK
 
 
-@pytest.mark.parametrize("found_at", [130, 300])
-def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found_at: int) -> None:
+@pytest.mark.parametrize("job_seed", [7, 1234])
+@pytest.mark.parametrize("found_at", [40, 130, 300])
+def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found_at: int, job_seed: int) -> None:
     """Lightning, nothing written: the mount follows the assumed seed 0's plan while the sanity check
-    reads two validation batches per rank, then training (seed 7) begins; the search finds 7 after
+    reads two validation batches per rank, then training begins (seed 7: seed 0's epoch 7 order, which
+    the assumed plan may lock on; or 1234, which it cannot); the search finds the seed after
     ``found_at`` training opens and its plan replaces the cursor.  The sanity opens must not move or
     lock the training cursor (it stays where it was, epoch 0, nothing locked), no hit is ever taken
     back (a refuted presumption withdraws its hits), and of epoch 0 at most the opens before the
@@ -824,7 +826,7 @@ def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found
     validation(loop, n, n_val, "sanity check", 0, batches=2)
     sanity = len(loop.opens)
     for e in range(3):
-        training(loop, n, seed=7, epochs=range(e, e + 1))
+        training(loop, n, seed=job_seed, epochs=range(e, e + 1))
         validation(loop, n, n_val, f"validation after epoch {e}", e)
     assumed = NodeCursor(plan(n, 0, 2, 2, b, epochs=3, n_val=n_val), settings(b))
     hits_seen: list[int] = []
@@ -838,7 +840,7 @@ def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found
     for g in loop.opens[sanity:at]:
         assumed.observe(g)
         hits_seen.append(assumed.hits)
-    cur = NodeCursor(plan(n, 7, 2, 2, b, epochs=3, n_val=n_val), settings(b), previous=assumed)
+    cur = NodeCursor(plan(n, job_seed, 2, 2, b, epochs=3, n_val=n_val), settings(b), previous=assumed)
     cur.prepare()
     for g in loop.opens[at:]:
         cur.observe(g)
