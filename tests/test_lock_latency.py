@@ -97,6 +97,18 @@ def served_ahead(results: list[dict[str, Any]], pfs: PfsStats, epoch: int) -> fl
     return ahead / len(opened)
 
 
+def ahead_by_tenth(results: list[dict[str, Any]], pfs: PfsStats, epoch: int) -> list[float]:
+    """Served ahead per tenth of the epoch, in each rank's consumption order: where the misses are
+    (a late lock misses the start, a prefetch slower than the readers misses throughout)."""
+    tenths: list[list[bool]] = [[] for _ in range(10)]
+    for r in results:
+        opened = next(e["opened_at"] for e in r["epochs"] if e["epoch"] == epoch)
+        for i, (rel, at) in enumerate(opened):
+            first = pfs.files[rel].first_open if rel in pfs.files else None
+            tenths[i * 10 // len(opened)].append(first is not None and first < at)
+    return [round(sum(t) / len(t), 3) if t else 0.0 for t in tenths]
+
+
 def report(name: str, **fields: Any) -> None:
     print(json.dumps({"test": name, **fields}))
 
@@ -122,6 +134,7 @@ def test_nothing_written_seed_42_is_found_within_128_opens(tmp_path: Path, wall_
         discovery_seconds=disc["seconds"],
         fast=fast,
         ahead=ahead,
+        ahead_epoch0_by_tenth=ahead_by_tenth(results, emu, 0),
         pfs=round(pfs / total, 3),
     )
     assert (disc["state"], disc["seed"]) == ("found", 42), disc
@@ -148,6 +161,7 @@ def test_a_seed_written_right_before_the_loop_predicts_epoch_0(tmp_path: Path, w
         plan_seconds=doc["plan"]["seconds"],
         fast=[round(fast_share(results, e), 4) for e in range(job.epochs)],
         ahead=ahead,
+        ahead_epoch0_by_tenth=ahead_by_tenth(results, emu, 0),
         pfs=round(pfs / total, 3),
     )
     assert epochs[0]["predicted"] >= EPOCH0_MIN * epochs[0]["opens"], epochs
