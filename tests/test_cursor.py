@@ -836,6 +836,8 @@ def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found
     lead = assumed.status()["datasets"][0]
     assert lead["state"] in ("idle", "detecting") and lead["locks"] == 0, lead
     assert assumed.epoch == 0 and not assumed.tracks
+    # nor does the cursor call the job located: the validation set's lock is its own
+    assert assumed.state == "detecting" and not assumed.upcoming_gids(256)[1].size, assumed.status()["datasets"]
     at = sanity + found_at
     for g in loop.opens[sanity:at]:
         assumed.observe(g)
