@@ -606,11 +606,10 @@ class CursorBase:
 
         Never tracking on another dataset's lock alone: Lightning's sanity check reads validation
         batches before any training file, and a validation order (``shuffle=False``) fits every
-        seed's plan.  Called tracking, the job looked located under the assumed seed's plan, which
-        the read policy then followed (its fills and window) until the training opens refuted it;
-        with nothing written, 150-200 of each rank's 252 epoch-0 samples then waited for the PFS
-        (tests/test_clients.py, the sanity check with nothing written), against about 45 without
-        the sanity check.  The validation set is still predicted as it is read (its own state).
+        seed's plan.  Called tracking, the job looked located under the assumed seed's plan (status
+        said tracking, then detecting at the first training open: a lock taken back), and the read
+        policy followed that plan's view (its fill of the tiers starts once a view tracks).  The
+        validation set is still predicted as it is read (its own state).
         """
         lead = self.datasets[self.lead].state
         if lead == "idle":
