@@ -602,11 +602,17 @@ class CursorBase:
 
     @property
     def state(self) -> CursorState:
-        """The lead dataset's state; before it was opened, tracking if another dataset is tracked."""
+        """The lead dataset's state; before it was opened, detecting (or mismatch if another dataset is).
+
+        Never tracking on another dataset's lock alone: Lightning's sanity check reads validation
+        batches before any training file, and a validation order (``shuffle=False``) fits every
+        seed's plan.  Called tracking, the job looked located under the assumed seed's plan (status
+        said tracking, then detecting at the first training open: a lock taken back), and the read
+        policy followed that plan's view (its fill of the tiers starts once a view tracks).  The
+        validation set is still predicted as it is read (its own state).
+        """
         lead = self.datasets[self.lead].state
         if lead == "idle":
-            if any(dc.state == "tracking" for dc in self.datasets):
-                return "tracking"
             return "mismatch" if any(dc.state == "mismatch" for dc in self.datasets) else "detecting"
         return lead
 

@@ -785,3 +785,41 @@ def test_accelerate_default_prepare(tmp_path: Path, source: Source, verdict: Ver
     verdict.pfs_once(seeded, source)
     verdict.no_slower(seeded_runs, unseeded_runs)
     verdict.done(*seeded_runs, *unseeded_runs)
+
+
+def test_lightning_sanity_check_nothing_written(
+    tmp_path: Path, source: Source, verdict: Verdict, wall_clock: bool
+) -> None:
+    """The sanity check's validation batches come first and nothing is written: the seed is found from the
+    training opens, the sanity pass never locks the training cursor, and epoch 0 is >= 95% predicted
+    (status' predicted opens at open time; the cursor's own rate too), every later epoch as the control."""
+    opts = seerfs_options(2, 3, val=True)
+    run = run_client(
+        tmp_path, source, "found", "lightning_loop.py", 2, ["--seed", "7", "--val", "epoch"], opts, seed=None
+    )
+    verdict.bytes_identical(run, source)
+    segs = run.segments()
+    verdict.metrics["segments"] = {run.label: segs}
+    verdict.metrics["discovery_found_at_opens"] = run.final.get("discovery_found_at_opens")
+    epoch0 = next((s for s in segs if s["segment"] == "epoch0"), None)
+    verdict.check(epoch0 is not None, f"no epoch0 segment: {segs}")
+    if epoch0 is not None:
+        verdict.check(
+            (epoch0["open_rate"] or 0.0) >= FAST_MIN_RATE,
+            f"epoch 0: {epoch0['open_rate']} of {epoch0['opens']} opens predicted at open time (< {FAST_MIN_RATE:.0%})",
+        )
+        if wall_clock:
+            timed = open_reads(run).get("epoch0")
+            verdict.check(
+                timed is not None and (timed["share"] or 0.0) >= FAST_MIN_RATE,
+                f"epoch 0: the readers' clock: {timed}",
+            )
+    later = [s for s in segs if s["segment"] in ("epoch1", "epoch2")]
+    for s in later:
+        verdict.check((s["open_rate"] or 0.0) >= MIN_RATE, f"{s['segment']}: {s['open_rate']} predicted at open time")
+    verdict.check(
+        run.final["seed_origin"] == "discovered" and run.final["seed"] == 7,
+        f"seed {run.final['seed']} ({run.final['seed_origin']}), not 7 discovered",
+    )
+    verdict.pfs_once(run, source)
+    verdict.done(run)

@@ -16,6 +16,7 @@ predicted until the next break, and every epoch's hit rate is at least 95%.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import time
@@ -808,3 +809,47 @@ def test_false_lock_chance_bounds_what_random_files_achieve(
     assert fits <= expected + 4 * math.sqrt(expected) + 1, (fits, expected)  # 4 sigma of sampling noise
     assert expected < 40 * max(fits, 1), f"the bound ({chance:.2e}) is too loose to lock fast ({fits / trials:.2e})"
     assert FALSE_LOCK == NodeCursor.FALSE_LOCK
+
+
+@pytest.mark.parametrize("job_seed", [7, 1234])
+@pytest.mark.parametrize("found_at", [40, 130, 300])
+def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found_at: int, job_seed: int) -> None:
+    """Lightning, nothing written: the mount follows the assumed seed 0's plan while the sanity check
+    reads two validation batches per rank, then training begins (seed 7: seed 0's epoch 7 order, which
+    the assumed plan may lock on; or 1234, which it cannot); the search finds the seed after
+    ``found_at`` training opens and its plan replaces the cursor.  The sanity opens must not move or
+    lock the training cursor (it stays where it was, epoch 0, nothing locked), no hit is ever taken
+    back (a refuted presumption withdraws its hits), and of epoch 0 at most the opens before the
+    seed was found and two batches per local rank go unpredicted."""
+    n, n_val, b = 503, 125, 8
+    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(4))
+    validation(loop, n, n_val, "sanity check", 0, batches=2)
+    sanity = len(loop.opens)
+    for e in range(3):
+        training(loop, n, seed=job_seed, epochs=range(e, e + 1))
+        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    assumed = NodeCursor(plan(n, 0, 2, 2, b, epochs=3, n_val=n_val), settings(b))
+    hits_seen: list[int] = []
+    for g in loop.opens[:sanity]:
+        assumed.observe(g)
+        hits_seen.append(assumed.hits)
+    lead = assumed.status()["datasets"][0]
+    assert lead["state"] in ("idle", "detecting") and lead["locks"] == 0, lead
+    assert assumed.epoch == 0 and not assumed.tracks
+    # nor does the cursor call the job located: the validation set's lock is its own
+    assert assumed.state == "detecting" and not assumed.upcoming_gids(256)[1].size, assumed.status()["datasets"]
+    at = sanity + found_at
+    for g in loop.opens[sanity:at]:
+        assumed.observe(g)
+        hits_seen.append(assumed.hits)
+    cur = NodeCursor(plan(n, job_seed, 2, 2, b, epochs=3, n_val=n_val), settings(b), previous=assumed)
+    cur.prepare()
+    for g in loop.opens[at:]:
+        cur.observe(g)
+        hits_seen.append(cur.hits)
+    assert all(b >= a for a, b in itertools.pairwise(hits_seen)), "hits were withdrawn"
+    history = {row["epoch"]: row for row in cur.status()["history"]}
+    # unpredicted in epoch 0: at most the opens before the seed was found and two batches per local rank
+    assert history[0]["opens"] - history[0]["hits"] <= found_at + 2 * b * 2, history
+    assert all(history[e]["hits"] == history[e]["opens"] for e in (1, 2)), history
+    assert cur.first_mismatch_open is None or cur.first_mismatch_open >= sanity

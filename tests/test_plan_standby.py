@@ -1,9 +1,9 @@
-"""The stand-by plan worker: started ahead of a seed, it serves one plan and never outlives its daemon.
+"""The stand-by plan worker: started at mount, it serves every plan and never outlives its daemon.
 
 Which processes exist is read from ``/proc`` (the daemon's threads' children and their command
-lines), never from seerfs.  That the stand-by built the plan: while the seed was planned, a sampler
-listing the daemon's children every 2 ms saw no other plan worker (a new one lives 0.2 s at least:
-a Python start and numpy's import), and the stand-by exited.
+lines), never from seerfs.  That the stand-by built the plans: while each seed was planned, a
+sampler listing the daemon's children every 2 ms saw no other plan worker (a new one lives 0.2 s at
+least: a Python start and numpy's import), and the same worker waits after each.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faults.procs import alive
@@ -97,20 +98,25 @@ def standby_of(mnt: Path) -> tuple[int, int]:
 
 
 @pytest.mark.mount
-def test_a_written_seed_is_planned_by_the_worker_started_ahead(source: Path, mountpoint: Path, cache_dir: Path) -> None:
+def test_written_seeds_are_planned_by_the_worker_started_at_mount(
+    source: Path, mountpoint: Path, cache_dir: Path
+) -> None:
     with mounted(source, mountpoint, cache_dir=cache_dir):
         pid, standby = standby_of(mountpoint)
-        with WorkerSampler(pid) as sampler:
-            (mountpoint / ".control" / "seed").write_text("5\n")
-            doc = wait_for(
-                lambda: (d := status(mountpoint))["plan"]["seed"] == 5 and d["plan"]["state"] == "ready" and d,
-                60,
-                "the plan for seed 5",
+        for seed in (5, 6):
+
+            def planned(s: int = seed) -> dict[str, Any] | None:
+                d = status(mountpoint)
+                return d if d["plan"]["seed"] == s and d["plan"]["state"] == "ready" else None
+
+            with WorkerSampler(pid) as sampler:
+                (mountpoint / ".control" / "seed").write_text(f"{seed}\n")
+                doc = wait_for(planned, 60, f"the plan for seed {seed}")
+            assert not doc["plan"]["reused"]  # built, not loaded: some worker ran for it
+            assert sampler.seen == {standby}, (
+                f"plan workers while {seed} was planned: {sampler.seen}, stand-by {standby}"
             )
-        assert not doc["plan"]["reused"]  # built, not loaded: some worker ran for it
-        assert sampler.seen == {standby}, f"plan workers while seed 5 was planned: {sampler.seen}, stand-by {standby}"
-        wait_for(lambda: not alive(standby), 10, "the stand-by to exit after its one plan")
-        assert plan_workers(pid) == set()  # the next stand-by waits STANDBY_AFTER; no fresh worker lingers
+            assert alive(standby) and plan_workers(pid) == {standby}  # it waits for the next, nothing else lingers
 
 
 @pytest.mark.mount
@@ -142,6 +148,25 @@ def run_worker(stdin: bytes) -> tuple[int, list[dict[str, object]]]:
 def test_a_worker_given_no_request_exits_quietly() -> None:
     code, lines = run_worker(b"")
     assert code == 0 and [x["phase"] for x in lines] == ["standing by"]
+
+
+def test_a_worker_loads_the_snapshot_once_and_plans_seed_after_seed(source: Path, tmp_path: Path) -> None:
+    """The snapshot named ahead is loaded before any seed; two requests, two plans, then the end of input."""
+    from fusefs import config as cfgmod
+    from fusefs.meta.snapshot import load_or_scan, snapshot_file
+    from fusefs.planning.inputs import planning_config
+
+    snap, _ = load_or_scan(str(source), tmp_path / "cache")
+    path = str(snapshot_file(tmp_path / "cache", snap.source))
+    config = planning_config(cfgmod.load(None, {"job.world_size": "2", "job.ranks_per_node": "2"}))
+    requests = [{"snapshot": path}] + [
+        {"snapshot": path, "config": config, "seed": s, "out": str(tmp_path / f"plan{s}")} for s in (5, 6)
+    ]
+    code, lines = run_worker(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    phases = [x["phase"] for x in lines]
+    assert code == 0, lines
+    assert phases[:2] == ["standing by", "loaded"] and phases.count("done") == 2, phases
+    assert (tmp_path / "plan5" / "plan.json").exists() and (tmp_path / "plan6" / "plan.json").exists()
 
 
 BAD_REQUESTS = [b"not json\n", b'{"seed": 1}\n', b'{"snapshot": "/nonexistent", "seed": 1}\n']

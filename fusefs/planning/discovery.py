@@ -25,7 +25,15 @@ recording: a later mismatch reuses its answer (adopts the match found before, or
 leaves the reactive policy in charge) while no seed was written since, and asks for a new search
 on the new recording otherwise.
 
+A search worker is started ahead, prepared (snapshot, catalogs, the search's setup loaded) and
+waiting for opens: at mount (beside the first search's own, when no seed is written: a seed the
+job writes then cancels that search, and a mismatch of it comes seconds later), and
+:data:`STANDBY_AFTER` seconds after each search, so a later search never waits for a Python start
+or the snapshot's load (:meth:`_keep_standby`).
+
 Concurrency rules (all on the trio thread):
+* At most one prepared worker waits (``_standby``); a search takes it (sets it to None) in the step
+  that starts the search; the keeping task kills it when the daemon stops.
 * One search at a time, in :meth:`run`'s cancel scope.  A seed written here or arriving from a peer
   cancels it (the subprocess is killed); the discovery's own :meth:`SeedState.set` does not
   (``_adopting``).
@@ -66,6 +74,9 @@ OPENS_CAP = 16384
 """Opens recorded at most: the search compares at most 4096 distinct files of the lead dataset,
 and the node may open other datasets' files (a validation sanity pass) in between."""
 FEED_INTERVAL = 0.02  # seconds the feeder lets opens gather between two sends
+STANDBY_AFTER = 30.0
+"""Seconds after a search took the prepared worker before the next one starts (the job runs then)."""
+WORKER = "fusefs.planning.search_worker"
 DiscoveryState = Literal[
     "off", "idle", "waiting", "preparing", "searching", "found", "not_found", "not_searchable", "stopped"
 ]
@@ -225,6 +236,8 @@ class SeedDiscovery:
         self._scope: trio.CancelScope | None = None
         self._adopting = False
         self._order_only = False  # the wanted search only asks which order a written seed is read in
+        self._standby: trio.Process | None = None  # a worker given the request, prepared, waiting for opens
+        self._standby_wanted = trio.Event()
 
     # ------------------------------------------------------------------ events (trio thread)
 
@@ -321,7 +334,47 @@ class SeedDiscovery:
         if not self.settings.enabled:
             return
         if self.seed.origin == "assumed":
-            self._want("no seed written")
+            self._want("no seed written")  # the first search starts its own worker at once
+        self._standby_wanted.set()  # and one waits for the next: a written seed's mismatch, say
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_standby)
+            await self._searches()
+
+    async def _keep_standby(self) -> None:
+        """Keep one search worker prepared and waiting for opens (see the module's docstring)."""
+        delay = 0.0  # at mount: at once
+        try:
+            while True:
+                await self._standby_wanted.wait()
+                self._standby_wanted = trio.Event()
+                await trio.sleep(delay)
+                delay = STANDBY_AFTER
+                if self._standby is None:
+                    proc = await start_worker(WORKER)
+                    assert proc.stdin is not None
+                    try:
+                        await proc.stdin.send_all(self._request())
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        await stop_worker(proc)  # died at once: the next search starts its own
+                        continue
+                    self._standby = proc
+        finally:
+            waiting, self._standby = self._standby, None
+            if waiting is not None:
+                await stop_worker(waiting)
+
+    def _request(self) -> bytes:
+        """The search worker's first line: what it prepares before any open comes."""
+        request = {
+            "snapshot": str(self.snapshot_file),
+            "config": self.config,
+            "limit": self.settings.limit,
+            "epoch_span": self.settings.epoch_span,
+            "threshold": self.threshold,
+        }
+        return json.dumps(request).encode() + b"\n"
+
+    async def _searches(self) -> None:
         while True:
             await self._wanted.wait()
             self._wanted = trio.Event()
@@ -343,12 +396,16 @@ class SeedDiscovery:
         self.state, self.result, self.setup, self.progress = "preparing", None, {}, {}
         self.started_at = self.seconds = None
         self.message = None
-        proc = await start_worker("fusefs.planning.search_worker")
+        proc, self._standby = self._standby, None
+        prepared = proc is not None
+        self._standby_wanted.set()  # another, STANDBY_AFTER later, for a later search
+        if proc is None:
+            proc = await start_worker(WORKER)
         last: dict[str, Any] = {}
         try:
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._feed, proc.stdin)
+                nursery.start_soon(self._feed, proc.stdin, prepared)
                 last = await self._follow(proc.stdout)
                 nursery.cancel_scope.cancel()
             stderr = bytes(await proc.stderr.receive_some(65536))
@@ -359,16 +416,11 @@ class SeedDiscovery:
             raise SearchFailed(failure_reason(last, stderr, code))
         self._finished(last)
 
-    async def _feed(self, stdin: trio.abc.SendStream) -> None:
-        """The request, then the recorded opens as they come, until the worker searches."""
-        request = {
-            "snapshot": str(self.snapshot_file),
-            "config": self.config,
-            "limit": self.settings.limit,
-            "epoch_span": self.settings.epoch_span,
-            "threshold": self.threshold,
-        }
-        await stdin.send_all(json.dumps(request).encode() + b"\n")
+    async def _feed(self, stdin: trio.abc.SendStream, prepared: bool) -> None:
+        """The request (unless the worker was given it ahead), then the recorded opens as they come,
+        until the worker searches."""
+        if not prepared:
+            await stdin.send_all(self._request())
         opens, sent = self.opens, 0  # this recording's list, even if a written seed starts another
         while self.state in ("preparing", "waiting"):
             if sent < len(opens):

@@ -7,9 +7,15 @@ Concurrency rules:
   keep using that plan object for the whole of their step.
 * Loading a saved plan (memory maps) runs in a thread; building never runs in the daemon.
 * At most one stand-by worker: ``_standby`` is taken (set to None) in the same step as the planning
-  task writes its request, so a stand-by serves one plan; the keeping task starts the next one
+  task writes its request, and given back in the same step as the task reads the request's
+  ``done`` (a worker serves plan after plan, its snapshot loaded once, at mount).  A build
+  cancelled by a newer seed, or a failed one, kills its worker; the keeping task starts another
   only when none waits and no plan is being built, and kills the one waiting when the daemon
   stops.  A worker whose daemon died reads the end of its input and exits.
+
+Where the last plan took long to compute, the near horizon comes first (:meth:`PlanManager._near`):
+the seed's first epoch alone, planned in a fraction of the time and handed to the listener, which
+the full plan then replaces.  Only on one node: a group's members must agree on one plan's owners.
 
 A cached plan is used only after its digest checks (:func:`fusefs.planning.store.load_plan`); one
 that fails is deleted, named in status (``cache_refused``) and planned again.  No error of the cache
@@ -44,7 +50,12 @@ STALE_WRITE_S = 600.0
 """A plan's temporary directory untouched this long is a killed writer's (saving takes seconds)."""
 WORKER = "fusefs.planning.worker"
 STANDBY_AFTER = 30.0
-"""Seconds after a plan built while a job runs before the next stand-by plan worker starts."""
+"""Seconds after a plan for which the stand-by was lost (killed by a newer seed, or failed) before
+another starts while a job runs."""
+NEAR_AFTER_S = 1.0
+"""A plan whose last build here took this long is preceded by its near horizon's (one epoch)."""
+NEAR_SUFFIX = "-near"
+"""The near-horizon plan's directory: the full plan's, with this suffix."""
 LAST_BUILD = "last_build.json"
 """How long the last plan built under this plans directory took, for how many files: the remaining
 time of the next build is estimated from it (status ``progress.plan.eta_s``)."""
@@ -121,6 +132,7 @@ class PlanManager:
         self.seconds = 0.0
         self.reused = False
         self.refused: str | None = None  # why the last cached plan looked at was not used
+        self.near_seconds: float | None = None  # from the request to the last near-horizon plan handed on
         self.on_plan = on_plan
         self.node_hint = node_hint
         self.progress = Progress("plan", "files")
@@ -128,6 +140,7 @@ class PlanManager:
         self._wakeup = trio.Event()
         self._standby: trio.Process | None = None  # a worker started and waiting for its request
         self._standby_wanted = trio.Event()
+        self._standby_lost = False  # a plan's worker was killed or failed: the next stand-by waits STANDBY_AFTER
 
     def request(self, seed: int) -> None:
         """Plan for ``seed`` (cancelling a plan in progress for another seed)."""
@@ -150,6 +163,7 @@ class PlanManager:
             self._wakeup.set()
 
     async def run(self) -> None:
+        self._standby_wanted.set()  # at mount: the first seed, written or found, finds it loaded
         async with trio.open_nursery() as standby:
             standby.start_soon(self._keep_standby)
             while True:
@@ -174,6 +188,8 @@ class PlanManager:
                 if (last := self._last_build()) is not None:
                     self.progress.expect(last[0])  # until the worker names the file count
                 try:
+                    if self._near_worth_it():
+                        await self._near(seed, out)
                     plan = await self._build(seed, out)
                 except OSError as exc:  # the request file or the plans directory: e.g. cache_dir full
                     raise PlanFailed(f"cannot write in {self.plans_dir}: {exc.strerror or exc}") from None
@@ -219,11 +235,44 @@ class PlanManager:
             shutil.rmtree(out, ignore_errors=True)
             return None
 
-    async def _build(self, seed: int, out: Path) -> Plan:
+    def _near_worth_it(self) -> bool:
+        """Whether to plan the near horizon first: the last plan here took over :data:`NEAR_AFTER_S`
+        to compute (the job's epochs multiply it), the plan spans several epochs, and one node plans alone (in a
+        group every node must follow the plan whose digest and owners they agree on)."""
+        job = self.config["job"]
+        try:  # the worker's own planning time: a Python start or a busy node's wait is not the plan's
+            last = json.loads((self.plans_dir / LAST_BUILD).read_text())
+            planning = float(last.get("planning_s") or last["seconds"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return (
+            planning >= NEAR_AFTER_S and int(job["epochs"]) > 1 and int(job["world_size"]) == int(job["ranks_per_node"])
+        )
+
+    async def _near(self, seed: int, out: Path) -> None:
+        """The near horizon's plan (one epoch: the seed's epoch 0, whose first batches the local ranks
+        read next), built and handed to the listener before the full plan, which replaces it; the
+        status keeps saying planning until then.  A failed near plan only costs its time."""
+        near_out = out.with_name(out.name + NEAR_SUFFIX)
+        config = {**self.config, "job": {**self.config["job"], "epochs": 1}}
+        near = await self._cached(near_out)
+        if near is None:
+            try:
+                near = await self._build(seed, near_out, config)
+            except PlanFailed as exc:
+                log.info("near-horizon plan for seed %d failed (%s); the full plan follows", seed, exc)
+                return
+        self.near_seconds = time.monotonic() - self.started
+        log.info("near-horizon plan for seed %d ready (%.2fs)", seed, self.near_seconds)
+        self._notify(near)
+
+    async def _build(self, seed: int, out: Path, config: dict[str, Any] | None = None) -> Plan:
+        """Build a plan in the worker; ``config``: another than the daemon's (the near horizon's)."""
+        full, began = config is None, time.monotonic()
         out.parent.mkdir(parents=True, exist_ok=True)
         request = {
             "snapshot": str(self.snapshot_file),
-            "config": self.config,
+            "config": config or self.config,
             "seed": seed,
             "out": str(out),
             "node": self._node(),
@@ -231,27 +280,21 @@ class PlanManager:
         proc = await self._worker_for(json.dumps(request).encode() + b"\n")
         last: dict[str, Any] = {}
         stderr: bytes = b""
+        code: int | None = None
+        kept = False
         try:
             assert proc.stdout is not None and proc.stderr is not None
-            buf = bytearray()
-            async for chunk in proc.stdout:
-                buf += chunk
-                while b"\n" in buf:
-                    line, _, rest = bytes(buf).partition(b"\n")
-                    buf = bytearray(rest)
-                    try:
-                        last = json.loads(line)
-                    except ValueError:
-                        continue
-                    if last.get("phase") == "standing by":
-                        continue
-                    self.phase = str(last.get("phase", ""))
-                    self._follow(seed, last)
-            stderr = bytes(await proc.stderr.receive_some(65536))
-            code = await proc.wait()
+            last = await self._answer(seed, proc.stdout)
+            if last.get("phase") == "done" and self._standby is None:
+                self._standby, kept = proc, True  # it waits for the next request, snapshot loaded
+            elif last.get("phase") != "done":
+                stderr = bytes(await proc.stderr.receive_some(65536))
+                code = await proc.wait()
         finally:
-            await stop_worker(proc)
-        if code != 0 or last.get("phase") != "done":
+            if not kept:
+                self._standby_lost = True  # killed by a newer seed, or failed: another comes later
+                await stop_worker(proc)
+        if last.get("phase") != "done":
             # Nothing to remove: the worker wrote into its own temporary directory (removed by it, or,
             # if it was killed, by _prune), and ``out``, if there, is another daemon's whole plan.
             raise PlanFailed(failure_reason(last, stderr, code))
@@ -259,8 +302,36 @@ class PlanManager:
             plan = await trio.to_thread.run_sync(load_daemon_plan, out, self._node())
         except ValueError as exc:
             raise PlanFailed(str(exc)) from None
-        self._record_build(time.monotonic() - self.started, plan.files)
+        if full:
+            worker_s = last.get("seconds")  # the planning alone, as the worker timed it
+            self._record_build(
+                time.monotonic() - began, plan.files, worker_s if isinstance(worker_s, (int, float)) else None
+            )
         return plan
+
+    async def _answer(self, seed: int, stdout: trio.abc.ReceiveStream) -> dict[str, Any]:
+        """The worker's lines for one request, up to its ``done`` or ``failed`` (or its end)."""
+        last: dict[str, Any] = {}
+        buf = bytearray()
+        while True:
+            chunk = await stdout.receive_some(65536)
+            if not chunk:
+                return last
+            buf += chunk
+            while b"\n" in buf:
+                line, _, rest = bytes(buf).partition(b"\n")
+                buf = bytearray(rest)
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(doc, dict) or doc.get("phase") in ("standing by", "loaded"):
+                    continue
+                last = doc
+                self.phase = str(last.get("phase", ""))
+                if self.phase in ("done", "failed"):
+                    return last
+                self._follow(seed, last)
 
     async def _worker_for(self, request: bytes) -> trio.Process:
         """The stand-by worker if one is waiting (else a new one), given ``request``: the caller owns it."""
@@ -271,7 +342,6 @@ class PlanManager:
             assert proc is not None and proc.stdin is not None
             try:
                 await proc.stdin.send_all(request)
-                await proc.stdin.aclose()
                 return proc
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await stop_worker(proc)  # a stand-by that died while waiting: start one that did not
@@ -281,26 +351,35 @@ class PlanManager:
         raise PlanFailed("the plan worker closed its input before taking the request")
 
     async def _keep_standby(self) -> None:
-        """Keep one plan worker started and waiting for a request (see :mod:`fusefs.planning.worker`).
+        """Keep one plan worker started, its snapshot loaded, and waiting for a request (see
+        :mod:`fusefs.planning.worker`).
 
-        One starts after each plan made: at once after the mount's first (no job runs yet), and
-        :data:`STANDBY_AFTER` seconds after a later one, which a written or found seed started while
-        the job's ranks were starting: that is the moment a Python start on their cores costs
-        most, and a second seed that soon is rare (it starts a worker as it comes, no slower).
+        One starts at mount and serves every plan after.  When a plan lost it (a newer seed killed
+        the build, or it failed), another starts :data:`STANDBY_AFTER` seconds after that plan,
+        which a written or found seed started while the job's ranks were starting: that is the
+        moment a Python start on their cores costs most, and a second seed that soon is rare (it
+        starts a worker as it comes, no slower).
         """
-        delay = 0.0
         try:
             while True:
                 await self._standby_wanted.wait()
                 self._standby_wanted = trio.Event()
-                await trio.sleep(delay)
-                delay = STANDBY_AFTER
+                if self._standby_lost:
+                    self._standby_lost = False
+                    await trio.sleep(STANDBY_AFTER)
                 if self._standby is None and self.state != "planning":  # else the plan's end asks again
-                    self._standby = await start_worker(WORKER)
+                    proc = await start_worker(WORKER)
+                    assert proc.stdin is not None
+                    try:  # load the snapshot now, not when the seed comes
+                        await proc.stdin.send_all(json.dumps({"snapshot": str(self.snapshot_file)}).encode() + b"\n")
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        await stop_worker(proc)  # died at once: the next plan starts its own
+                        continue
+                    self._standby = proc
         finally:
-            proc, self._standby = self._standby, None
-            if proc is not None:
-                await stop_worker(proc)
+            waiting, self._standby = self._standby, None
+            if waiting is not None:
+                await stop_worker(waiting)
 
     def _last_build(self) -> tuple[float, int] | None:
         """(seconds, files) of the last plan built under this directory, if one was."""
@@ -322,9 +401,10 @@ class PlanManager:
         if last is not None and last[1] > 0:
             self.progress.expect(last[0] * files / last[1])
 
-    def _record_build(self, seconds: float, files: int) -> None:
+    def _record_build(self, seconds: float, files: int, planning: float | None) -> None:
+        record = {"seconds": round(seconds, 3), "files": files, "planning_s": planning}
         try:
-            (self.plans_dir / LAST_BUILD).write_text(json.dumps({"seconds": round(seconds, 3), "files": files}))
+            (self.plans_dir / LAST_BUILD).write_text(json.dumps(record))
         except OSError as exc:  # only the next estimate is lost
             log.debug("%s not written: %s", LAST_BUILD, exc)
 

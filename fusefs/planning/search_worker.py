@@ -44,6 +44,7 @@ from placement import discovery as dv
 from placement import seedsearch as ss
 from placement.catalog import DEFAULT_LAYOUT, build_catalog, build_catalogs
 from placement.plan import job_streams_of
+from placement.searchramp import Ramped
 
 T0 = time.monotonic()
 SEARCH_NICE = 10  # the likely tier: background, like the plan worker
@@ -184,6 +185,8 @@ def search(request: dict[str, Any], stdin: BinaryIO, parent: int) -> int:
     limit, span = int(request["limit"]), int(request["epoch_span"])
     full, likely = dv.candidates(limit, span)
     likely_only, _ = dv.candidates(min(limit, ss.LIKELY_RANGE), span)
+    # small chunks first: a common seed answers in milliseconds (the same values, in the same order)
+    full, likely_only = Ramped(full), Ramped(likely_only)
     # each order at threshold / orders: a wrong seed fitting in any of them stays below the threshold
     plan = _Plan(full, likely_only, likely, float(request["threshold"]) / len(builder.names), np.zeros(0, np.int64))
     gate = dv.OpensGate(first.start_opens)

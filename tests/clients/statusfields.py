@@ -59,4 +59,5 @@ def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
                 "cpu_seconds",
             )
         },
+        "discovery_found_at_opens": (doc.get("discovery") or {}).get("found_at_opens"),
     }

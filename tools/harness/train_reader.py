@@ -31,12 +31,13 @@ def raw(path: str) -> bytes:
         return fh.read()
 
 
-def raw_timed(path: str) -> tuple[bytes, float]:
-    """The file's bytes and how long open+read took (in the DataLoader worker that read it)."""
+def raw_timed(path: str) -> tuple[bytes, float, float]:
+    """The file's bytes, how long open+read took (in the DataLoader worker that read it) and when the open
+    began (``time.monotonic()``, one clock machine-wide: comparable with the PFS emulator's first opens)."""
     t0 = time.monotonic()
     with open(path, "rb") as fh:
         data = fh.read()
-    return data, time.monotonic() - t0
+    return data, time.monotonic() - t0, t0
 
 
 SIZES: dict[str, int] = {}  # in_memory runs: each sample's size, taken before training
@@ -54,16 +55,18 @@ def from_memory(path: str) -> bytes:
 
 def _mount_counts(root: str) -> dict[str, int] | None:
     """A seerfs mount's counters so far, or None (not a seerfs mount): the read requests it answered
-    (``reads``), the opens, and the opens served locally (``local``: the page cache or a tier, with
-    no fetch of their own or in flight)."""
+    (``reads``), the opens, the opens served locally (``local``: the page cache or a tier, with
+    no fetch of their own or in flight) and the opens its plan predicted (``predicted``)."""
     try:
         with open(os.path.join(root, ".control", "status"), "rb") as fh:
-            reads = json.loads(fh.read())["reads"]
+            doc = json.loads(fh.read())
     except OSError:
         return None
+    reads = doc["reads"]
     served = reads["by_source"]
     local = sum(int(served[k]["files"]) for k in ("page_cache", "memory", "directory"))
-    return {"reads": int(reads["reads"]), "opens": int(reads["opens"]), "local": local}
+    predicted = int(doc["prefetch"]["predicted_opens"])
+    return {"reads": int(reads["reads"]), "opens": int(reads["opens"]), "local": local, "predicted": predicted}
 
 
 def collate(batch: list[Any]) -> list[Any]:
@@ -152,6 +155,7 @@ def main() -> int:
             ds.loader = from_memory
     result: dict[str, Any] = {"rank": rank, "samples": 0, "bytes": 0, "bad": [], "epochs": [], "wait_s": 0.0}
     read_times: list[float] = []
+    opened_at: list[tuple[str, float]] = []  # with time_reads: (path under root, open began), in consumed order
     cpu0 = _cpu_seconds()
 
     parts: dict[str, Any] = {}
@@ -182,8 +186,9 @@ def main() -> int:
                     index, (sample, _label) = indices[pos], item
                 data = sample
                 if isinstance(sample, tuple):
-                    data, seconds = sample
+                    data, seconds, began = sample
                     read_times.append(seconds)
+                    opened_at.append((os.path.relpath(dataset.samples[index][0], root), began))
                 if digests is not None:
                     rel = os.path.relpath(dataset.samples[index][0], root)
                     if hashlib.sha1(data).hexdigest() != digests[rel]:
@@ -215,7 +220,7 @@ def main() -> int:
         t0 = time.monotonic()
         if sampler is not None:
             sampler.set_epoch(epoch)
-        before = len(read_times)
+        before, opened_before = len(read_times), len(opened_at)
         parts.clear()
         waited = consume(train, loader, list(sampler) if sampler is not None else None)
         if val_loader is not None:
@@ -229,6 +234,8 @@ def main() -> int:
                 "read_s": sum(read_times[before:]),
                 # With time_reads: each file's open+read, in the order the rank consumed them.
                 **({"reads_s": [round(x, 6) for x in read_times[before:]]} if spec.get("time_reads") else {}),
+                # With time_reads: each file's path and when its open began (time.monotonic()).
+                **({"opened_at": opened_at[opened_before:]} if spec.get("time_reads") else {}),
                 "counts_before": counts_before,
                 **parts,
             }

@@ -121,10 +121,12 @@ class Counts:
     opens: int
     reads: int
     bytes: int
+    first_open: float | None = None  # a file's: time.monotonic() (machine-wide) when its first open completed
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Counts:
-        return cls(int(d["opens"]), int(d["reads"]), int(d["bytes"]))
+        first = d.get("first_open")
+        return cls(int(d["opens"]), int(d["reads"]), int(d["bytes"]), None if first is None else float(first))
 
 
 @dataclass(frozen=True)

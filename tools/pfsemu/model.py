@@ -187,15 +187,19 @@ class SharedChannel:
 
 
 class Tally:
-    __slots__ = ("bytes", "opens", "reads")
+    __slots__ = ("bytes", "first_open", "opens", "reads")
 
     def __init__(self) -> None:
         self.opens = 0
         self.reads = 0
         self.bytes = 0
+        self.first_open: float | None = None  # files only: time.monotonic() when its first open completed
 
-    def to_json(self) -> dict[str, int]:
-        return {"opens": self.opens, "reads": self.reads, "bytes": self.bytes}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"opens": self.opens, "reads": self.reads, "bytes": self.bytes}
+        if self.first_open is not None:
+            out["first_open"] = self.first_open
+        return out
 
 
 class ServerCounters:
@@ -226,7 +230,13 @@ class ServerCounters:
 
     def count_open(self, path: str, tgid: int, comm: str) -> None:
         self.total.opens += 1
-        self._tally(self.files, path).opens += 1
+        file = self._tally(self.files, path)
+        if file.first_open is None:
+            # CLOCK_MONOTONIC is one clock for every process of the machine: a client that notes when
+            # it opened a file can tell whether the PFS had served that file before (tests' outside
+            # measure of what a cache above predicted).
+            file.first_open = time.monotonic()
+        file.opens += 1
         self._tally(self.clients, tgid).opens += 1
         self.client_comm[tgid] = comm
         self._tally(self.comms, comm).opens += 1
