@@ -1,12 +1,13 @@
 """The contract of a :class:`fusefs.readpath.staging.Kernel`, one script for every implementation.
 
 ``run_contract`` makes the same calls on any kernel and returns what each call did; the recording
-kernel (``readpath_fakes.RecordingKernel``) runs it in process, the pyfuse3 front
-(``fusefs.fuse.pyfuse3_front.Pyfuse3Front``) under a real mount in a child process (``main`` below),
+kernel (``readpath_fakes.RecordingKernel``) runs it in process, each front
+(``fusefs.fuse.pyfuse3_front.Pyfuse3Front``, ``fusefs.fuse.native_front.NativeFront``) under a real
+mount in a child process (``main`` below),
 and ``tests/test_front.py`` asserts both logs are the same, so what in-process tests prove with the
 recording kernel holds for the kernel the daemon uses.
 
-Run as a script (``python tests/kernel_contract.py MOUNTPOINT``) it mounts two files, ``a``
+Run as a script (``python tests/kernel_contract.py MOUNTPOINT [pyfuse3|native]``) it mounts two files, ``a``
 (inode 2) and ``b`` (inode 3), with handlers that answer a read back (a thread in the front's
 ``readers``) with EAGAIN, as ``OpenFiles.read`` does, and any other read with ``DAEMON`` bytes;
 it prints one JSON object: the contract's log and what the extra real-mount checks saw.
@@ -21,7 +22,10 @@ import os
 import stat
 import sys
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fusefs.fuse.native_front import NativeFront
 
 SIZE = 8192  # two pages
 STORED = bytes(range(256)) * (SIZE // 256)  # what notify_store pushes
@@ -65,14 +69,20 @@ def run_contract(kernel: Any) -> list[list[object]]:
     return log
 
 
-def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process of tests/test_front.py
+def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no cover - a child of tests/test_front.py
     import trio
 
     from fusefs.errors import FsError
     from fusefs.fuse.front import EntryAttributes, FileInfo
     from fusefs.fuse.pyfuse3_front import Pyfuse3Front
 
-    front = Pyfuse3Front(lambda entry: NAMES[entry + 1])
+    front: Pyfuse3Front | NativeFront
+    if front_name == "native":
+        from fusefs.fuse.native_front import NativeFront
+
+        front = NativeFront(lambda entry: NAMES[entry + 1], inodes=UNKNOWN + 1)
+    else:
+        front = Pyfuse3Front(lambda entry: NAMES[entry + 1])
     calls: Counter[str] = Counter()
     read_back_handles: set[int] = set()
 
@@ -108,6 +118,7 @@ def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process
             return self.attrs(inode)
 
         async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
+            calls["open"] += 1
             if ctx.pid in front.readers:
                 read_back_handles.add(inode)
             return front.new_file_info(inode, False, True)  # keep_cache: an open keeps stored pages
@@ -123,6 +134,12 @@ def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process
 
         async def forget(self, inodes: object) -> None:
             pass
+
+        def opened_natively(self, inode: int, fh: int, pid: int) -> None:  # the native front's events
+            calls["native open"] += 1
+
+        def released_natively(self, fh: int) -> None:
+            calls["native release"] += 1
 
         async def getxattr(self, inode: int, name: bytes, ctx: object) -> bytes:
             raise FsError(errno.ENODATA)
@@ -148,6 +165,18 @@ def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process
         front.invalidate_entry(1, b"a")
         os.stat(path_a)
         seen["lookups_of_a_after_invalidate_entry"] = calls["lookup a"] - lookups
+        # Pages known cached (Kernel.set_pages): a front may answer the open itself, but must tell.
+        front.notify_store(KNOWN, 0, STORED)
+        front.set_pages(KNOWN, True)
+        opens = calls["open"]
+        with open(path_a, "rb") as fh:
+            seen["reader_while_marked"] = _show(fh.read())
+        seen["opens_reaching_daemon_while_marked"] = calls["open"] - opens
+        front.invalidate_inode(KNOWN)  # clears the mark: the next open reaches the daemon again
+        with open(path_a, "rb") as fh:
+            fh.read()
+        seen["opens_reaching_daemon_after_invalidate"] = calls["open"] - opens
+        seen["native_events"] = [calls["native open"], calls["native release"]]
         return {"log": log, "seen": seen}
 
     out: dict[str, object] = {}
@@ -169,4 +198,4 @@ def main(mountpoint: str) -> None:  # pragma: no cover - runs in a child process
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main(sys.argv[1])
+    main(sys.argv[1], *sys.argv[2:3])
