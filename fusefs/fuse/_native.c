@@ -5,8 +5,9 @@
  * its rules and the task/thread map are in that module, CONCURRENCY.md and ARCHITECTURE.md.
  *
  * Threads
- *   - receive threads (NTHREADS, started by mount()): each polls the session's /dev/fuse fd (made
- *     O_NONBLOCK) and a stop eventfd, reads one request into its own buffer and lets libfuse
+ *   - receive threads (NTHREADS, started by start()): each reads the session's /dev/fuse fd (made
+ *     O_NONBLOCK; when empty it waits in its own epoll set on that fd, EPOLLEXCLUSIVE, and on a
+ *     stop eventfd), reads one request into its own buffer and lets libfuse
  *     dispatch it to the callbacks below, in that thread, without the GIL.  A callback either
  *     answers at once (FLUSH, FSYNC, FSYNCDIR, IOCTL, FORGET; OPEN and RELEASE of an inode marked
  *     in the pages table) or copies the request into the ring and returns; the fuse_req_t lives
@@ -47,7 +48,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -394,29 +395,49 @@ static void *receive_loop(void *arg) {
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals go to the trio thread */
     struct fuse_buf buf = {.mem = NULL};
-    struct pollfd fds[2] = {{.fd = fuse_session_fd(S.se), .events = POLLIN}, {.fd = S.stop_fd, .events = POLLIN}};
+    /* Each thread its own epoll set: /dev/fuse with EPOLLEXCLUSIVE (one waiter woken per request,
+     * no thundering herd), the stop eventfd without (every thread wakes to stop).  A thread reads
+     * first and waits only when nothing is queued, so under load a request costs one read. */
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.u32 = 0};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fuse_session_fd(S.se), &ev) < 0) {
+        fuse_session_exit(S.se);
+        goto out;
+    }
+    ev.events = EPOLLIN;
+    ev.data.u32 = 1;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, S.stop_fd, &ev) < 0) {
+        fuse_session_exit(S.se);
+        goto out;
+    }
     while (!fuse_session_exited(S.se)) {
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        if (fds[1].revents)
-            break;
-        if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
-            fuse_session_exit(S.se);
-            break;
-        }
         int n = fuse_session_receive_buf(S.se, &buf);
-        if (n == -EAGAIN || n == -EINTR)
-            continue; /* another thread took the request */
+        if (n == -EAGAIN) { /* nothing queued: wait for a request or the stop */
+            struct epoll_event got[2];
+            int k = epoll_wait(ep, got, 2, -1);
+            if (k < 0 && errno != EINTR)
+                break;
+            int stop = 0;
+            for (int i = 0; i < k; i++)
+                stop |= got[i].data.u32 == 1 || (got[i].events & (EPOLLERR | EPOLLHUP));
+            if (stop) {
+                if (k == 1 && got[0].data.u32 == 0)
+                    fuse_session_exit(S.se); /* /dev/fuse hung up: the kernel ended the session */
+                break;
+            }
+            continue;
+        }
+        if (n == -EINTR)
+            continue;
         if (n <= 0) {
-            if (n < 0 || fuse_session_exited(S.se))
-                fuse_session_exit(S.se); /* ENODEV (unmounted) sets exited itself and returns 0 */
+            fuse_session_exit(S.se); /* ENODEV (unmounted) sets exited itself and returns 0 */
             break;
         }
         fuse_session_process_buf(S.se, &buf);
     }
+out:
+    if (ep >= 0)
+        close(ep);
     free(buf.mem);
     if (atomic_fetch_sub(&S.running, 1) == 1) {
         uint64_t one = 1;

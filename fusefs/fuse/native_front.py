@@ -80,6 +80,7 @@ class NativeFront(ThroughMount):
         self._room = trio.Event()
         self._ended = False
         self._dispatch: dict[int, Callable[[Record], Any]] = {}
+        self._inline: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ Front
 
@@ -113,10 +114,29 @@ class NativeFront(ThroughMount):
             _native.OP_REMOVEXATTR: self._done_of("removexattr", lambda r: (r[2], r[10])),
             _native.OP_CREATE: self._create,
         }
+        # Served inline by the drain loop, in ring order: their handlers answer from the snapshot's
+        # arrays or the handle table and never wait on anything, so running them as tasks would only
+        # let trio reorder them (a RELEASE answered after the status read that followed it).  OPEN,
+        # READ, WRITE and STATFS may wait (a fetch, a thread): they run as tasks.
+        self._inline = frozenset(
+            {
+                _native.OP_LOOKUP,
+                _native.OP_GETATTR,
+                _native.OP_READLINK,
+                _native.OP_RELEASE,
+                _native.OP_OPENDIR,
+                _native.OP_READDIR,
+                _native.OP_READDIRPLUS,
+                _native.OP_RELEASEDIR,
+                _native.OP_GETXATTR,
+                _native.OP_LISTXATTR,
+            }
+        )
 
     async def run(self, max_tasks: int) -> None:
-        """Drain the ring until END: events inline, each forwarded request as a task (at most
-        ``max_tasks`` at once: the drain waits for room, so order of starts is kept)."""
+        """Drain the ring until END: events and the requests whose handlers never wait inline, in
+        ring order; each other forwarded request as a task (at most ``max_tasks`` at once: the drain
+        waits for room, so the order of starts is kept)."""
         _native.start()
         self._limit = max(1, max_tasks)
         dispatch = self._dispatch
@@ -139,11 +159,16 @@ class NativeFront(ThroughMount):
                         if handler is None:
                             _native.reply_err(rec[1], errno.ENOSYS)
                             continue
+                        if op in self._inline:
+                            self._running += 1
+                            await self._serve(handler, rec)  # in ring order, before any later record
+                            continue
                         while self._running >= self._limit:
                             self._room = trio.Event()
                             await self._room.wait()
                         self._running += 1
                         nursery.start_soon(self._serve, handler, rec)
+                await trio.lowlevel.checkpoint()  # a ring never empty must not starve the other tasks
             nursery.cancel_scope.cancel()  # requests still running are answered EINTR
 
     def terminate(self) -> None:
