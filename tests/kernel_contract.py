@@ -21,6 +21,7 @@ import json
 import os
 import stat
 import sys
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,8 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         front = Pyfuse3Front(lambda entry: NAMES[entry + 1])
     calls: Counter[str] = Counter()
     read_back_handles: set[int] = set()
+    known_handles: set[int] = set()  # handles the daemon was told of (its own opens, native open events)
+    read_handles: list[bool] = []  # per READ that reached it: whether its handle was known then
 
     class Handlers:
         """The least a front needs to serve ``a`` and ``b`` (the root is inode 1)."""
@@ -119,11 +122,13 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
 
         async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
             calls["open"] += 1
+            known_handles.add(inode)
             if ctx.pid in front.readers:
                 read_back_handles.add(inode)
             return front.new_file_info(inode, False, True)  # keep_cache: an open keeps stored pages
 
         async def read(self, fh: int, off: int, size: int) -> bytes:
+            read_handles.append(fh in known_handles)
             if fh in read_back_handles:
                 raise FsError(errno.EAGAIN)
             calls["read"] += 1
@@ -137,6 +142,7 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
 
         def opened_natively(self, inode: int, fh: int, pid: int) -> None:  # the native front's events
             calls["native open"] += 1
+            known_handles.add(fh)
 
         def released_natively(self, fh: int) -> None:
             calls["native release"] += 1
@@ -176,6 +182,19 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         with open(path_a, "rb") as fh:
             fh.read()
         seen["opens_reaching_daemon_after_invalidate"] = calls["open"] - opens
+        # Pages dropped while a file is open on a handle the front answered itself: its READs reach
+        # the daemon, which knows the handle (its open event was handled before the READ).
+        front.notify_store(KNOWN, 0, STORED)
+        front.set_pages(KNOWN, True)
+        del read_handles[:]
+        with open(path_a, "rb", buffering=0) as fh:
+            front.invalidate_inode(KNOWN)
+            seen["read_after_drop_while_open"] = _show(fh.read())
+        seen["reads_after_drop_on_known_handles"] = read_handles[:1] and all(read_handles)
+        # The kernel sends RELEASE after close() returned: wait (bounded) for the last one to arrive.
+        deadline = time.monotonic() + 20
+        while calls["native release"] < calls["native open"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         seen["native_events"] = [calls["native open"], calls["native release"]]
         return {"log": log, "seen": seen}
 
