@@ -18,9 +18,14 @@
  *     invalidate_entry write to /dev/fuse; libfuse serialises nothing there and needs nothing.
  *
  * The ring (one mutex, a fixed array of RING_CAP records, FIFO)
- *   - A producer (receive thread) pushes under the mutex; when the ring was empty it writes 1 to
- *     the wake eventfd, so the consumer, which reads that eventfd *before* taking the mutex and
- *     waits again only after a drain found the ring empty, never sleeps on a non-empty ring.
+ *   - A producer (receive thread) pushes under the mutex and writes 1 to the wake eventfd when no
+ *     wake is pending since the last drain and either the record is a forwarded request (a reader
+ *     waits for its answer), or trio is idle (the last drain found nothing), or the ring is a
+ *     quarter full.  An event pushed while trio is busy wakes nobody: trio, after a drain that
+ *     found records, waits at most EVENT_DELAY (native_front.py) before draining again, so events
+ *     are booked within that delay and one wake serves many opens.  drain() reads the eventfd
+ *     before taking the mutex, and clears the pending flag and sets the idle flag under it, so
+ *     trio never sleeps without a timeout on a non-empty ring.
  *   - Nothing is ever dropped: a forwarded request that finds the ring full waits on a condition
  *     variable until the consumer frees room (the kernel queues further requests meanwhile); an
  *     event of a natively answered OPEN/RELEASE that finds it full is not answered natively but
@@ -41,6 +46,7 @@
  *     answered from pages (and READs on that handle are forwarded, so a dropped page is fetched).
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
 #define FUSE_USE_VERSION 35
 #include <Python.h>
 #include <structmember.h>
@@ -95,12 +101,18 @@ static struct {
     pthread_cond_t room;
     rec_t ring[RING_CAP];
     size_t head, count;
+    int wake_pending; /* the wake eventfd was written since the last drain */
+    int consumer_idle; /* the last drain found nothing: trio waits without a timeout */
     atomic_uchar *pages; /* inode -> 1 when its pages are known pushed */
     uint64_t npages;
     atomic_uint_fast64_t next_fh;
-    atomic_uint_fast64_t native_opens, native_releases, native_ioctls, forwarded, ring_full;
+    atomic_uint_fast64_t native_opens, native_releases, native_ioctls, forwarded, ring_full, batches;
     int mounted;
-} S = {.lock = PTHREAD_MUTEX_INITIALIZER, .room = PTHREAD_COND_INITIALIZER, .wake_fd = -1, .stop_fd = -1};
+} S = {.lock = PTHREAD_MUTEX_INITIALIZER,
+     .room = PTHREAD_COND_INITIALIZER,
+     .wake_fd = -1,
+     .stop_fd = -1,
+     .consumer_idle = 1};
 
 /* ------------------------------------------------------------------ the ring */
 
@@ -121,11 +133,15 @@ static int push(const rec_t *r, int wait) {
         }
         pthread_cond_wait(&S.room, &S.lock);
     }
-    int was_empty = S.count == 0;
     S.ring[(S.head + S.count) % RING_CAP] = *r;
     S.count++;
+    /* Wake trio for a request (someone waits for its answer), for an event only when trio is idle
+     * (else it comes back within EVENT_DELAY on its own) or the ring fills, and once per drain. */
+    int need = !S.wake_pending && (r->op < EV_OPEN || S.consumer_idle || S.count >= RING_CAP / 4);
+    if (need)
+        S.wake_pending = 1;
     pthread_mutex_unlock(&S.lock);
-    if (was_empty)
+    if (need)
         wake();
     return 1;
 }
@@ -394,6 +410,7 @@ static void *receive_loop(void *arg) {
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals go to the trio thread */
+    pthread_setname_np(pthread_self(), "seerfs-fuse"); /* shows in top -H and /proc/PID/task/TID/comm */
     struct fuse_buf buf = {.mem = NULL};
     /* Each thread its own epoll set: /dev/fuse with EPOLLEXCLUSIVE (one waiter woken per request,
      * no thundering herd), the stop eventfd without (every thread wakes to stop).  A thread reads
@@ -645,6 +662,8 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     S.pages = calloc(npages ? npages : 1, 1);
     S.npages = npages;
     S.head = S.count = 0;
+    S.wake_pending = 0;
+    S.consumer_idle = 1;
     atomic_store(&S.next_fh, 0);
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     S.stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -770,17 +789,28 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     if (most > 256 || most <= 0)
         most = 256;
     pthread_mutex_lock(&S.lock);
+    S.wake_pending = 0;
     while (S.count && n < (size_t)most) {
         batch[n++] = S.ring[S.head];
         S.head = (S.head + 1) % RING_CAP;
         S.count--;
     }
+    S.consumer_idle = n == 0;
     if (n)
         pthread_cond_broadcast(&S.room);
     pthread_mutex_unlock(&S.lock);
+    if (n)
+        atomic_fetch_add(&S.batches, 1);
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; i < n; i++) {
         rec_t *x = &batch[i];
+        if (x->op >= EV_OPEN) { /* events: (op, 0, inode, fh, pid): the hot path builds little */
+            PyObject *t = out ? Py_BuildValue("(iiKKI)", x->op, 0, x->a[0], x->a[1], x->pid) : NULL;
+            if (t == NULL)
+                continue; /* an event lost to an allocation failure: out is dropped below */
+            PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+            continue;
+        }
         PyObject *t = out ? Py_BuildValue("(iNKKKKKKKKy#y#IIII)", x->op, PyLong_FromVoidPtr(x->req), x->a[0],
                                           x->a[1], x->a[2], x->a[3], x->a[4], x->a[5], x->a[6], x->a[7], x->s1,
                                           (Py_ssize_t)x->n1, x->s2, (Py_ssize_t)x->n2, x->uid, x->gid, x->pid,
@@ -1011,7 +1041,7 @@ static PyObject *py_set_pages(PyObject *m, PyObject *args) {
 
 static PyObject *py_stats(PyObject *m, PyObject *noargs) {
     (void)m, (void)noargs;
-    return Py_BuildValue("{sKsKsKsKsK}", "native_opens", (unsigned long long)atomic_load(&S.native_opens),
+    return Py_BuildValue("{sKsKsKsKsKsK}", "batches", (unsigned long long)atomic_load(&S.batches), "native_opens", (unsigned long long)atomic_load(&S.native_opens),
                          "native_releases", (unsigned long long)atomic_load(&S.native_releases), "native_ioctls",
                          (unsigned long long)atomic_load(&S.native_ioctls), "forwarded",
                          (unsigned long long)atomic_load(&S.forwarded), "ring_full",

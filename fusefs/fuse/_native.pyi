@@ -58,7 +58,8 @@ class DirBuffer:
     def add(self, name: bytes, attrs: object, next_id: int, /) -> bool: ...
     def reply(self) -> None: ...
 
-# A record: (op, req, a0..a7, s1, s2, uid, gid, pid, umask).
+# A forwarded request: (op, req, a0..a7, s1, s2, uid, gid, pid, umask); an event (op >= EV_OPEN):
+# (op, 0, inode, fh, pid).  Typed as the first, which is what the handlers index.
 Record = tuple[int, int, int, int, int, int, int, int, int, int, bytes, bytes, int, int, int, int]
 
 def mount(mountpoint: str, options: str, inodes: int, /) -> int: ...

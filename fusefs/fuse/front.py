@@ -35,6 +35,13 @@ class FrontStatus(TypedDict):
     native_releases: Annotated[int, counter("releases of those opens, answered without Python")]
     native_ioctls: Annotated[int, counter("ioctls answered ENOTTY without Python (isatty of every open file)")]
     forwarded: Annotated[int, counter("requests forwarded to the daemon's handlers (native front only)")]
+    batches: Annotated[
+        int,
+        counter(
+            "times the daemon drained the native front's ring and found records (forwarded requests and open or "
+            "release events): records per batch = (forwarded + native_opens + native_releases) / batches"
+        ),
+    ]
     ring_full: Annotated[
         int, counter("opens or releases forwarded instead of answered natively because the event ring was full")
     ]

@@ -203,6 +203,7 @@ class Pyfuse3Front(ThroughMount):
             "native_releases": 0,
             "native_ioctls": 0,
             "forwarded": 0,
+            "batches": 0,
             "ring_full": 0,
         }
 

@@ -505,10 +505,12 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
             doc = status(m.seerfs_mnt)
             st = doc["prefetch"]["staging"]
             native = front["native_opens"] + front["native_releases"] + front["native_ioctls"]
+            records = front["forwarded"] + front["native_opens"] + front["native_releases"]
             # Each status read in between forwards a few requests itself (lookup, open, read, release).
             result.notes += [
                 f"front {doc['front']['name']}: per warm open {native / opened:.2f} requests answered in C, "
-                f"{front['forwarded'] / opened:.2f} forwarded to Python",
+                f"{front['forwarded'] / opened:.2f} forwarded to Python, "
+                f"{records / max(front['batches'], 1):.1f} ring records per batch drained",
                 f"mode {doc['prefetch']['mode']}",
                 "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
                 f"warm READ requests {reads}",
