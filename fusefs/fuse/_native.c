@@ -5,9 +5,9 @@
  * its rules and the task/thread map are in that module, CONCURRENCY.md and ARCHITECTURE.md.
  *
  * Threads
- *   - receive threads (NTHREADS, started by start()): each reads the session's /dev/fuse fd (made
- *     O_NONBLOCK; when empty it waits in its own epoll set on that fd, EPOLLEXCLUSIVE, and on a
- *     stop eventfd), reads one request into its own buffer and lets libfuse
+ *   - receive threads (NTHREADS, started by start()): each blocks reading the session's /dev/fuse
+ *     fd (one syscall per request, as libfuse's own multi-threaded loop), reads one request into
+ *     its own buffer and lets libfuse
  *     dispatch it to the callbacks below, in that thread, without the GIL.  A callback either
  *     answers at once (FLUSH, FSYNC, FSYNCDIR, IOCTL, FORGET; OPEN and RELEASE of an inode marked
  *     in the pages table) or copies the request into the ring and returns; the fuse_req_t lives
@@ -54,7 +54,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/epoll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -93,10 +92,9 @@ typedef struct {
 static struct {
     struct fuse_session *se;
     int wake_fd; /* eventfd: the ring became non-empty (read by trio) */
-    int stop_fd; /* eventfd: receive threads stop */
+    int ended; /* the session ended (stop(), or the kernel): drain() then returns END once */
     pthread_t threads[NTHREADS];
     int nthreads;
-    atomic_int running; /* receive threads still running */
     pthread_mutex_t lock;
     pthread_cond_t room;
     rec_t ring[RING_CAP];
@@ -111,7 +109,6 @@ static struct {
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
-     .stop_fd = -1,
      .consumer_idle = 1};
 
 /* ------------------------------------------------------------------ the ring */
@@ -122,7 +119,8 @@ static void wake(void) {
     (void)n; /* EAGAIN only when the counter is saturated: trio is woken anyway */
 }
 
-/* Push a record; wait for room when `wait`, else return 0 when full (the record is untouched). */
+/* Push a record; wait for room when `wait`, else return 0 when full; -1: the session ended while
+ * waiting (the record is untouched in both). */
 static int push(const rec_t *r, int wait) {
     pthread_mutex_lock(&S.lock);
     while (S.count == RING_CAP) {
@@ -130,6 +128,10 @@ static int push(const rec_t *r, int wait) {
             pthread_mutex_unlock(&S.lock);
             atomic_fetch_add(&S.ring_full, 1);
             return 0;
+        }
+        if (S.ended) { /* nobody drains any more: the caller answers the request itself */
+            pthread_mutex_unlock(&S.lock);
+            return -1;
         }
         pthread_cond_wait(&S.room, &S.lock);
     }
@@ -181,7 +183,11 @@ static void forward(int op, fuse_req_t req, uint64_t a0, uint64_t a1, uint64_t a
         return;
     }
     atomic_fetch_add(&S.forwarded, 1);
-    push(&r, 1);
+    if (push(&r, 1) < 0) {
+        free(r.s1);
+        free(r.s2);
+        fuse_reply_err(req, ENODEV);
+    }
 }
 
 /* ------------------------------------------------------------------ callbacks (receive threads) */
@@ -227,7 +233,8 @@ static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
     r.a[6] = fi ? fi->fh : 0;
     r.a[7] = fi != NULL;
     atomic_fetch_add(&S.forwarded, 1);
-    push(&r, 1);
+    if (push(&r, 1) < 0)
+        fuse_reply_err(req, ENODEV);
 }
 
 static void ll_readlink(fuse_req_t req, fuse_ino_t ino) { forward(OP_READLINK, req, ino, 0, 0, 0, NULL, 0, NULL, 0); }
@@ -405,46 +412,35 @@ static const struct fuse_lowlevel_ops OPS = {
 
 /* ------------------------------------------------------------------ receive threads */
 
+/* The session ended: drain() hands trio END (once the ring is empty) and run() returns. */
+static void end_session(void) {
+    pthread_mutex_lock(&S.lock);
+    int first = !S.ended;
+    S.ended = 1;
+    pthread_cond_broadcast(&S.room); /* a thread waiting for room gives up */
+    pthread_mutex_unlock(&S.lock);
+    if (first)
+        wake();
+}
+
+static void free_buf(void *p) { free(((struct fuse_buf *)p)->mem); }
+
+/* Cancellation: a receive thread can be cancelled only while it blocks in the read of /dev/fuse
+ * (as in libfuse's fuse_loop_mt): never while it holds the ring's mutex or is inside a callback. */
 static void *receive_loop(void *arg) {
     (void)arg;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals go to the trio thread */
     pthread_setname_np(pthread_self(), "seerfs-fuse"); /* shows in top -H and /proc/PID/task/TID/comm */
     struct fuse_buf buf = {.mem = NULL};
-    /* Each thread its own epoll set: /dev/fuse with EPOLLEXCLUSIVE (one waiter woken per request,
-     * no thundering herd), the stop eventfd without (every thread wakes to stop).  A thread reads
-     * first and waits only when nothing is queued, so under load a request costs one read. */
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.u32 = 0};
-    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fuse_session_fd(S.se), &ev) < 0) {
-        fuse_session_exit(S.se);
-        goto out;
-    }
-    ev.events = EPOLLIN;
-    ev.data.u32 = 1;
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, S.stop_fd, &ev) < 0) {
-        fuse_session_exit(S.se);
-        goto out;
-    }
+    pthread_cleanup_push(free_buf, &buf);
     while (!fuse_session_exited(S.se)) {
+        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
         int n = fuse_session_receive_buf(S.se, &buf);
-        if (n == -EAGAIN) { /* nothing queued: wait for a request or the stop */
-            struct epoll_event got[2];
-            int k = epoll_wait(ep, got, 2, -1);
-            if (k < 0 && errno != EINTR)
-                break;
-            int stop = 0;
-            for (int i = 0; i < k; i++)
-                stop |= got[i].data.u32 == 1 || (got[i].events & (EPOLLERR | EPOLLHUP));
-            if (stop) {
-                if (k == 1 && got[0].data.u32 == 0)
-                    fuse_session_exit(S.se); /* /dev/fuse hung up: the kernel ended the session */
-                break;
-            }
-            continue;
-        }
-        if (n == -EINTR)
+        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+        if (n == -EINTR || n == -EAGAIN)
             continue;
         if (n <= 0) {
             fuse_session_exit(S.se); /* ENODEV (unmounted) sets exited itself and returns 0 */
@@ -452,21 +448,8 @@ static void *receive_loop(void *arg) {
         }
         fuse_session_process_buf(S.se, &buf);
     }
-out:
-    if (ep >= 0)
-        close(ep);
-    free(buf.mem);
-    if (atomic_fetch_sub(&S.running, 1) == 1) {
-        uint64_t one = 1;
-        ssize_t w = write(S.stop_fd, &one, sizeof one); /* the others stop too */
-        (void)w;
-        rec_t r = {.op = OP_END};
-        push(&r, 1);
-    } else {
-        uint64_t one = 1;
-        ssize_t w = write(S.stop_fd, &one, sizeof one);
-        (void)w;
-    }
+    pthread_cleanup_pop(1);
+    end_session(); /* the kernel ended it (every blocked read returns ENODEV), or stop() did */
     return NULL;
 }
 
@@ -665,9 +648,9 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     S.wake_pending = 0;
     S.consumer_idle = 1;
     atomic_store(&S.next_fh, 0);
+    S.ended = 0;
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    S.stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (!S.pages || S.wake_fd < 0 || S.stop_fd < 0)
+    if (!S.pages || S.wake_fd < 0)
         goto fail;
     S.se = fuse_session_new(&fargs, &OPS, sizeof OPS, NULL);
     if (S.se == NULL) {
@@ -683,8 +666,6 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
         goto fail_set;
     }
     S.mounted = 1;
-    int fd = fuse_session_fd(S.se);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return PyLong_FromLong(S.wake_fd);
 fail:
     PyErr_NoMemory();
@@ -693,9 +674,7 @@ fail_set:
     S.pages = NULL;
     if (S.wake_fd >= 0)
         close(S.wake_fd);
-    if (S.stop_fd >= 0)
-        close(S.stop_fd);
-    S.wake_fd = S.stop_fd = -1;
+    S.wake_fd = -1;
     return NULL;
 }
 
@@ -705,11 +684,9 @@ static PyObject *py_start(PyObject *m, PyObject *noargs) {
         PyErr_SetString(PyExc_RuntimeError, "not mounted, or already started");
         return NULL;
     }
-    atomic_store(&S.running, NTHREADS);
     for (int i = 0; i < NTHREADS; i++) {
         int err = pthread_create(&S.threads[i], NULL, receive_loop, NULL);
         if (err) {
-            atomic_fetch_sub(&S.running, NTHREADS - i);
             errno = err;
             if (i == 0) {
                 PyErr_SetFromErrno(PyExc_OSError);
@@ -722,13 +699,18 @@ static PyObject *py_start(PyObject *m, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+/* Cancel the receive threads (only ever blocked in their read at a cancellation point). */
+static void cancel_threads(void) {
+    for (int i = 0; i < S.nthreads; i++)
+        pthread_cancel(S.threads[i]);
+}
+
 static PyObject *py_stop(PyObject *m, PyObject *noargs) {
     (void)m, (void)noargs;
     if (S.se != NULL) {
         fuse_session_exit(S.se);
-        uint64_t one = 1;
-        ssize_t w = write(S.stop_fd, &one, sizeof one);
-        (void)w;
+        end_session();
+        cancel_threads();
     }
     Py_RETURN_NONE;
 }
@@ -738,15 +720,9 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     if (S.se == NULL)
         Py_RETURN_NONE;
     fuse_session_exit(S.se);
-    uint64_t one = 1;
-    ssize_t w = write(S.stop_fd, &one, sizeof one);
-    (void)w;
-    Py_BEGIN_ALLOW_THREADS for (int i = 0; i < S.nthreads; i++) {
-        pthread_mutex_lock(&S.lock);
-        pthread_cond_broadcast(&S.room);
-        pthread_mutex_unlock(&S.lock);
-        pthread_join(S.threads[i], NULL);
-    }
+    end_session();
+    cancel_threads();
+    Py_BEGIN_ALLOW_THREADS for (int i = 0; i < S.nthreads; i++) pthread_join(S.threads[i], NULL);
     Py_END_ALLOW_THREADS S.nthreads = 0;
     /* Requests no one will answer now: answer them, free their copies. */
     pthread_mutex_lock(&S.lock);
@@ -765,8 +741,7 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     Py_END_ALLOW_THREADS S.se = NULL;
     S.mounted = 0;
     close(S.wake_fd);
-    close(S.stop_fd);
-    S.wake_fd = S.stop_fd = -1;
+    S.wake_fd = -1;
     atomic_uchar *pages = S.pages;
     S.pages = NULL;
     S.npages = 0;
@@ -798,6 +773,10 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     S.consumer_idle = n == 0;
     if (n)
         pthread_cond_broadcast(&S.room);
+    else if (S.ended == 1) { /* everything before the end was drained: hand trio END, once */
+        S.ended = 2;
+        batch[n++] = (rec_t){.op = OP_END};
+    }
     pthread_mutex_unlock(&S.lock);
     if (n)
         atomic_fetch_add(&S.batches, 1);
