@@ -16,11 +16,13 @@ it prints one JSON object: the contract's log and what the extra real-mount chec
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
 import stat
 import sys
+import threading
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ STORED = bytes(range(256)) * (SIZE // 256)  # what notify_store pushes
 DAEMON = b"d" * SIZE  # what the handlers answer a reader's READ with
 KNOWN, UNKNOWN = 2, 3  # inodes of a (looked up before the contract runs) and b (never looked up)
 NAMES = {KNOWN: b"a", UNKNOWN: b"b"}
+RING, OPENS_WHILE_BLOCKED = 8, 20  # the native front's ring is kept tiny, so opens overflow it
 
 
 def _show(value: object) -> object:
@@ -81,7 +84,7 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
     if front_name == "native":
         from fusefs.fuse.native_front import NativeFront
 
-        front = NativeFront(lambda entry: NAMES[entry + 1], inodes=UNKNOWN + 1)
+        front = NativeFront(lambda entry: NAMES[entry + 1], inodes=UNKNOWN + 1, ring=RING)
     else:
         front = Pyfuse3Front(lambda entry: NAMES[entry + 1])
     calls: Counter[str] = Counter()
@@ -150,10 +153,11 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         async def getxattr(self, inode: int, name: bytes, ctx: object) -> bytes:
             raise FsError(errno.ENODATA)
 
+    path_a = os.path.join(mountpoint, "a")
+
     def checks() -> dict[str, object]:
         """In a worker thread, as staging calls the kernel (the trio thread serves the requests)."""
         front.mounted(os.stat(mountpoint).st_dev, os.fsencode(mountpoint))
-        path_a = os.path.join(mountpoint, "a")
         os.stat(path_a)  # the kernel now knows a, not b
         log = run_contract(front)
         seen: dict[str, object] = {}
@@ -196,11 +200,46 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         while calls["native release"] < calls["native open"] and time.monotonic() < deadline:
             time.sleep(0.01)
         seen["native_events"] = [calls["native open"], calls["native release"]]
+        if front_name == "native":
+            seen["ring_overflow"] = overflow()
         return {"log": log, "seen": seen}
 
+    def overflow() -> dict[str, int]:
+        """The trio thread held up while a reader opens a marked file OPENS_WHILE_BLOCKED times: the
+        RING-record ring fills; the opens that find it full are forwarded (they wait for room),
+        never answered without their event.  Returns what each side counted."""
+        front.notify_store(KNOWN, 0, STORED)
+        front.set_pages(KNOWN, True)
+        before = dict(calls)
+        stats0 = front.status()
+        block = functools.partial(trio.from_thread.run_sync, time.sleep, 1.5, trio_token=token[0])
+        blocker = threading.Thread(target=block, daemon=True)
+        blocker.start()
+        time.sleep(0.2)  # the trio thread is asleep now
+        for _ in range(OPENS_WHILE_BLOCKED):
+            with open(path_a, "rb") as fh:
+                fh.read()
+        blocker.join()
+        deadline = time.monotonic() + 20
+        while (
+            calls["native release"] - before.get("native release", 0)
+            < front.status()["native_releases"] - stats0["native_releases"]
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        stats = front.status()
+        return {
+            "native_opens": stats["native_opens"] - stats0["native_opens"],
+            "open_events_booked": calls["native open"] - before.get("native open", 0),
+            "opens_forwarded": calls["open"] - before.get("open", 0),
+            "ring_full": stats["ring_full"] - stats0["ring_full"],
+        }
+
     out: dict[str, object] = {}
+    token: list[trio.lowlevel.TrioToken] = []
 
     async def serve() -> None:
+        token.append(trio.lowlevel.current_trio_token())
         front.mount(Handlers(), mountpoint, set(front.default_options) | {"fsname=contract", "subtype=seerfs"})  # type: ignore[arg-type]
         try:
             async with trio.open_nursery() as nursery:

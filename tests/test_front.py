@@ -18,7 +18,7 @@ import pyfuse3
 import pytest
 import trio
 from e2e import make_source
-from kernel_contract import KNOWN, STORED, UNKNOWN, run_contract
+from kernel_contract import KNOWN, OPENS_WHILE_BLOCKED, STORED, UNKNOWN, run_contract
 from mounting import mounted, status, wait_for
 from readpath_fakes import RecordingKernel
 
@@ -67,7 +67,8 @@ def test_each_front_keeps_the_same_contract_under_a_real_mount(mountpoint: Path,
     invalidate_inode its READs do; invalidate_entry makes the next lookup reach the daemon.  With
     pages marked cached (set_pages) the native front answers the open itself and tells the daemon
     (an open and a release event), pyfuse3 sends it to the daemon; invalidate_inode unmarks; pages
-    dropped while such a handle is open make its READs reach the daemon, which knows the handle."""
+    dropped while such a handle is open make its READs reach the daemon, which knows the handle;
+    with the trio thread held up, opens that find the native front's ring full are forwarded."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, str(HERE / "kernel_contract.py"), str(mountpoint), front],
@@ -93,6 +94,11 @@ def test_each_front_keeps_the_same_contract_under_a_real_mount(mountpoint: Path,
     assert seen["read_after_drop_while_open"] == f"{len(STORED)} bytes sha256:" + _sha(b"d" * len(STORED))
     assert seen["reads_after_drop_on_known_handles"] is True
     assert seen["native_events"] == ([2, 2] if native else [0, 0])
+    if native:  # a full ring forwards the open (it waits for room): no open is answered unbooked
+        ring = seen["ring_overflow"]
+        assert ring["ring_full"] > 0 and ring["opens_forwarded"] > 0, ring
+        assert ring["open_events_booked"] == ring["native_opens"] > 0, ring
+        assert ring["native_opens"] + ring["opens_forwarded"] == OPENS_WHILE_BLOCKED, ring
 
 
 def _sha(data: bytes) -> str:

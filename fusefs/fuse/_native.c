@@ -17,7 +17,7 @@
  *   - worker threads (Python, GIL released in the call): notify_store, invalidate_inode,
  *     invalidate_entry write to /dev/fuse; libfuse serialises nothing there and needs nothing.
  *
- * The ring (one mutex, a fixed array of RING_CAP records, FIFO)
+ * The ring (one mutex, a fixed array of S.cap records (mount()'s `ring`, 4096 by default), FIFO)
  *   - A producer (receive thread) pushes under the mutex and writes 1 to the wake eventfd when no
  *     wake is pending since the last drain and either the record is a forwarded request (a reader
  *     waits for its answer), or trio is idle (the last drain found nothing), or the ring is a
@@ -64,7 +64,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define RING_CAP 4096
 #define NTHREADS 2
 #define NATIVE_FH_BASE (UINT64_C(1) << 62) /* native handles: far above Python's counter */
 
@@ -97,7 +96,8 @@ static struct {
     int nthreads;
     pthread_mutex_t lock;
     pthread_cond_t room;
-    rec_t ring[RING_CAP];
+    rec_t *ring; /* cap records, allocated by mount(), freed by unmount() */
+    size_t cap;
     size_t head, count;
     int wake_pending; /* the wake eventfd was written since the last drain */
     int consumer_idle; /* the last drain found nothing: trio waits without a timeout */
@@ -123,7 +123,7 @@ static void wake(void) {
  * waiting (the record is untouched in both). */
 static int push(const rec_t *r, int wait) {
     pthread_mutex_lock(&S.lock);
-    while (S.count == RING_CAP) {
+    while (S.count == S.cap) {
         if (!wait) {
             pthread_mutex_unlock(&S.lock);
             atomic_fetch_add(&S.ring_full, 1);
@@ -135,11 +135,11 @@ static int push(const rec_t *r, int wait) {
         }
         pthread_cond_wait(&S.room, &S.lock);
     }
-    S.ring[(S.head + S.count) % RING_CAP] = *r;
+    S.ring[(S.head + S.count) % S.cap] = *r;
     S.count++;
     /* Wake trio for a request (someone waits for its answer), for an event only when trio is idle
      * (else it comes back within EVENT_DELAY on its own) or the ring fills, and once per drain. */
-    int need = !S.wake_pending && (r->op < EV_OPEN || S.consumer_idle || S.count >= RING_CAP / 4);
+    int need = !S.wake_pending && (r->op < EV_OPEN || S.consumer_idle || S.count >= S.cap / 4);
     if (need)
         S.wake_pending = 1;
     pthread_mutex_unlock(&S.lock);
@@ -633,9 +633,13 @@ static fuse_req_t as_req(PyObject *o) { return (fuse_req_t)PyLong_AsVoidPtr(o); 
 static PyObject *py_mount(PyObject *m, PyObject *args) {
     (void)m;
     const char *mountpoint, *options;
-    unsigned long long npages;
-    if (!PyArg_ParseTuple(args, "ssK", &mountpoint, &options, &npages))
+    unsigned long long npages, cap = 4096;
+    if (!PyArg_ParseTuple(args, "ssK|K", &mountpoint, &options, &npages, &cap))
         return NULL;
+    if (cap < 1 || cap > (1u << 24)) {
+        PyErr_SetString(PyExc_ValueError, "ring: 1 to 2**24 records");
+        return NULL;
+    }
     if (S.se != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a native session is already mounted in this process");
         return NULL;
@@ -644,13 +648,15 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     struct fuse_args fargs = FUSE_ARGS_INIT(options[0] ? 3 : 1, argv);
     S.pages = calloc(npages ? npages : 1, 1);
     S.npages = npages;
+    S.ring = calloc(cap, sizeof(rec_t));
+    S.cap = cap;
     S.head = S.count = 0;
     S.wake_pending = 0;
     S.consumer_idle = 1;
     atomic_store(&S.next_fh, 0);
     S.ended = 0;
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (!S.pages || S.wake_fd < 0)
+    if (!S.pages || !S.ring || S.wake_fd < 0)
         goto fail;
     S.se = fuse_session_new(&fargs, &OPS, sizeof OPS, NULL);
     if (S.se == NULL) {
@@ -672,6 +678,8 @@ fail:
 fail_set:
     free(S.pages);
     S.pages = NULL;
+    free(S.ring);
+    S.ring = NULL;
     if (S.wake_fd >= 0)
         close(S.wake_fd);
     S.wake_fd = -1;
@@ -732,7 +740,7 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
             fuse_reply_err(r->req, ENODEV);
         free(r->s1);
         free(r->s2);
-        S.head = (S.head + 1) % RING_CAP;
+        S.head = (S.head + 1) % S.cap;
         S.count--;
     }
     pthread_mutex_unlock(&S.lock);
@@ -746,6 +754,8 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     S.pages = NULL;
     S.npages = 0;
     free(pages);
+    free(S.ring);
+    S.ring = NULL;
     Py_RETURN_NONE;
 }
 
@@ -767,7 +777,7 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     S.wake_pending = 0;
     while (S.count && n < (size_t)most) {
         batch[n++] = S.ring[S.head];
-        S.head = (S.head + 1) % RING_CAP;
+        S.head = (S.head + 1) % S.cap;
         S.count--;
     }
     S.consumer_idle = n == 0;
@@ -1028,7 +1038,7 @@ static PyObject *py_stats(PyObject *m, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes) -> wake eventfd (not served yet)"},
+    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096) -> wake eventfd (not served yet)"},
     {"start", py_start, METH_NOARGS, "start the receive threads"},
     {"stop", py_stop, METH_NOARGS, "end the session from any thread: the receive threads stop, run() sees END"},
     {"unmount", py_unmount, METH_NOARGS, "join the threads, answer what is left, unmount, free"},

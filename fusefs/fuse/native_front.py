@@ -69,14 +69,16 @@ class _Fields:
 class NativeFront(ThroughMount):
     """The :class:`~fusefs.fuse.front.Front` through :mod:`fusefs.fuse._native`: one per process
     (the extension holds one session).  ``inodes``: the highest inode + 1 whose opens may be
-    answered natively (the pages table's size; 0 turns native opens off)."""
+    answered natively (the pages table's size; 0 turns native opens off); ``ring``: records the
+    ring holds (a full ring forwards native opens and makes requests wait, never drops one)."""
 
-    def __init__(self, path_of: Callable[[int], bytes] | None = None, inodes: int = 0) -> None:
+    def __init__(self, path_of: Callable[[int], bytes] | None = None, inodes: int = 0, ring: int = 4096) -> None:
         super().__init__(path_of)
         self.new_attrs = cast(Callable[[], EntryAttributes], _native.EntryAttributes)
         self.new_file_info: NewFileInfo = PlainFileInfo
         self.default_options: frozenset[str] = frozenset({"default_permissions"})  # as pyfuse3's
         self.inodes = inodes
+        self.ring = ring
         self.ops: Any = None
         self._wake_fd = -1
         self._limit = 0
@@ -90,7 +92,7 @@ class NativeFront(ThroughMount):
 
     def mount(self, ops: SeerOperations, mountpoint: str, options: Iterable[str]) -> None:
         self.ops = ops
-        self._wake_fd = _native.mount(mountpoint, ",".join(sorted(options)), self.inodes)
+        self._wake_fd = _native.mount(mountpoint, ",".join(sorted(options)), self.inodes, self.ring)
         self._dispatch = {
             _native.OP_LOOKUP: self._lookup,
             _native.OP_GETATTR: self._getattr,

@@ -275,7 +275,9 @@ class Staging:
         Reported to the executor as :class:`SourceChanged`: the policy drops its record of the file
         (staged, open, kept) and always asks for the invalidation, which comes back here through
         :meth:`drop_pages`: pages a reader pulled with direct_io off may be cached unrecorded, and an
-        inode the kernel does not know costs nothing."""
+        inode the kernel does not know costs nothing.  Its opens reach the daemon again at once
+        (the front's pages table, ``Kernel.set_pages``), which fails them with EIO."""
+        self.kernel.set_pages(inode_of(entry), False)
         self.report(SourceChanged(entry))
 
     def serves(self, entry: int) -> bool:
