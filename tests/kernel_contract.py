@@ -212,20 +212,29 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         front.set_pages(KNOWN, True)
         before = dict(calls)
         stats0 = front.status()
-        block = functools.partial(trio.from_thread.run_sync, time.sleep, 1.5, trio_token=token[0])
+        asleep = threading.Event()
+
+        def hold_up() -> None:  # runs on the trio thread: nothing is drained meanwhile
+            asleep.set()
+            time.sleep(1.5)
+
+        block = functools.partial(trio.from_thread.run_sync, hold_up, trio_token=token[0])
         blocker = threading.Thread(target=block, daemon=True)
         blocker.start()
-        time.sleep(0.2)  # the trio thread is asleep now
+        asleep.wait(30)
         for _ in range(OPENS_WHILE_BLOCKED):
             with open(path_a, "rb") as fh:
                 fh.read()
         blocker.join()
-        deadline = time.monotonic() + 20
-        while (
-            calls["native release"] - before.get("native release", 0)
-            < front.status()["native_releases"] - stats0["native_releases"]
-            and time.monotonic() < deadline
-        ):
+        deadline = time.monotonic() + 20  # events are booked within a few ms of their reply: wait for them
+
+        def lagging() -> bool:
+            now = front.status()
+            booked = [calls[f"native {k}"] - before.get(f"native {k}", 0) for k in ("open", "release")]
+            done = [now["native_opens"] - stats0["native_opens"], now["native_releases"] - stats0["native_releases"]]
+            return booked != done
+
+        while lagging() and time.monotonic() < deadline:
             time.sleep(0.01)
         stats = front.status()
         return {
