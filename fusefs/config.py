@@ -103,7 +103,15 @@ class FuseSettings:
     entry_timeout: float = doc("seconds the kernel caches name lookups (the tree is immutable)", 86400.0)
     attr_timeout: float = doc("seconds the kernel caches attributes", 86400.0)
     read_ahead_kb: int = doc("read-ahead set on the mount's bdi; >128 allows 1 MiB read requests", 1024)
-    max_tasks: int = doc("most FUSE requests served concurrently (pyfuse3 trio tasks)", 64)
+    front: Literal["native", "pyfuse3"] = doc(
+        "the FUSE binding that serves the mount.  native: seerfs's own libfuse3 session, run by native threads, "
+        "which answers opens of files whose pages are cached (and every ioctl, flush and forget) without Python "
+        "and forwards everything else to the daemon; used where the extension was built (libfuse3-dev, pkg-config "
+        "and a C compiler at install), else pyfuse3 with one INFO log line.  pyfuse3: every request through "
+        "pyfuse3's trio loop (the reference).  Status section front names the one in use",
+        "native",
+    )
+    max_tasks: int = doc("most FUSE requests served concurrently (trio tasks of the front)", 64)
     whole_file_max: ByteSize = doc("files up to this size are read whole at open", ByteSize(4 << 20))
     # As many as the staging window has stages in flight (prefetch.threads): a PFS's per-file open
     # latency bounds a window of small files, and each stage holds a thread for its read.

@@ -25,6 +25,7 @@ class RecordingKernel:
         self.pushed: list[int] = []
         self.invalidated: list[int] = []
         self.unknown: set[int] = set()
+        self.marked: set[int] = set()  # inodes whose opens a native front would answer (set_pages)
         self.hold = threading.Event()
         self.hold.set()
         self.entered = threading.Event()
@@ -46,6 +47,10 @@ class RecordingKernel:
     def invalidate_inode(self, inode: int) -> None:
         self.pages.pop(inode, None)
         self.invalidated.append(inode)
+        self.marked.discard(inode)
+
+    def set_pages(self, inode: int, pushed: bool) -> None:
+        (self.marked.add if pushed else self.marked.discard)(inode)
 
     def introduce(self, inode: int) -> bool:
         if self.lookups_work:

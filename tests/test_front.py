@@ -1,26 +1,31 @@
-"""The front seam (``fusefs.fuse.front``): the recording kernel the in-process tests use and the
-pyfuse3 front's kernel keep one contract (``kernel_contract.run_contract``), and the pyfuse3
-handlers turn the binding-free answers and errors into pyfuse3's."""
+"""The front seam (``fusefs.fuse.front``): the recording kernel the in-process tests use and both
+fronts' kernels (pyfuse3, native) keep one contract (``kernel_contract.run_contract``), and the
+pyfuse3 handlers turn the binding-free answers and errors into pyfuse3's."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyfuse3
 import pytest
 import trio
-from kernel_contract import KNOWN, STORED, UNKNOWN, run_contract
+from e2e import make_source
+from kernel_contract import KNOWN, OPENS_WHILE_BLOCKED, STORED, UNKNOWN, run_contract
+from mounting import mounted, status, wait_for
 from readpath_fakes import RecordingKernel
 
 from fusefs.errors import FsError
 from fusefs.fuse.front import Context
 from fusefs.fuse.pyfuse3_front import Pyfuse3Operations
+from tools.harness.mounts import FRONT_ENV
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,14 +43,35 @@ def test_the_recording_kernel_keeps_the_kernel_contract() -> None:
     assert [c[0] for c in log][:4] == ["notify_store", "read_pages", "invalidate_inode", "read_pages"]
 
 
+def _native_built() -> bool:
+    try:
+        import fusefs.fuse.native_front  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+FRONTS = [
+    "pyfuse3",
+    pytest.param(
+        "native", marks=pytest.mark.skipif(not _native_built(), reason="fusefs.fuse._native not built (libfuse3-dev)")
+    ),
+]
+
+
 @pytest.mark.mount
-def test_the_pyfuse3_front_keeps_the_same_contract_under_a_real_mount(mountpoint: Path) -> None:
+@pytest.mark.parametrize("front", FRONTS)
+def test_each_front_keeps_the_same_contract_under_a_real_mount(mountpoint: Path, front: str) -> None:
     """Under a real mount: the same calls with the same arguments have the same outcomes as on the
     recording kernel; stored pages serve a reader without a READ reaching the daemon, and after
-    invalidate_inode its READs do; invalidate_entry makes the next lookup reach the daemon."""
+    invalidate_inode its READs do; invalidate_entry makes the next lookup reach the daemon.  With
+    pages marked cached (set_pages) the native front answers the open itself and tells the daemon
+    (an open and a release event), pyfuse3 sends it to the daemon; invalidate_inode unmarks; pages
+    dropped while such a handle is open make its READs reach the daemon, which knows the handle;
+    with the trio thread held up, opens that find the native front's ring full are forwarded."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, str(HERE / "kernel_contract.py"), str(mountpoint)],
+        [sys.executable, str(HERE / "kernel_contract.py"), str(mountpoint), front],
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,6 +87,18 @@ def test_the_pyfuse3_front_keeps_the_same_contract_under_a_real_mount(mountpoint
     assert seen["reads_reaching_daemon_after_invalidate"] > 0
     assert seen["lookups_of_a_while_cached"] == 0
     assert seen["lookups_of_a_after_invalidate_entry"] == 1
+    assert seen["reader_while_marked"] == f"{len(STORED)} bytes sha256:" + _sha(STORED)
+    native = front == "native"
+    assert seen["opens_reaching_daemon_while_marked"] == (0 if native else 1)
+    assert seen["opens_reaching_daemon_after_invalidate"] == (1 if native else 2)
+    assert seen["read_after_drop_while_open"] == f"{len(STORED)} bytes sha256:" + _sha(b"d" * len(STORED))
+    assert seen["reads_after_drop_on_known_handles"] is True
+    assert seen["native_events"] == ([2, 2] if native else [0, 0])
+    if native:  # a full ring forwards the open (it waits for room): no open is answered unbooked
+        ring = seen["ring_overflow"]
+        assert ring["ring_full"] > 0 and ring["opens_forwarded"] > 0, ring
+        assert ring["open_events_booked"] == ring["native_opens"] > 0, ring
+        assert ring["native_opens"] + ring["opens_forwarded"] == OPENS_WHILE_BLOCKED, ring
 
 
 def _sha(data: bytes) -> str:
@@ -103,3 +141,58 @@ def test_the_pyfuse3_handlers_answer_fs_errors_with_fuse_errors_and_let_bugs_thr
 
     trio.run(body)
     assert ops.supports_dot_lookup and not ops.enable_writeback_cache and not ops.enable_acl
+
+
+def _expected_front() -> str:
+    """The front a plain mount serves through here: SEERFS_TEST_FRONT (tools/run-tests' second pass),
+    else the default, native where the extension was built."""
+    return os.environ.get(FRONT_ENV) or ("native" if _native_built() else "pyfuse3")
+
+
+@pytest.mark.mount
+def test_status_names_the_front_in_use_and_both_count_warm_opens_alike(tmp_path: Path) -> None:
+    """A real daemon: the bytes are the source's on both passes; status names the front; the second,
+    warm pass (pages kept after the first) is answered natively on the native front (one native open
+    and release per file, no open forwarded) and through the daemon on pyfuse3, and the daemon's own
+    bookkeeping (opens counted, page-cache opens) is the same on both."""
+    src = tmp_path / "src"
+    digests, _total = make_source(src, 40, 0, mean_size=20000)
+    rels = sorted(digests)
+    originals = {rel: (src / rel).read_bytes() for rel in rels}
+    with mounted(src, tmp_path / "mnt", cache_dir=tmp_path / "cache") as mnt:
+        first = {rel: (mnt / rel).read_bytes() for rel in rels}
+        before = status(mnt)
+        second = {rel: (mnt / rel).read_bytes() for rel in rels}
+        if _expected_front() == "native":  # the kernel sends RELEASE after close() returned
+            done = before["front"]["native_releases"] + len(rels)
+            wait_for(lambda: status(mnt)["front"]["native_releases"] >= done, what="the last releases")
+        after = status(mnt)
+    assert first == originals and second == originals
+    name = _expected_front()
+    assert after["front"]["name"] == name
+    assert after["reads"]["opens"] - before["reads"]["opens"] == len(rels)
+    page_cache = (
+        after["reads"]["by_source"]["page_cache"]["files"] - before["reads"]["by_source"]["page_cache"]["files"]
+    )
+    assert page_cache == len(rels), "the warm pass was not served from kept pages"
+    native = after["front"]["native_opens"] - before["front"]["native_opens"]
+    released = after["front"]["native_releases"] - before["front"]["native_releases"]
+    assert (native, released) == ((len(rels), len(rels)) if name == "native" else (0, 0))
+
+
+def test_a_native_front_that_does_not_load_falls_back_to_pyfuse3_with_one_info_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """fuse.front: native without the extension (not built, or libfuse3 missing at load): pyfuse3
+    serves, and the log says why in one INFO line."""
+    from fusefs.daemon.assembly import make_front
+    from fusefs.fuse.pyfuse3_front import Pyfuse3Front
+
+    monkeypatch.setitem(sys.modules, "fusefs.fuse.native_front", None)  # its import raises ImportError
+    tree = SimpleNamespace(path=lambda entry: b"x", __len__=lambda: 1)
+    with caplog.at_level(logging.INFO, logger="fusefs.daemon.assembly"):
+        front = make_front("native", SimpleNamespace(tree=tree))  # type: ignore[arg-type]
+    assert isinstance(front, Pyfuse3Front)
+    lines = [r for r in caplog.records if "native FUSE front not available" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    assert isinstance(make_front("pyfuse3", SimpleNamespace(tree=tree)), Pyfuse3Front)  # type: ignore[arg-type]

@@ -470,19 +470,19 @@ def test_the_layering_check_catches_an_upward_import_and_a_cycle(tmp_path: Path)
     assert any("fusefs.meta.snapshot" in c and "fusefs.readpath.fetcher" in c for c in cycles(mods))
 
 
-BINDING = "pyfuse3"
-FRONTS = {"fusefs.fuse.pyfuse3_front"}
-"""The only modules of the daemon that may import the FUSE binding: everything else names the
-binding-free seam (``fusefs.fuse.front``), so a second front can plug in (ARCHITECTURE.md)."""
+BINDINGS = {"pyfuse3": "fusefs.fuse.pyfuse3_front", "fusefs.fuse._native": "fusefs.fuse.native_front"}
+"""Each FUSE binding and the only module of the daemon that may import it: everything else names the
+binding-free seam (``fusefs.fuse.front``), so fronts plug in side by side (ARCHITECTURE.md)."""
 
 
-def binding_imports(mod: Module, known: set[str]) -> list[str]:
-    """Where ``mod`` imports the binding: import statements (function-level too) and
-    ``importlib.import_module``/``__import__`` of a constant name."""
+def binding_imports(mod: Module, known: set[str], binding: str = "pyfuse3") -> list[str]:
+    """Where ``mod`` imports ``binding``: import statements (function-level too, ``from fusefs.fuse
+    import _native`` as well) and ``importlib.import_module``/``__import__`` of a constant name."""
+    known = known | {binding}  # a C extension is no .py module: resolve ``from pkg import ext`` to it
     bad = [
         f"{mod.path.relative_to(REPO)}:{line}: {mod.name} imports {target}"
         for target, line in imported_names(mod, known)
-        if target == BINDING or target.startswith(BINDING + ".")
+        if target == binding or target.startswith(binding + ".")
     ]
     for node in ast.walk(mod.tree):
         if isinstance(node, ast.Call) and (_dotted(node.func) or "").rpartition(".")[2] in (
@@ -490,37 +490,45 @@ def binding_imports(mod: Module, known: set[str]) -> list[str]:
             "__import__",
         ):
             arg = node.args[0] if node.args else None
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.partition(".")[0] == BINDING:
-                bad.append(f"{mod.path.relative_to(REPO)}:{node.lineno}: {mod.name} imports {arg.value}")
+            name = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else ""
+            if name == binding or name.startswith(binding + "."):
+                bad.append(f"{mod.path.relative_to(REPO)}:{node.lineno}: {mod.name} imports {name}")
     return bad
 
 
-def test_only_the_pyfuse3_front_imports_pyfuse3() -> None:
+@pytest.mark.parametrize("binding", sorted(BINDINGS))
+def test_only_its_front_imports_each_binding(binding: str) -> None:
     mods = load_modules(("fusefs",))
-    assert set(mods) >= FRONTS, f"no module {FRONTS - set(mods)}"
-    assert binding_imports(mods["fusefs.fuse.pyfuse3_front"], set(mods)), "the front no longer imports pyfuse3?"
-    bad = [v for name, m in mods.items() if name not in FRONTS for v in binding_imports(m, set(mods))]
-    assert not bad, "pyfuse3 imported outside its front (use fusefs.fuse.front):\n" + "\n".join(bad)
+    front = BINDINGS[binding]
+    assert front in mods, f"no module {front}"
+    assert binding_imports(mods[front], set(mods), binding), f"the front no longer imports {binding}?"
+    bad = [v for name, m in mods.items() if name != front for v in binding_imports(m, set(mods), binding)]
+    assert not bad, f"{binding} imported outside its front (use fusefs.fuse.front):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("binding", "line"),
     [
-        "import pyfuse3",
-        "from pyfuse3 import FUSEError",
-        "import pyfuse3.asyncio",
-        "def f():\n    import pyfuse3",
-        "importlib.import_module('pyfuse3')",
-        "__import__('pyfuse3')",
+        ("pyfuse3", "import pyfuse3"),
+        ("pyfuse3", "from pyfuse3 import FUSEError"),
+        ("pyfuse3", "import pyfuse3.asyncio"),
+        ("pyfuse3", "def f():\n    import pyfuse3"),
+        ("pyfuse3", "importlib.import_module('pyfuse3')"),
+        ("pyfuse3", "__import__('pyfuse3')"),
+        ("fusefs.fuse._native", "from fusefs.fuse import _native"),
+        ("fusefs.fuse._native", "import fusefs.fuse._native"),
+        ("fusefs.fuse._native", "from fusefs.fuse._native import drain"),
+        ("fusefs.fuse._native", "from . import _native"),
+        ("fusefs.fuse._native", "importlib.import_module('fusefs.fuse._native')"),
     ],
 )
-def test_the_binding_check_catches_a_planted_import(line: str) -> None:
+def test_the_binding_check_catches_a_planted_import(binding: str, line: str) -> None:
     """The check above can fail: each line, planted in the handlers, is reported there."""
     mods = load_modules(("fusefs",))
     ops = mods["fusefs.fuse.operations"]
-    assert not binding_imports(ops, set(mods))
+    assert not binding_imports(ops, set(mods), binding)
     planted = Module(ops.name, ops.path, ast.Module([*ops.tree.body, *ast.parse(line).body], []))
-    assert [v for v in binding_imports(planted, set(mods)) if "fusefs.fuse.operations" in v]
+    assert [v for v in binding_imports(planted, set(mods), binding) if "fusefs.fuse.operations" in v]
 
 
 # ---------------------------------------------------------------------------- explicit wiring

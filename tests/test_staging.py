@@ -159,3 +159,44 @@ def test_a_push_the_kernel_refuses_is_served_from_ram(tmp_path: Path, source: tu
     entry, data = seen[0]
     assert data == m.bytes_of(entry) and m.kernel.pages == {}
     assert m.rp.staging.push_failures >= 1 and m.rp.counters.sources["memory"].files == 1
+
+
+def test_pushed_pages_are_marked_for_the_front_and_a_native_open_keeps_the_same_books(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """A successful push marks the inode (Kernel.set_pages: a native front may answer its opens
+    itself); an open the front answered is booked as a Python open of a pushed file is (opens,
+    page-cache source, the policy's take), a READ on its handle after the pages went is served the
+    file's bytes, its release keeps the pages marked, and queuing their drop unmarks them first."""
+    m = assemble(source[0], source[1], tmp_path)
+    books: list[tuple[int, int]] = []
+    out: list[bytes] = []
+
+    def booked() -> tuple[int, int]:
+        c = m.rp.counters
+        return c.opens, c.sources["page_cache"].files
+
+    async def body() -> None:
+        policy = m.rp.policy
+        m.rp.prefetcher.on_plan(m.plan())
+        await until(lambda: sum(p.state == "pushed" for p in policy.pages.values()) >= 2)
+        a, b = [e for e, p in policy.pages.items() if p.state == "pushed"][:2]
+        assert {inode_of(a), inode_of(b)} <= m.kernel.marked
+        books.append(booked())
+        await m.read_inode(inode_of(a))  # through the daemon, as pyfuse3 serves it
+        books.append(booked())
+        fh = (1 << 62) + 7  # a native handle
+        m.ops.opened_natively(inode_of(b), fh, CTX.pid)
+        books.append(booked())
+        assert policy.pages[b].taken
+        out.append(bytes(await m.ops.read(fh, 0, 1 << 20)))  # the pages were dropped: fetched again
+        m.ops.released_natively(fh)
+        assert fh not in m.ops.handles and b in policy.kept and inode_of(b) in m.kernel.marked
+        m.rp.staging.drop_pages(b)
+        assert inode_of(b) not in m.kernel.marked
+        out.append(m.bytes_of(b))
+
+    serve(m, body)
+    (o0, p0), (o1, p1), (o2, p2) = books
+    assert (o1 - o0, p1 - p0) == (1, 1) == (o2 - o1, p2 - p1)
+    assert out[0] == out[1]

@@ -69,6 +69,20 @@ def test_wheel_and_sdist_carry_every_package_and_data_file(installed_seerfs: Ins
     ]
     assert not [f for f in tracked if f not in sdist], "missing from the sdist"
     assert {"pyproject.toml", "README.md", "MANIFEST.in"} <= sdist
+    # The native front: its C source and build script in the sdist, the built extension and its
+    # stub in the wheel (built from the sdist, where libfuse3-dev is installed, as tools/setup does).
+    assert {"setup.py", "fusefs/fuse/_native.c", "fusefs/fuse/_native.pyi"} <= sdist
+    assert "fusefs/fuse/_native.pyi" in wheel
+    if _libfuse3_dev():
+        assert [n for n in wheel if n.startswith("fusefs/fuse/_native.") and n.endswith(".so")], "no extension"
+
+
+def _libfuse3_dev() -> bool:
+    """Whether libfuse3's headers are here (pkg-config finds fuse3): the native front then builds."""
+    try:
+        return subprocess.run(["pkg-config", "--exists", "fuse3"], check=False).returncode == 0
+    except OSError:
+        return False
 
 
 def _regular_files(root: Path) -> list[bytes]:
@@ -128,6 +142,7 @@ def test_installed_wheel_mounts_plans_and_unmounts_outside_the_checkout(installe
         res = inst.run("wait", "--plan", "--timeout", "60", str(mp))
         assert res.returncode == 0, res.stderr
         doc = json.loads(inst.run("status", "--json", str(mp)).stdout)
+        assert doc["front"]["name"] == ("native" if _libfuse3_dev() else "pyfuse3")  # built from the sdist, loaded
         assert doc["plan"]["state"] == "ready" and doc["progress"]["plan"]["done"] > 0, doc["plan"]
         res = inst.run("plan", str(src), "-o", f"cache_dir={cache}", "--json")
         assert res.returncode == 0, res.stderr

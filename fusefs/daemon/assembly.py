@@ -75,6 +75,19 @@ log = logging.getLogger(__name__)
 GIL_SWITCH_INTERVAL = 0.001
 
 
+def make_front(name: str, snapshot: Snapshot) -> Front[SeerOperations]:
+    """The front ``fuse.front`` names; native falls back to pyfuse3 (one INFO line) where the
+    extension was not built or does not load."""
+    if name == "native":
+        try:
+            from fusefs.fuse.native_front import NativeFront
+        except ImportError as exc:
+            log.info("native FUSE front not available (%s): serving through pyfuse3", exc)
+        else:
+            return NativeFront(snapshot.tree.path, inodes=len(snapshot.tree) + 1)
+    return Pyfuse3Front(snapshot.tree.path)
+
+
 def _escape_opt(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,")
 
@@ -322,8 +335,8 @@ class Daemon:
         """The read path and the planner for this mount."""
         cfg = self.cfg
         # The FUSE binding, which also makes staging's kernel calls; typed as the seam, so mypy holds
-        # the pyfuse3 front to it.
-        self.front: Front[SeerOperations] = Pyfuse3Front(self.snapshot.tree.path)
+        # both fronts to it.
+        self.front: Front[SeerOperations] = make_front(cfg.fuse.front, self.snapshot)
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"
@@ -500,6 +513,7 @@ class Daemon:
             "progress": {"walk": self.walk.doc(), "plan": self.plans.progress.doc()},
             "metrics": self.metrics.status(),
             "requests": self.ops.requests.status(),
+            "front": self.front.status(),
             "policy_log": self.readpath.policy.log_status(),
         }
 

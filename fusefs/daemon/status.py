@@ -18,6 +18,7 @@ from fusefs.cluster.formation import GroupStatus
 from fusefs.cluster.peergroup import PeeredGroupStatus
 from fusefs.daemon.memfit import MemoryCgroupStatus
 from fusefs.daemon.metrics import MetricsStatus
+from fusefs.fuse.front import FrontStatus
 from fusefs.fuse.inflight import RequestsStatus
 from fusefs.meta.snapshot import Snapshot, SnapshotCounts
 from fusefs.planning.discovery import DiscoveryStatus
@@ -126,6 +127,7 @@ class StatusSections(TypedDict):
     requests: Annotated[
         RequestsStatus, text("readers' requests the daemon is serving now (seerfs umount names their processes)")
     ]
+    front: Annotated[FrontStatus, text("the FUSE binding serving the mount (the fuse.front key of seerfs.yaml(5))")]
     policy_log: Annotated[
         PolicyLogStatus,
         text(

@@ -4,9 +4,9 @@
 context, entry attributes, the answer to an open, the readdir reply, and errors as
 :class:`~fusefs.errors.FsError` (an ``OSError`` carrying the errno).  A front turns kernel requests
 into calls of those handlers and carries out the calls staging makes into the kernel
-(:class:`Front`).  Today there is one, :mod:`fusefs.fuse.pyfuse3_front`, the only module of the
-daemon that imports pyfuse3 (``tests/test_layering.py`` checks it); a native front plugs in by
-implementing :class:`Front` and calling the same handlers.
+(:class:`Front`).  There are two: :mod:`fusefs.fuse.pyfuse3_front`, the only module of the daemon
+that imports pyfuse3, and :mod:`fusefs.fuse.native_front`, the only one that imports the C extension
+``fusefs.fuse._native`` (``tests/test_layering.py`` checks both); both call the same handlers.
 
 PlainAttributes and an open's answer are built by the front's own record types (``Front.new_attrs``,
 ``Front.new_file_info``), so a front whose binding needs its own objects (pyfuse3 type-checks what a
@@ -17,11 +17,34 @@ handler returns) copies nothing per request; the plain :class:`PlainAttributes` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Annotated, Literal, NamedTuple, Protocol, TypedDict, TypeVar
 
 from fusefs.errors import FsError
 from fusefs.meta.ids import ROOT_INODE
 from fusefs.readpath.staging import Kernel
+from placement.statusfields import counter, info
+
+
+class FrontStatus(TypedDict):
+    """Status section ``front``: the FUSE binding serving the mount and what it answered itself."""
+
+    name: Annotated[Literal["native", "pyfuse3"], info("the front in use (the fuse.front key of seerfs.yaml(5))")]
+    native_opens: Annotated[
+        int, counter("opens of files whose pages were cached, answered without Python (native front only)")
+    ]
+    native_releases: Annotated[int, counter("releases of those opens, answered without Python")]
+    native_ioctls: Annotated[int, counter("ioctls answered ENOTTY without Python (isatty of every open file)")]
+    forwarded: Annotated[int, counter("requests forwarded to the daemon's handlers (native front only)")]
+    batches: Annotated[
+        int,
+        counter(
+            "times the daemon drained the native front's ring and found records (forwarded requests and open or "
+            "release events): records per batch = (forwarded + native_opens + native_releases) / batches"
+        ),
+    ]
+    ring_full: Annotated[
+        int, counter("opens or releases forwarded instead of answered natively because the event ring was full")
+    ]
 
 
 class RequestContext(Protocol):
@@ -168,6 +191,10 @@ class Front(Kernel, Protocol[OpsT]):
         """Make the kernel forget the name ``name`` in directory ``parent`` (its next lookup reaches us)."""
         ...
 
+    def status(self) -> FrontStatus:
+        """Status section ``front`` (from the trio thread)."""
+        ...
+
 
 __all__ = [
     "ROOT_INODE",
@@ -175,6 +202,7 @@ __all__ = [
     "EntryAttributes",
     "FileInfo",
     "Front",
+    "FrontStatus",
     "FsError",
     "NewFileInfo",
     "PlainAttributes",

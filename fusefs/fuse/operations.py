@@ -216,6 +216,19 @@ class SeerOperations:
         # are served without reaching us); direct_io only when the memory budget cannot hold it.
         return self.file_info(fh, opened.direct, not opened.direct)
 
+    def opened_natively(self, inode: int, fh: int, pid: int) -> None:
+        """The front answered an OPEN of ``inode`` itself with handle ``fh`` (pages known cached):
+        register the handle as an open of a pushed file, before any request on it is served."""
+        entry = entry_of(inode)
+        if 0 <= entry < len(self.tree):
+            self.handles[fh] = self.open_files.opened_natively(entry, pid)
+
+    def released_natively(self, fh: int) -> None:
+        """The front answered the RELEASE of its own handle ``fh``."""
+        handle = self.handles.pop(fh, None)
+        if isinstance(handle, OpenFile):
+            self.open_files.release(handle)
+
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles.get(fh)
         if handle is None:

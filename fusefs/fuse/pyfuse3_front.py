@@ -25,7 +25,7 @@ from typing import Any, cast
 import pyfuse3
 
 from fusefs.errors import FsError
-from fusefs.fuse.front import EntryAttributes, NewFileInfo
+from fusefs.fuse.front import EntryAttributes, FrontStatus, NewFileInfo
 from fusefs.fuse.operations import SeerOperations
 from fusefs.readpath.staging import ThroughMount
 
@@ -195,6 +195,17 @@ class Pyfuse3Front(ThroughMount):
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         pyfuse3.invalidate_entry(pyfuse3.InodeT(parent), pyfuse3.FileNameT(name))
+
+    def status(self) -> FrontStatus:
+        return {
+            "name": "pyfuse3",
+            "native_opens": 0,
+            "native_releases": 0,
+            "native_ioctls": 0,
+            "forwarded": 0,
+            "batches": 0,
+            "ring_full": 0,
+        }
 
 
 __all__ = ["Pyfuse3Front", "Pyfuse3Operations"]

@@ -100,6 +100,22 @@ class OpenFiles:
             handle.direct = True
         return handle
 
+    def opened_natively(self, entry: int, pid: int) -> OpenFile:
+        """An open the front answered itself from pages it was told are cached (``Kernel.set_pages``):
+        the same bookkeeping as :meth:`open`'s pushed branch (counters, prefetcher, cursor), after
+        the fact.  It cannot fail any more: a file seen changed meanwhile has its pages dropped, and
+        reads of pages gone are fetched (checked) like any pushed file's (:meth:`read`)."""
+        size = int(self.tree.size[entry])
+        if self.prefetcher.staging.reads_back(pid):
+            return OpenFile(entry, size, pushed=True, read_back=True)
+        self.counters.opens += 1
+        staged = self.prefetcher.opened(entry)
+        self.counters.stalled(0.0)
+        self.counters.sources["page_cache"].add(size, 0.0)
+        if isinstance(staged, UseHeld):  # staged in RAM since: reads of pages not cached use it
+            return OpenFile(entry, size, data=memoryview(staged.data), pushed=True)
+        return OpenFile(entry, size, pushed=True)
+
     async def _locate(
         self, entry: int, size: int, staged: UsePages | UseHeld | None
     ) -> tuple[OpenFile, Source | Literal["fetched"]]:
@@ -169,3 +185,5 @@ class OpenFiles:
             handle.source.close()
         handle.data = None
         self.prefetcher.consumed(handle.entry)
+        if not handle.direct:
+            self.prefetcher.staging.pages_kept(handle.entry)

@@ -92,6 +92,9 @@ class Kernel(Protocol):
     def invalidate_inode(self, inode: int) -> None: ...
     def read_pages(self, inode: int, size: int) -> bytes | None: ...
     def introduce(self, inode: int) -> bool: ...
+    def set_pages(self, inode: int, pushed: bool) -> None:
+        """Whether ``inode``'s pages are known cached, so a front may answer its opens without the
+        daemon (:mod:`fusefs.fuse.native_front`); from the trio thread, never blocks."""
 
 
 class ThroughMount:
@@ -104,6 +107,9 @@ class ThroughMount:
         self.mountpoint: bytes | None = None  # set once mounted (with device): no reads back before
         self.device: int | None = None  # st_dev of this mount: what every read back must be on
         self.readers: set[int] = set()
+
+    def set_pages(self, inode: int, pushed: bool) -> None:
+        """A front that answers every open through the daemon ignores the pages table."""
 
     def mounted(self, device: int, mountpoint: bytes) -> None:
         """The mount is up on ``mountpoint`` (its st_dev ``device``): pages can be read back from now on."""
@@ -200,6 +206,7 @@ class Staging:
                 log.warning("notify_store of entry %d failed: %s", entry, exc)
             return False
         self.pushes += 1
+        self.kernel.set_pages(inode_of(entry), True)
         return True
 
     def reads_back(self, pid: int) -> bool:
@@ -231,7 +238,9 @@ class Staging:
             self.kernel.notify_store(inode, 0, data)
 
     def drop_pages(self, entry: int) -> None:
-        """Queue the invalidation of ``entry``'s pages (carried out in batches by :meth:`run`)."""
+        """Queue the invalidation of ``entry``'s pages (carried out in batches by :meth:`run`); its
+        opens reach the daemon again from now on, before the pages go."""
+        self.kernel.set_pages(inode_of(entry), False)
         try:
             self._drop_send.send_nowait(inode_of(entry))
             self.drops_queued += 1
@@ -266,7 +275,9 @@ class Staging:
         Reported to the executor as :class:`SourceChanged`: the policy drops its record of the file
         (staged, open, kept) and always asks for the invalidation, which comes back here through
         :meth:`drop_pages`: pages a reader pulled with direct_io off may be cached unrecorded, and an
-        inode the kernel does not know costs nothing."""
+        inode the kernel does not know costs nothing.  Its opens reach the daemon again at once
+        (the front's pages table, ``Kernel.set_pages``), which fails them with EIO."""
+        self.kernel.set_pages(inode_of(entry), False)
         self.report(SourceChanged(entry))
 
     def serves(self, entry: int) -> bool:
@@ -275,6 +286,12 @@ class Staging:
         stage in flight or an open file, whatever that fetch or open checked), not a tier copy."""
         policy = self.policy
         return entry in policy.kept or entry in policy.pages
+
+    def pages_kept(self, entry: int) -> None:
+        """A reader released ``entry`` (opened without direct_io): when the policy keeps its pages,
+        later opens may be answered by the front itself."""
+        if self.policy.in_page_cache(entry):
+            self.kernel.set_pages(inode_of(entry), True)
 
     def cached_entries(self) -> list[int]:
         """Entries whose bytes this node holds here (staged, or pages in the page cache)."""

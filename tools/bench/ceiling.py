@@ -4,7 +4,9 @@ A dataset of small files (default 10,000 of ~125 KB, lognormal) is made on a tmp
 really is memory.  The same reader then reads every file through each configuration:
 
   direct     the tmpfs itself (the ceiling; every ratio is to its warm rate)
-  seerfs     seerfs mounted over the tmpfs (no seed written; see below)
+  seerfs     seerfs mounted over the tmpfs (no seed written; see below), through its default front
+             (fuse.front: native where the extension was built: opens of cached files answered in C)
+  seerfs-py  the same seerfs mount through the pyfuse3 front (fuse.front: pyfuse3), side by side
   pyfuse3    the least a pyfuse3 filesystem can do (tools/bench/floorfs.py: open replies
              keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
              floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
@@ -39,7 +41,10 @@ plus the pages readers leave in the page cache, which the budget also counts), s
 and warm passes are served from the kernel page cache (keep_cache): they measure the cost of the
 FUSE round trips the daemon still answers per file: OPEN, RELEASE and, with the loader reader, the
 IOCTL that Python's open() sends when it asks isatty() (answered ENOSYS by libfuse, never cached).
-The table's notes count where seerfs served each warm open from.
+The table's notes count where seerfs served each warm open from, and for the native front how
+many requests per warm open it answered in C and how many reached Python.  "us/open" is the
+daemon's CPU (all threads, utime + stime from /proc) per warm open, in microseconds: with
+--passes 8 over 4,000 files that is 32,000 opens.
 
 --seerfs-o passes config overrides to the seerfs mount (e.g. fuse.max_tasks=8); --profile records
 the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
@@ -79,10 +84,11 @@ from tools.harness.jobs import Job, seerfs_config
 from tools.harness.mounts import force_unmount, seerfs, status, wait_for
 from tools.mkdataset import Spec, make_dataset, parse_size
 
-CONFIGS = ("direct", "seerfs", "pyfuse3", "mergerfs", "rclone")
+CONFIGS = ("direct", "seerfs", "seerfs-py", "pyfuse3", "mergerfs", "rclone")
 LABELS = {
     "direct": "direct tmpfs",
     "seerfs": "seerfs",
+    "seerfs-py": "seerfs pyfuse3",
     "pyfuse3": "pyfuse3 floor",
     "mergerfs": "mergerfs",
     "rclone": "rclone",
@@ -130,6 +136,11 @@ class PassResult:
         return self.busy_cores - self.reader_cores - (self.fs_cores or 0.0)
 
     @property
+    def fs_us_per_open(self) -> float | None:
+        """The daemon's CPU per file opened, in microseconds."""
+        return None if self.fs_cpu_s is None else self.fs_cpu_s / max(self.files, 1) * 1e6
+
+    @property
     def fs_top_thread_cores(self) -> float | None:
         return None if self.fs_top_thread_s is None else self.fs_top_thread_s / max(self.seconds, 1e-9)
 
@@ -141,6 +152,7 @@ class PassResult:
             "reader_cores": self.reader_cores,
             "fs_cores": self.fs_cores,
             "fs_top_thread_cores": self.fs_top_thread_cores,
+            "fs_us_per_open": self.fs_us_per_open,
             "others_cores": self.others_cores,
         }
 
@@ -334,8 +346,9 @@ def direct(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted
 
 
 @contextlib.contextmanager
-def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted]:
-    d = work / "seerfs"
+def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace, front: str | None = None) -> Iterator[Mounted]:
+    """seerfs over the tmpfs, through ``front`` (None: the default, native where it was built)."""
+    d = work / ("seerfs" if front is None else f"seerfs-{front}")
     d.mkdir()
     lookahead = 64 << 20
     job = Job(world_size=1, epochs=1 + a.passes, batch_size=32, num_workers=0, val=False)
@@ -350,6 +363,8 @@ def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator
     mnt = d / "mnt"
     mnt.mkdir()
     extra = ["-o", a.seerfs_o] if a.seerfs_o else []
+    if front is not None:
+        extra += ["-o", f"fuse.front={front}"]
     res = seerfs("mount", str(data.root.parent), str(mnt), "-c", str(cfg), *extra)
     if res.returncode != 0:
         raise BenchError(f"seerfs mount failed ({res.returncode}): {res.stderr.strip()}")
@@ -400,9 +415,14 @@ def rclone_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator
         floorfs.stop(proc)
 
 
+def seerfs_py_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> contextlib.AbstractContextManager[Mounted]:
+    return seerfs_mounted(data, work, a, front="pyfuse3")
+
+
 MOUNTS = {
     "direct": direct,
     "seerfs": seerfs_mounted,
+    "seerfs-py": seerfs_py_mounted,
     "pyfuse3": floor_mounted,
     "mergerfs": mergerfs_mounted,
     "rclone": rclone_mounted,
@@ -453,9 +473,16 @@ def profiled(pid: int | None, out: Path | None, name: str) -> Iterator[None]:
 
 
 def seerfs_sources(mnt: Path) -> dict[str, int]:
-    """Opens served per source, and (as "READ requests") the reads that reached the daemon."""
-    reads = status(mnt)["reads"]
-    return {**{k: int(v["files"]) for k, v in reads["by_source"].items()}, "READ requests": int(reads["reads"])}
+    """Opens served per source, (as "READ requests") the reads that reached the daemon, and the
+    front's counts of what it answered in C and forwarded to Python."""
+    doc = status(mnt)
+    reads, front = doc["reads"], doc["front"]
+    counts = {f"front {k}": int(v) for k, v in front.items() if k != "name"}
+    return {
+        **{k: int(v["files"]) for k, v in reads["by_source"].items()},
+        "READ requests": int(reads["reads"]),
+        **counts,
+    }
 
 
 def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> ConfigResult:
@@ -464,7 +491,7 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
         cold = read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader)
         before = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
         warm: list[PassResult] = []
-        python_daemon = m.daemon if config in ("seerfs", "pyfuse3") else None
+        python_daemon = m.daemon if config in ("seerfs", "seerfs-py", "pyfuse3") else None
         with profiled(python_daemon, Path(a.profile) if a.profile else None, config):
             while len(warm) < a.passes or sum(p.seconds for p in warm) < a.seconds:
                 warm.append(read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader))
@@ -473,10 +500,17 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
             after = seerfs_sources(m.seerfs_mnt)
             opened = len(warm) * len(data.rel)
             reads = after.pop("READ requests") - before.pop("READ requests")
+            front = {k[6:]: after.pop(k) - before.pop(k, 0) for k in list(after) if k.startswith("front ")}
             by = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
             doc = status(m.seerfs_mnt)
             st = doc["prefetch"]["staging"]
+            native = front["native_opens"] + front["native_releases"] + front["native_ioctls"]
+            records = front["forwarded"] + front["native_opens"] + front["native_releases"]
+            # Each status read in between forwards a few requests itself (lookup, open, read, release).
             result.notes += [
+                f"front {doc['front']['name']}: per warm open {native / opened:.2f} requests answered in C, "
+                f"{front['forwarded'] / opened:.2f} forwarded to Python, "
+                f"{records / max(front['batches'], 1):.1f} ring records per batch drained",
                 f"mode {doc['prefetch']['mode']}",
                 "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
                 f"warm READ requests {reads}",
@@ -561,10 +595,13 @@ def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespac
     def cores(v: float | None) -> str:
         return f"{v:5.2f}" if v is not None else "    -"
 
+    def us(v: float | None) -> str:
+        return f"{v:.1f}" if v is not None else "-"
+
     print(
         f"{'configuration':<13}  {'cold files/s':>12}  {'MB/s':>6}  {'ratio':>6}  {'warm files/s':>12}  "
         f"{'MB/s':>6}  {'ratio':>6}  {'warm range':>13}  {'n':>2}  {'rdr CPU':>7}  {'fs CPU':>6}  {'top thr':>7}  "
-        f"{'busy':>5}  {'RA KB':>5}"
+        f"{'busy':>5}  {'us/open':>7}  {'RA KB':>5}"
     )
     for r in results:
         m, t = r.median, r.warm_total
@@ -575,9 +612,12 @@ def print_table(data: Dataset, results: list[ConfigResult], a: argparse.Namespac
             f"{LABELS[r.config]:<13}  {r.cold.files_per_s:12.0f}  {r.cold.mb_per_s:6.0f}  {cold_x}  "
             f"{m.files_per_s:12.0f}  {m.mb_per_s:6.0f}  {warm_x}  "
             f"{lo:6.0f}-{hi:<6.0f}  {len(r.warm):2d}  {cores(t.reader_cores):>7}  {cores(t.fs_cores):>6}  "
-            f"{cores(t.fs_top_thread_cores):>7}  {t.busy_cores:5.2f}  {ra:>5}"
+            f"{cores(t.fs_top_thread_cores):>7}  {t.busy_cores:5.2f}  {us(t.fs_us_per_open):>7}  {ra:>5}"
         )
-    print("\nratios are to direct tmpfs's median warm pass; CPU columns (cores) are over all warm passes; cold CPU:")
+    print(
+        "\nratios are to direct tmpfs's median warm pass; CPU columns (cores) and us/open (the daemon's CPU per"
+        " warm open, microseconds) are over all warm passes; cold CPU:"
+    )
     for r in results:
         print(
             f"  {LABELS[r.config]:<13} cold: rdr {r.cold.reader_cores:.2f}, fs {cores(r.cold.fs_cores).strip()} "

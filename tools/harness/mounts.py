@@ -16,7 +16,15 @@ from fusefs.waiting import WaitTimeout, wait_until
 SEERFS = [sys.executable, "-m", "fusefs"]
 
 
+FRONT_ENV = "SEERFS_TEST_FRONT"
+"""Set (native or pyfuse3): every ``seerfs mount`` run here serves through that front (``fuse.front``),
+unless its own ``-o`` names one; tools/run-tests runs a mount subset on the non-default front so."""
+
+
 def seerfs(*args: str, check: bool = False, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+    front = os.environ.get(FRONT_ENV)
+    if front and args and args[0] == "mount":
+        args = ("mount", "-o", f"fuse.front={front}", *args[1:])
     res = subprocess.run([*SEERFS, *args], capture_output=True, text=True, timeout=timeout, **kw)
     if check and res.returncode != 0:
         raise AssertionError(f"seerfs {' '.join(args)} failed ({res.returncode}): {res.stderr}")
