@@ -215,8 +215,12 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         asleep = threading.Event()
 
         def hold_up() -> None:  # runs on the trio thread: nothing is drained meanwhile
+            # Held until an open has found the ring full (not for a fixed time: on a loaded machine
+            # the reader may not even start its opens within any fixed span); 30 s at most.
             asleep.set()
-            time.sleep(1.5)
+            deadline = time.monotonic() + 30
+            while front.status()["ring_full"] == stats0["ring_full"] and time.monotonic() < deadline:
+                time.sleep(0.01)
 
         block = functools.partial(trio.from_thread.run_sync, hold_up, trio_token=token[0])
         blocker = threading.Thread(target=block, daemon=True)

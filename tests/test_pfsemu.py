@@ -447,6 +447,8 @@ def test_fixture_serves_files_added_to_its_backing_and_counts_them(emulated_pfs:
     emulated_pfs.reset()
     assert (emulated_pfs.mountpoint / "a").read_bytes() == b"x" * 10
     stats = emulated_pfs.counters()
-    assert (stats.opens, stats.bytes, stats.files["a"]) == (1, 10, pfsemu.Counts(1, 2, 10))
+    a = stats.files["a"]
+    assert (stats.opens, stats.bytes, a.opens, a.reads, a.bytes) == (1, 10, 1, 2, 10)
+    assert a.first_open is not None  # when it was first opened (the served-ahead measure uses it)
     assert stats.pids[os.getpid()][1].bytes == 10
     assert stats.describe_config() == pfsemu.EmulatorConfig().describe()
