@@ -83,18 +83,24 @@ class TreeArrays:
     def path(self, i: int) -> bytes:
         """Relative path of entry ``i`` (``b""`` for the root)."""
         parts: list[bytes] = []
+        blob, offs, lens, parent = self.blob, self.name_off, self.name_len, self.parent
         while i != 0:
-            parts.append(self.name(i))
-            i = int(self.parent[i])
+            off = offs.item(i)
+            parts.append(blob[off : off + lens.item(i)])
+            i = parent.item(i)
         return b"/".join(reversed(parts))
 
     def find_child(self, d: int, name: bytes) -> int:
         """Index of ``name`` inside directory ``d``, or -1 (binary search over the sorted range)."""
         lo = int(self.child_start[d])
         hi = lo + int(self.child_count[d])
+        # name(mid) inlined: a LOOKUP of a cold file probes ~12 names, and the call, the blob
+        # property and numpy scalars were most of its cost (16 -> 6 us in 3,000 children).
+        blob, offs, lens = self.blob, self.name_off, self.name_len
         while lo < hi:
             mid = (lo + hi) // 2
-            cur = self.name(mid)
+            off = offs.item(mid)
+            cur = blob[off : off + lens.item(mid)]
             if cur < name:
                 lo = mid + 1
             elif cur > name:

@@ -63,3 +63,21 @@ def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str]) ->
     assert bench_ceiling.main(["--configs", "direct,nfs"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown nfs" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_cold_runs_report_daemon_cpu_per_cold_open(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--cold-runs: each run is a fresh mount whose every open seerfs fetched from the source (its
+    status, not this benchmark, counts them), the daemons' CPU comes from /proc, and nothing stays mounted."""
+    argv = ["--files", "120", "--mean-size", "20KB", "--cold-runs", "2", "--cold-only", "--json"]
+    assert bench_ceiling.main([*argv, "--workdir", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["results"] == []  # --cold-only: no passes but the cold ones
+    runs = doc["cold_opens"]["runs"]
+    assert [r["config"] for r in runs] == ["seerfs", "pyfuse3"] * 2
+    for r in runs:
+        assert r["pass"]["files"] == 120 and r["pass"]["bytes"] == doc["dataset"]["bytes"]
+        assert r["pass"]["fs_cpu_s"] is not None and r["us_per_open"] > 0
+        assert r["fetched"] == (120 if r["config"] == "seerfs" else None)
+    assert set(doc["cold_opens"]["median_us"]) == {"seerfs", "pyfuse3"}
+    assert fuse_mounts(tmp_path) == []

@@ -67,6 +67,32 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     assert fuse_mounts(tmp_path) == []
 
 
+def test_decode_mode_runs_direct_and_seerfs_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--decode at a tiny size (not timed): real JPEGs decoded in the workers, a CNN trained per batch.  Its three
+    configurations ran in order; the emulator's counters say direct read the dataset each epoch and seerfs about
+    once; seerfs's opens add up to the job's; the daemons' CPU seconds came from /proc and direct has none; the
+    report holds seerfs's wall as ratios to direct's; and a lower bound, which cannot decode, is refused."""
+    argv = ["--files", "24", "--val-files", "4", "--epochs", "2", "--mean-size", "20000", "--batch", "4"]
+    assert bench_train.main([*argv, "--decode", "--json", "--workdir", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    total = doc["dataset_bytes"]
+    by = {r["config"]: r for r in doc["results"]}
+    assert list(by) == list(bench_train.DECODE_CONFIGS)
+    assert by["direct"]["pfs_bytes"] == 2 * total and by["direct"]["fs_cpu_s"] is None
+    for config in ("seerfs", "seerfs+seed"):
+        assert total <= by[config]["pfs_bytes"] <= 1.05 * total, config
+        assert sum(by[config]["sources"].values()) == 2 * (24 + 4), config
+        assert by[config]["fs_cpu_s"] > 0, config
+    report = doc["decode"]
+    assert set(report["configs"]) == set(bench_train.DECODE_CONFIGS)
+    assert set(report["ratios"]) == {"seerfs", "seerfs+seed"}
+    direct_wall = report["configs"]["direct"]["wall_s"]
+    assert report["ratios"]["seerfs"]["median"] == pytest.approx(report["configs"]["seerfs"]["wall_s"] / direct_wall)
+    assert fuse_mounts(tmp_path) == []
+    assert bench_train.main([*argv, "--decode", "--configs", "lower bound,direct"]) == 2
+    assert "cannot be decoded" in capsys.readouterr().err
+
+
 def test_misspelt_configuration_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     """A typo in --configs is refused before anything is made, instead of silently measuring less."""
     assert bench_train.main(["--configs", "direct,seerfs-seed"]) == 2

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
+from trees import tricky_tree
 
 from fusefs.meta.snapshot import Snapshot
 from placement.catalog import Catalog, build_catalog, build_catalogs, natural_key, natural_sort_key
+from placement.tree import KIND_DIR
 from tools.harness import torchvision_cpu
 
 LATIN1 = b"\x80x.jpg"  # not UTF-8: str sort puts it (\udc80) after CJK, bytes sort before
@@ -239,3 +242,29 @@ def test_the_one_string_natural_key_sorts_and_ties_as_timms_list_key() -> None:
         a, b = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(2))
         ka, kb, sa, sb = natural_key(a), natural_key(b), natural_sort_key(a), natural_sort_key(b)
         assert ((ka < kb), (ka == kb)) == ((sa < sb), (sa == sb)), (a, b)
+
+
+def test_find_child_and_path_agree_with_the_tree_on_disk(tmp_path: Path) -> None:
+    """Every entry of a scanned tree with awkward names (non-UTF-8, spaces, dotfiles, links) is found
+    by its parent and name and has its path on disk; names before, between and after a directory's
+    children are not found.  Evidence: os.walk of the source, not the arrays."""
+    root = tricky_tree(tmp_path / "src", big_mb=0)
+    tree = Snapshot.scan(str(root)).tree
+    on_disk = set()
+    for dirpath, dirnames, filenames in os.walk(os.fsencode(root)):
+        for name in dirnames + filenames:
+            on_disk.add(os.path.relpath(os.path.join(dirpath, name), os.fsencode(root)))
+    found = set()
+    for i in range(1, len(tree)):
+        path = tree.path(i)
+        parent = int(tree.parent[i])
+        assert tree.find_child(parent, path.rsplit(b"/", 1)[-1]) == i, path
+        found.add(path)
+    assert found == on_disk
+    for d in range(len(tree)):
+        if tree.kind[d] == KIND_DIR:
+            assert tree.find_child(d, b"") == -1 and tree.find_child(d, b"\xff\xff") == -1
+            kids = tree.children(d)
+            names = tree.names_of(kids.start, kids.stop)
+            for a, b in itertools.pairwise(names):
+                assert tree.find_child(d, a + b"\0") == -1 or a + b"\0" == b

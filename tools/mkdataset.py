@@ -3,6 +3,10 @@
 Deterministic for a given --seed, so benchmarks and tests can regenerate the same tree.  With
 ``--jpeg`` every file is a decodable JPEG padded to its drawn size with COM segments (so sizes stay
 exact); otherwise files hold random bytes with a ``.jpg`` name (read them with a bytes loader).
+With ``--photos`` every file is a real JPEG whose pixels fill it: a crop, sized so the file comes out
+near its drawn size, of one smooth, noisy texture (ImageNet-like: ~110 KB is ~590x440 pixels at
+quality 90), so decoding it costs what decoding a photo of that size does (the padded ``--jpeg``
+files are 16x16 pixels and decode for free).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Spec:
     nest: int = 0  # extra directory levels inside each class
     odd_names: bool = False
     seed: int = 0
+    photos: bool = False  # real JPEGs whose pixels fill the file (decoding costs what a photo's does)
 
 
 def parse_size(text: str) -> int:
@@ -67,6 +72,45 @@ def jpeg_bytes(rng: np.random.Generator, size: int) -> bytes:
     return core[:2] + b"".join(segments) + core[2:]
 
 
+PHOTO_BYTES_PER_PIXEL = 0.42
+"""What a crop of :func:`_texture` takes per pixel as a quality-90 JPEG (measured: 0.416-0.428)."""
+_TEXTURE_SIDE = 1536
+_TEXTURES: list[np.ndarray] = []
+
+
+def _texture() -> np.ndarray:
+    """One 1536x1536 RGB texture (smooth waves and noise, fixed seed), made once per process."""
+    if not _TEXTURES:
+        r = np.random.default_rng(12345)
+        y, x = np.mgrid[0:_TEXTURE_SIDE, 0:_TEXTURE_SIDE].astype(np.float32)
+        img = np.empty((_TEXTURE_SIDE, _TEXTURE_SIDE, 3), np.float32)
+        for c in range(3):
+            fx, fy, ph = r.uniform(0.004, 0.03), r.uniform(0.004, 0.03), r.uniform(0, 6.28)
+            img[..., c] = 128 + 70 * np.sin(x * fx + ph) * np.cos(y * fy + c)
+        img += r.normal(0, 14, img.shape)
+        _TEXTURES.append(np.clip(img, 0, 255).astype(np.uint8))
+    return _TEXTURES[0]
+
+
+def photo_bytes(rng: np.random.Generator, size: int) -> bytes:
+    """A quality-90 JPEG of about ``size`` bytes whose pixels fill it (4:3, cropped from one texture)."""
+    from PIL import Image
+
+    tex = _texture()
+    w = max(16, min(_TEXTURE_SIDE, int((size / PHOTO_BYTES_PER_PIXEL * 4 / 3) ** 0.5)))
+    h = max(12, min(_TEXTURE_SIDE, w * 3 // 4))
+    ox, oy = (int(v) for v in rng.integers(0, [_TEXTURE_SIDE - w + 1, _TEXTURE_SIDE - h + 1]))
+    buf = io.BytesIO()
+    Image.fromarray(tex[oy : oy + h, ox : ox + w]).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _file_bytes(rng: np.random.Generator, spec: Spec, size: int) -> bytes:
+    if spec.photos:
+        return photo_bytes(rng, size)
+    return jpeg_bytes(rng, size) if spec.jpeg else rng.bytes(size)
+
+
 def _class_names(n: int) -> list[str]:
     return [f"n{c:08d}" for c in range(n)]
 
@@ -81,14 +125,14 @@ def make_split(root: Path, spec: Spec, nfiles: int, rng: np.random.Generator) ->
         d = root / sub
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"img_{k:07d}.jpg"
-        data = jpeg_bytes(rng, int(sizes[k])) if spec.jpeg else rng.bytes(int(sizes[k]))
+        data = _file_bytes(rng, spec, int(sizes[k]))
         path.write_bytes(data)
         written.append(path)
     if spec.odd_names and classes:
         odd_dir = root / classes[0]
         for name in ODD_NAMES:
             p = odd_dir / name
-            p.write_bytes(jpeg_bytes(rng, 2000) if spec.jpeg else rng.bytes(2000))
+            p.write_bytes(_file_bytes(rng, spec, 2000))
             written.append(p)
         p_bytes = os.path.join(os.fsencode(odd_dir), ODD_BYTES_NAME)
         with open(p_bytes, "wb") as fh:
@@ -122,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-size", type=parse_size, default=Spec.mean_size, help="mean file size (default 110KB)")
     p.add_argument("--sigma", type=float, default=Spec.sigma, help="lognormal sigma of sizes (default 0.5)")
     p.add_argument("--jpeg", action="store_true", help="write decodable JPEGs (padded to size) instead of random bytes")
+    p.add_argument(
+        "--photos",
+        action="store_true",
+        help="write real JPEGs whose pixels fill each file (about its drawn size): decoding costs what a photo's does",
+    )
     p.add_argument("--nest", type=int, default=0, help="extra directory levels inside each class (default 0)")
     p.add_argument("--odd-names", action="store_true", help="add unicode, space, dotfile, non-UTF-8 names")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -138,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.classes < 1 or a.files < 0 or a.val_files < 0 or a.mean_size < 1:
         print("mkdataset: --classes, --files, --val-files and --mean-size must be positive", file=sys.stderr)
         return 2
-    spec = Spec(a.classes, a.files, a.val_files, a.mean_size, a.sigma, a.jpeg, a.nest, a.odd_names, a.seed)
+    spec = Spec(a.classes, a.files, a.val_files, a.mean_size, a.sigma, a.jpeg, a.nest, a.odd_names, a.seed, a.photos)
     files = make_dataset(root, spec)
     total = sum(f.stat().st_size for f in files)
     print(f"mkdataset: {len(files)} files, {total / 1e6:.1f} MB in {root}")

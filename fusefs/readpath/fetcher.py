@@ -6,8 +6,12 @@ A local copy is served only once the revalidator says its source is unchanged in
 Concurrency rules:
 * One fetch per entry at a time.  The first caller starts it as a task in the fetcher's own
   nursery and everyone (that caller included) awaits its :class:`Inflight`.  A caller that is
-  cancelled (a prefetch made obsolete by a re-plan, a reader that gave up) therefore never cancels
-  the fetch other callers wait on, and an open never waits on a fetch nobody will finish.
+  cancelled (a prefetch made obsolete by a re-plan) therefore never cancels the fetch other
+  callers wait on, and an open never waits on a fetch nobody will finish.  One exception: a FUSE
+  request's fetch that finds none in flight runs in the request's own task (registered the same
+  way, so others join it).  A request handler is cancelled only when the daemon stops, and then
+  the fetch's joiners get the same EIO as from a cancelled nursery task; a task of its own cost a
+  cold open a spawn and two more turns of the event loop (bench_ceiling --cold-runs, READPATH.md).
 * ``inflight`` is only touched on the trio thread, between awaits: an entry is registered before
   the first await of its fetch and removed after its last.
 * A fetch that fails stores its exception; waiters re-raise it.
@@ -319,7 +323,9 @@ class Fetcher:
         a fetch of the file is reading it back now, this one runs apart from it (in ``apart``, where
         other requests join it and the fetch reading back takes its bytes)."""
         running = self.inflight.get(entry)
-        if running is None or not running.reading_pages:
+        if running is None:
+            return await self._fetch_here(entry, keep_in, why)
+        if not running.reading_pages:
             return await self._fetch(entry, keep_in, why)
         apart = self.apart.get(entry)
         if apart is not None:
@@ -349,6 +355,17 @@ class Fetcher:
             return None
         job.source = "inflight"  # counted once, by the fetch that got it
         return data
+
+    async def _fetch_here(self, entry: int, keep_in: Tier | None, why: str) -> bytes:
+        """A request's fetch with none in flight, run in this task (see the concurrency rules):
+        registered before its first await, so other requests and prefetches join it."""
+        job = Inflight(entry)
+        self.inflight[entry] = job
+        await self._run(job, Sources.REQUEST, keep_in, why, remember=False)
+        if job.error is not None:  # done: no need to wait on its event (a checkpoint, one more turn)
+            raise job.error
+        assert job.data is not None
+        return job.data
 
     async def _fetch(self, entry: int, keep_in: Tier | None, why: str) -> bytes:
         """A request's fetch, joining one in flight (which may be a peer-only one)."""

@@ -50,6 +50,16 @@ daemon's CPU (all threads, utime + stime from /proc) per warm open, in microseco
 the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
 collapsed stacks per thread; the profiler slows the daemons, so that run's rates do not count).
 
+--cold-runs N measures what a *cold* open costs the seerfs daemon, apart from the table above
+(--cold-only: nothing else): N fresh seerfs mounts (configured as the seerfs row), each read once in
+a new random order by the same readers, so every open fetches its file from the source (the tmpfs, a
+plain directory: no PFS emulator, so the figure is the daemon's own work), keeps it in the memory
+tier and serves it.  Per run: files/s, the daemon's CPU (all threads, /proc/PID/stat) during the pass
+and in the tail after it until the daemon is idle (work it left for later), and that total in us per
+cold open; the headline is the median run.  The pyfuse3 floor is mounted as many times beside it,
+each run read in the same order: the same FUSE requests answered with a plain read of the source on
+the trio thread, what any pyfuse3 daemon pays for a cold open.
+
 Mounting a tmpfs needs root; --tmpfs DIR uses an existing tmpfs instead.  Exit status: 0 done (the
 targets are reported, not enforced), 1 a pass read the wrong number of bytes or a mount failed, 2 a
 usage error.
@@ -526,7 +536,10 @@ def make_data(root: Path, a: argparse.Namespace) -> Dataset:
     return Dataset(root, rel, [os.stat(os.fsencode(root) + b"/" + r).st_size for r in rel])
 
 
-def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[Dataset, list[ConfigResult]]:
+def run_all(
+    a: argparse.Namespace, work: Path, configs: list[str], cold: list[ColdRun] | None = None
+) -> tuple[Dataset, list[ConfigResult]]:
+    """Every configuration's passes; then, into ``cold``, the --cold-runs measurement."""
     size = max(256 << 20, 3 * a.files * a.mean_size)
     with contextlib.ExitStack() as stack:
         if a.tmpfs:
@@ -545,7 +558,103 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[Data
         for config in configs:
             print(f"bench_ceiling: running {config}", file=sys.stderr)
             results.append(measure(config, data, work, a))
+        if cold is not None:
+            cold += measure_cold(data, work, a)
         return data, results
+
+
+# --------------------------------------------------------------------------- cold opens
+
+
+COLD_CONFIGS = ("seerfs", "pyfuse3")
+
+
+@dataclass
+class ColdRun:
+    """One fresh seerfs mount read once: every open a cold one (the file fetched from the source)."""
+
+    config: str  # seerfs, or the pyfuse3 floor beside it
+    passed: PassResult  # the cold pass; fs_cpu_s is the daemon's CPU during it
+    tail_cpu_s: float  # the daemon's CPU after the pass until it went idle (work it left for later)
+    fetched: int | None  # seerfs: opens its status counts as fetched from the source (all of them)
+
+    @property
+    def us_per_open(self) -> float:
+        return ((self.passed.fs_cpu_s or 0.0) + self.tail_cpu_s) / max(self.passed.files, 1) * 1e6
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "pass": self.passed.to_json(),
+            "tail_cpu_s": self.tail_cpu_s,
+            "fetched": self.fetched,
+            "us_per_open": self.us_per_open,
+        }
+
+
+def idle_tail(pid: int, quiet_s: float = 0.5, limit_s: float = 30.0) -> float:
+    """CPU seconds ``pid`` uses from now until a ``quiet_s`` window in which it used none."""
+    start = last = cpu_seconds_of(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = cpu_seconds_of(f"/proc/{pid}/stat")
+        if now - last < 1.5 / CLK_TCK:  # a tick of bookkeeping is not work left over
+            break
+        last = now
+    return last - start
+
+
+def measure_cold(data: Dataset, work: Path, a: argparse.Namespace) -> list[ColdRun]:
+    """--cold-runs fresh mounts of seerfs, each read once: the daemon's CPU per cold open.  The
+    pyfuse3 floor, mounted as many times beside it, is the reference: the same requests answered
+    with nothing but a read of the source on the trio thread (what no pyfuse3 daemon avoids)."""
+    runs = []
+    for k in range(a.cold_runs):
+        for config in COLD_CONFIGS:
+            print(f"bench_ceiling: cold run {k + 1} of {a.cold_runs}: {config}", file=sys.stderr)
+            d = work / f"cold-{k}-{config}"
+            d.mkdir()
+            order = next(orders(len(data.rel), a.seed + 1 + k))  # run k's order, the same for both
+            with MOUNTS[config](data, d, a) as m:
+                assert m.daemon is not None
+                idle_tail(m.daemon)  # the mount's own start-up is not a cold open's
+                before = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
+                passed = read_pass(m.root, data, order, a.threads, a.read_size, m.daemon, a.reader)
+                tail = idle_tail(m.daemon)
+                after = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
+            fetched = sum(after.get(s, 0) - before.get(s, 0) for s in ("pfs", "inflight"))
+            runs.append(ColdRun(config, passed, tail, fetched if m.seerfs_mnt else None))
+    return runs
+
+
+def median_cold(runs: list[ColdRun], config: str = "seerfs") -> ColdRun:
+    ranked = sorted((r for r in runs if r.config == config), key=lambda r: r.us_per_open)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def print_cold(data: Dataset, runs: list[ColdRun], a: argparse.Namespace) -> None:
+    print(
+        f"\ncold opens: {a.cold_runs} fresh mounts each over the tmpfs (a plain directory source, no PFS emulator), "
+        f"each read once ({len(data.rel)} files, {a.threads} reader threads, reader {a.reader}); "
+        f"machine {os.cpu_count()} cores"
+    )
+    print(
+        f"{'configuration':<13}  {'run':>3}  {'files/s':>8}  {'pass fs CPU s':>13}  {'tail CPU s':>10}  "
+        f"{'top thr':>7}  {'us/cold open':>12}  {'fetched':>7}"
+    )
+    for config in COLD_CONFIGS:
+        mine = [r for r in runs if r.config == config]
+        for k, r in enumerate(mine, 1):
+            p, top = r.passed, r.passed.fs_top_thread_cores
+            print(
+                f"{LABELS[config]:<13}  {k:3d}  {p.files_per_s:8.0f}  {p.fs_cpu_s or 0.0:13.2f}  {r.tail_cpu_s:10.2f}  "
+                f"{top or 0.0:7.2f}  {r.us_per_open:12.0f}  {'-' if r.fetched is None else r.fetched:>7}"
+            )
+    print("median us of daemon CPU per cold open (all threads, pass + tail, from /proc):")
+    for config in COLD_CONFIGS:
+        m = median_cold(runs, config)
+        print(f"  {LABELS[config]:<13} {m.us_per_open:6.0f} us ({m.passed.files_per_s:.0f} files/s)")
 
 
 # --------------------------------------------------------------------------- reporting
@@ -700,6 +809,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", help=f"comma-separated subset of: {', '.join(CONFIGS)} (default all)")
     p.add_argument("--tmpfs", metavar="DIR", help="make the dataset in DIR, an existing tmpfs (default: mount one)")
     p.add_argument("--profile", metavar="DIR", help="py-spy record the Python daemons' warm passes into DIR")
+    p.add_argument(
+        "--cold-runs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure the seerfs daemon's CPU per cold open over N fresh mounts (default 0: not measured)",
+    )
+    p.add_argument("--cold-only", action="store_true", help="with --cold-runs: measure nothing else")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.add_argument("--workdir", help="scratch directory for mountpoints and caches (default: a temp dir, removed)")
     return p
@@ -712,6 +829,8 @@ def usage_error(a: argparse.Namespace) -> str | None:
         return str(exc)
     if min(a.files, a.threads, a.passes, a.classes, a.mean_size, a.read_size) < 1 or a.seconds < 0:
         return "--files, --threads, --passes, --classes, --mean-size and --read-size must be positive"
+    if a.cold_runs < 0 or (a.cold_only and a.cold_runs < 1):
+        return "--cold-runs must be positive (and given with --cold-only)"
     if a.tmpfs and not is_tmpfs(Path(a.tmpfs)):
         return f"--tmpfs {a.tmpfs}: not a directory on a tmpfs"
     if not a.tmpfs and os.geteuid() != 0:
@@ -732,8 +851,9 @@ def main(argv: list[str] | None = None) -> int:
             configs.remove(tool)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-ceiling-"))
     load0 = os.getloadavg()[0]
+    cold: list[ColdRun] = []
     try:
-        data, results = run_all(a, work, configs)
+        data, results = run_all(a, work, [] if a.cold_only else configs, cold)
     except BenchError as exc:
         print(f"bench_ceiling: {exc}", file=sys.stderr)
         return 1
@@ -742,13 +862,24 @@ def main(argv: list[str] | None = None) -> int:
             force_unmount(mnt)
         for mnt in work.glob("*/mnt"):
             force_unmount(mnt)
+        for mnt in [*work.glob("cold-*/seerfs/mnt"), *work.glob("cold-*/*-mnt")]:
+            force_unmount(mnt)
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
     load = [load0, os.getloadavg()[0]]
     if a.json:
-        print(json.dumps(to_json(data, results, a, load), indent=1))
-    else:
+        doc = to_json(data, results, a, load)
+        if cold:
+            doc["cold_opens"] = {
+                "runs": [r.to_json() for r in cold],
+                "median_us": {c: median_cold(cold, c).us_per_open for c in COLD_CONFIGS},
+            }
+        print(json.dumps(doc, indent=1))
+        return 0
+    if results:
         print_table(data, results, a, load)
+    if cold:
+        print_cold(data, cold, a)
     return 0
 
 

@@ -40,13 +40,23 @@ class Job:
     write_seed: bool = False  # rank 0 writes the seed to ROOT/.control/seed first thing, as a job script does
     sampler: str = "distributed"  # random: DataLoader(shuffle=True, generator seeded with seed), no DistributedSampler
     status_counts: bool = False  # each rank records its mount's read counters as each epoch starts
+    decode: bool = False  # real training on CPU: PIL decode + transforms in the workers, a small CNN under DDP
 
 
 def make_source(
-    root: Path, files: int, val_files: int, mean_size: int = 16_000, sigma: float = 0.5, classes: int = 6
+    root: Path,
+    files: int,
+    val_files: int,
+    mean_size: int = 16_000,
+    sigma: float = 0.5,
+    classes: int = 6,
+    photos: bool = False,
 ) -> tuple[dict[str, str], int]:
-    """A train/val ImageFolder tree; returns per-file sha1 (computed now, before any mount) and total bytes."""
-    spec = Spec(classes=classes, files=files, val_files=val_files, mean_size=mean_size, sigma=sigma, seed=3)
+    """A train/val ImageFolder tree; returns per-file sha1 (computed now, before any mount) and total bytes.
+    ``photos``: real JPEGs whose pixels fill the files (tools/mkdataset.py), for a job that decodes them."""
+    spec = Spec(
+        classes=classes, files=files, val_files=val_files, mean_size=mean_size, sigma=sigma, seed=3, photos=photos
+    )
     written = make_dataset(root if val_files else root / "train", spec)  # always a train/ (and val/) tree
     digests = {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest() for p in written}
     return digests, sum(p.stat().st_size for p in written)

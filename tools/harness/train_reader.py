@@ -9,6 +9,11 @@ store, so the check itself reads nothing that could be cached.  Writes a JSON re
 compute sleeps as slept, the barrier, and each batch waited for over 20 ms: the first batch of
 each loader, whose fresh workers read it file by file while the rank waits, shows there).
 
+With ``decode`` the rank trains for real on the CPU instead: each worker decodes its JPEGs with PIL
+(torchvision's own loader) and applies the usual training transforms, and the rank runs a small CNN
+forward and backward on each batch under DistributedDataParallel (gloo: its gradient all-reduce keeps
+the ranks in step, no barrier), one torch thread per rank as torchrun sets it.  Nothing sleeps.
+
 usage: python -m tools.harness.train_reader SPEC.json RANK   (SPEC: see tools.harness.jobs.Job)
 """
 
@@ -88,6 +93,41 @@ class Indexed:
         return i, self.dataset[i]
 
 
+DECODE_SIDE = 112
+"""--decode: the side of the training crops (ImageNet's 224 halved: two CPU cores train it)."""
+
+
+def small_cnn(classes: int) -> Any:
+    """Three strided convolutions and a linear head: ~50 MFLOP per 112x112 sample, forward and backward
+    (decoding and transforming the sample costs its worker more: the job is bound by both)."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, classes),
+    )
+
+
+def train_transform(tv: Any) -> Any:
+    """What an ImageNet training script applies to each decoded image (at DECODE_SIDE)."""
+    t = tv.transforms
+    return t.Compose(
+        [
+            t.RandomResizedCrop(DECODE_SIDE),
+            t.RandomHorizontalFlip(),
+            t.ToTensor(),
+            t.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
+
+
 def _cpu_seconds() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -114,11 +154,14 @@ def main() -> int:
     started = time.monotonic()
     if spec.get("write_seed") and rank == 0:  # what a training script does before building its loaders
         Path(root, ".control", "seed").write_text(f"{spec['seed']}\n")
+    decode = bool(spec.get("decode"))
     loader_fn = raw_timed if spec.get("time_reads") else raw
-    train = tv.datasets.ImageFolder(os.path.join(root, "train"), loader=loader_fn)
+    image_kw: dict[str, Any] = {"transform": train_transform(tv)} if decode else {"loader": loader_fn}
+    train = tv.datasets.ImageFolder(os.path.join(root, "train"), **image_kw)
     sampler: Any = None
     loader: Any
     if spec.get("sampler", "distributed") == "random":
+        assert not decode, "decode runs with the distributed sampler"
         # DataLoader(shuffle=True) with a seeded generator: every rank reads the same order
         generator = torch.Generator()
         generator.manual_seed(spec["seed"])
@@ -138,15 +181,19 @@ def main() -> int:
             batch_size=spec["batch_size"],
             sampler=sampler,
             num_workers=spec["num_workers"],
-            collate_fn=collate,
+            collate_fn=None if decode else collate,  # decoded: the default collate stacks the tensors
             persistent_workers=False,
         )
     val_loader = None
     if spec.get("val"):
-        val = tv.datasets.ImageFolder(os.path.join(root, "val"), loader=loader_fn)
+        val = tv.datasets.ImageFolder(os.path.join(root, "val"), **image_kw)
         val_sampler: Any = DistributedSampler(val, num_replicas=world, rank=rank, shuffle=False)
         val_loader = DataLoader(
-            val, batch_size=spec["batch_size"], sampler=val_sampler, num_workers=spec["num_workers"], collate_fn=collate
+            val,
+            batch_size=spec["batch_size"],
+            sampler=val_sampler,
+            num_workers=spec["num_workers"],
+            collate_fn=None if decode else collate,
         )
     if spec.get("in_memory"):  # the no-I/O lower bound: the same loop, samples made in RAM
         for ds in (train, *([val_loader.dataset] if val_loader is not None else [])):
@@ -159,6 +206,42 @@ def main() -> int:
     cpu0 = _cpu_seconds()
 
     parts: dict[str, Any] = {}
+    model: Any = None
+    if decode:
+        torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS for several ranks on one node
+        torch.manual_seed(spec["seed"])
+        model = small_cnn(len(train.classes))
+        if sync:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(images: Any, labels: Any, training: bool) -> None:
+        """--decode: one real step on the CPU (validation: forward only, no gradients)."""
+        if not training:
+            with torch.no_grad():
+                model(images)
+            return
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()  # DDP all-reduces the gradients here
+        optimizer.step()
+
+    def consume_decoded(batches: Any, training: bool) -> float:
+        """Train on (validate over) every decoded batch; returns the time spent waiting for batches."""
+        waited = 0.0
+        it = iter(batches)
+        while True:
+            t0 = time.monotonic()
+            try:
+                images, labels = next(it)
+            except StopIteration:
+                break
+            waited += time.monotonic() - t0
+            result["samples"] += len(labels)
+            t1 = time.monotonic()
+            step(images, labels, training)
+            parts["compute_s"] = parts.get("compute_s", 0.0) + time.monotonic() - t1
+        return waited
 
     def consume(dataset: Any, batches: Any, indices: list[int] | None) -> float:
         """Read every batch; ``indices``: the sampler's order (None: the items carry their index).
@@ -222,9 +305,16 @@ def main() -> int:
             sampler.set_epoch(epoch)
         before, opened_before = len(read_times), len(opened_at)
         parts.clear()
-        waited = consume(train, loader, list(sampler) if sampler is not None else None)
-        if val_loader is not None:
-            waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
+        if decode:
+            model.train()
+            waited = consume_decoded(loader, True)
+            if val_loader is not None:
+                model.eval()
+                waited += consume_decoded(val_loader, False)
+        else:
+            waited = consume(train, loader, list(sampler) if sampler is not None else None)
+            if val_loader is not None:
+                waited += consume(val_loader.dataset, val_loader, list(val_loader.sampler))
         result["epochs"].append(
             {
                 "epoch": epoch,
