@@ -51,6 +51,7 @@ Concurrency rules (all on the trio thread):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -62,7 +63,7 @@ import trio
 
 from fusefs.config import Config
 from fusefs.planning.seed import SeedState
-from fusefs.planning.workerproc import failure_reason, start_worker, stop_worker
+from fusefs.planning.workerproc import failure_reason, json_lines, prepared_worker, start_worker, stop_worker
 from placement.catalog import DEFAULT_LAYOUT
 from placement.cursor import FALSE_LOCK, DatasetState
 from placement.discovery import epoch_in_plan
@@ -350,14 +351,7 @@ class SeedDiscovery:
                 await trio.sleep(delay)
                 delay = STANDBY_AFTER
                 if self._standby is None:
-                    proc = await start_worker(WORKER)
-                    assert proc.stdin is not None
-                    try:
-                        await proc.stdin.send_all(self._request())
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        await stop_worker(proc)  # died at once: the next search starts its own
-                        continue
-                    self._standby = proc
+                    self._standby = await prepared_worker(WORKER, self._request())
         finally:
             waiting, self._standby = self._standby, None
             if waiting is not None:
@@ -436,19 +430,9 @@ class SeedDiscovery:
 
     async def _follow(self, stdout: trio.abc.ReceiveStream) -> dict[str, Any]:
         """Take in the worker's progress lines until its last one."""
-        buf = bytearray()
         last: dict[str, Any] = {}
-        async for chunk in stdout:
-            buf += chunk
-            while b"\n" in buf:
-                line, _, rest = bytes(buf).partition(b"\n")
-                buf = bytearray(rest)
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(doc, dict):
-                    continue
+        async with contextlib.aclosing(json_lines(stdout)) as lines:
+            async for doc in lines:
                 last = doc
                 phase = doc.get("phase")
                 if phase == "ready":

@@ -25,6 +25,7 @@ the mount keeps serving without one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -38,7 +39,7 @@ import trio
 from fusefs.config import Config
 from fusefs.planning.inputs import plan_key, planning_config
 from fusefs.planning.store import load_plan
-from fusefs.planning.workerproc import failure_reason, start_worker, stop_worker
+from fusefs.planning.workerproc import failure_reason, json_lines, prepared_worker, start_worker, stop_worker
 from fusefs.progress import Progress
 from placement.plan import Plan
 from placement.statusfields import gauge, info, state, text
@@ -312,26 +313,16 @@ class PlanManager:
     async def _answer(self, seed: int, stdout: trio.abc.ReceiveStream) -> dict[str, Any]:
         """The worker's lines for one request, up to its ``done`` or ``failed`` (or its end)."""
         last: dict[str, Any] = {}
-        buf = bytearray()
-        while True:
-            chunk = await stdout.receive_some(65536)
-            if not chunk:
-                return last
-            buf += chunk
-            while b"\n" in buf:
-                line, _, rest = bytes(buf).partition(b"\n")
-                buf = bytearray(rest)
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(doc, dict) or doc.get("phase") in ("standing by", "loaded"):
+        async with contextlib.aclosing(json_lines(stdout)) as lines:
+            async for doc in lines:
+                if doc.get("phase") in ("standing by", "loaded"):
                     continue
                 last = doc
                 self.phase = str(last.get("phase", ""))
                 if self.phase in ("done", "failed"):
                     return last
                 self._follow(seed, last)
+        return last
 
     async def _worker_for(self, request: bytes) -> trio.Process:
         """The stand-by worker if one is waiting (else a new one), given ``request``: the caller owns it."""
@@ -368,14 +359,9 @@ class PlanManager:
                     self._standby_lost = False
                     await trio.sleep(STANDBY_AFTER)
                 if self._standby is None and self.state != "planning":  # else the plan's end asks again
-                    proc = await start_worker(WORKER)
-                    assert proc.stdin is not None
-                    try:  # load the snapshot now, not when the seed comes
-                        await proc.stdin.send_all(json.dumps({"snapshot": str(self.snapshot_file)}).encode() + b"\n")
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        await stop_worker(proc)  # died at once: the next plan starts its own
-                        continue
-                    self._standby = proc
+                    # loads the snapshot now, not when the seed comes
+                    load = json.dumps({"snapshot": str(self.snapshot_file)}).encode() + b"\n"
+                    self._standby = await prepared_worker(WORKER, load)
         finally:
             waiting, self._standby = self._standby, None
             if waiting is not None:

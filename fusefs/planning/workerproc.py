@@ -7,9 +7,11 @@ its exit status.  BLAS runs single-threaded: a worker is background work on core
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import trio
@@ -24,6 +26,36 @@ async def start_worker(module: str) -> trio.Process:
         stderr=subprocess.PIPE,
         env=env,
     )
+
+
+async def prepared_worker(module: str, first: bytes) -> trio.Process | None:
+    """A worker started and given its first line (what it loads while it waits for the request that
+    matters); None if it died at once (whoever needs one later starts its own)."""
+    proc = await start_worker(module)
+    assert proc.stdin is not None
+    try:
+        await proc.stdin.send_all(first)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        await stop_worker(proc)
+        return None
+    return proc
+
+
+async def json_lines(stdout: trio.abc.ReceiveStream) -> AsyncGenerator[dict[str, Any], None]:
+    """The worker's report lines, each a JSON object, in order until its stdout closes (anything
+    else on a line, such as a stray print, is skipped)."""
+    buf = bytearray()
+    while chunk := await stdout.receive_some(65536):
+        buf += chunk
+        while b"\n" in buf:
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf = bytearray(rest)
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                yield doc
 
 
 async def stop_worker(proc: trio.Process) -> None:
