@@ -858,41 +858,9 @@ def _summarize(
         node["tier_files"] = [int(x) for x in assignment.tier_files[k]]
         node["owned_files"] = int(owned_files[k])
         node["owned_bytes"] = int(owned_bytes[k])
-        for phase, name, div in ((0, "first_epoch", 1), (1, "later_epochs", max(epochs - 1, 0))):
-            if div == 0:
-                node[name] = None
-                continue
-            r, b = reads_by[k, phase], bytes_by[k, phase]
-            local, peer, pfs = int(r[:tiers].sum()), int(r[tiers : 2 * tiers].sum()), int(r[2 * tiers])
-            total = max(local + peer + pfs, 1)
-            seconds = _phase_seconds(model, b, int(r[2 * tiers]), tiers, pfs_readers[phase])
-            node[name] = {
-                "reads_per_epoch": round((local + peer + pfs) / div, 1),
-                "share": {
-                    "local": round(local / total, 4),
-                    "peer": round(peer / total, 4),
-                    "pfs": round(pfs / total, 4),
-                },
-                "pfs_bytes_per_epoch": int(b[2 * tiers]) // div,
-                "predicted_io_seconds_per_epoch": round(seconds / div, 3),
-            }
+        node.update(_phase_reports(reads_by[k], bytes_by[k], epochs, tiers, model, pfs_readers))
         node_reports.append(node)
-    datasets = []
-    for d, cat in enumerate(catalogs):
-        datasets.append(
-            {
-                "root": cat.root,
-                "layout": cat.layout,
-                "files": len(cat),
-                "bytes": cat.total_bytes,
-                "classes": len(cat.classes),
-                "unreadable": int((~cat.readable).sum()),
-                "outside_links": len(cat.outside_links),
-                "exact": cat.exact,
-                "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
-                "reads": sum(1 for s in stats.segments if s.dataset == d),
-            }
-        )
+    datasets = _dataset_reports(catalogs, follows, stats.segments)
     read = objects.cacheable & read_any
     budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
     return {
@@ -988,36 +956,10 @@ def _summarize_node(
         "owned_files": int((owner == k).sum()),
         "owned_bytes": int(sizes[owner == k].sum()),
     }
-    for phase, name, div in ((0, "first_epoch", 1), (1, "later_epochs", max(epochs - 1, 0))):
-        if div == 0:
-            node[name] = None
-            continue
-        r, b = reads_by[phase], bytes_by[phase]
-        local, peer, pfs = int(r[:tiers].sum()), int(r[tiers : 2 * tiers].sum()), int(r[2 * tiers])
-        n_all = max(local + peer + pfs, 1)
-        # every node reads the PFS alike in the model: as many readers as nodes that read it at all
-        seconds = _phase_seconds(model, b, int(r[2 * tiers]), tiers, nodes if pfs else 0)
-        node[name] = {
-            "reads_per_epoch": round((local + peer + pfs) / div, 1),
-            "share": {"local": round(local / n_all, 4), "peer": round(peer / n_all, 4), "pfs": round(pfs / n_all, 4)},
-            "pfs_bytes_per_epoch": int(b[2 * tiers]) // div,
-            "predicted_io_seconds_per_epoch": round(seconds / div, 3),
-        }
-    datasets = [
-        {
-            "root": cat_.root,
-            "layout": cat_.layout,
-            "files": len(cat_),
-            "bytes": cat_.total_bytes,
-            "classes": len(cat_.classes),
-            "unreadable": int((~cat_.readable).sum()),
-            "outside_links": len(cat_.outside_links),
-            "exact": cat_.exact,
-            "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
-            "reads": sum(1 for s in segments if s.dataset == d),
-        }
-        for d, cat_ in enumerate(catalogs)
-    ]
+    # every node reads the PFS alike in the model: as many readers as nodes that read it at all
+    readers = [nodes if reads_by[phase, pfs_cat] else 0 for phase in (0, 1)]
+    node.update(_phase_reports(reads_by, bytes_by, epochs, tiers, model, readers))
+    datasets = _dataset_reports(catalogs, follows, segments)
     read = objects.cacheable & read_any
     budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
     return {
@@ -1043,6 +985,50 @@ def _summarize_node(
         "frequency": _frequency(inputs, catalogs, list(segments), p.counts[None, :], nodes, follows),
         "per_node": [node],
     }
+
+
+def _phase_reports(
+    reads_by: I64, bytes_by: I64, epochs: int, tiers: int, model: PerfModel, pfs_readers: Sequence[int]
+) -> dict[str, Any]:
+    """One node's ``first_epoch`` and ``later_epochs`` reports from its reads and bytes per phase and
+    source category (local tier j, peer tier j, PFS); ``pfs_readers``: nodes reading the PFS per phase."""
+    out: dict[str, Any] = {}
+    for phase, name, div in ((0, "first_epoch", 1), (1, "later_epochs", max(epochs - 1, 0))):
+        if div == 0:
+            out[name] = None
+            continue
+        r, b = reads_by[phase], bytes_by[phase]
+        local, peer, pfs = int(r[:tiers].sum()), int(r[tiers : 2 * tiers].sum()), int(r[2 * tiers])
+        total = max(local + peer + pfs, 1)
+        seconds = _phase_seconds(model, b, pfs, tiers, pfs_readers[phase])
+        out[name] = {
+            "reads_per_epoch": round((local + peer + pfs) / div, 1),
+            "share": {"local": round(local / total, 4), "peer": round(peer / total, 4), "pfs": round(pfs / total, 4)},
+            "pfs_bytes_per_epoch": int(b[2 * tiers]) // div,
+            "predicted_io_seconds_per_epoch": round(seconds / div, 3),
+        }
+    return out
+
+
+def _dataset_reports(
+    catalogs: Sequence[Catalog], follows: Sequence[int | None], segments: Sequence[Segment]
+) -> list[dict[str, Any]]:
+    """The summary's line per dataset: its catalog's facts and how many passes the job makes over it."""
+    return [
+        {
+            "root": cat.root,
+            "layout": cat.layout,
+            "files": len(cat),
+            "bytes": cat.total_bytes,
+            "classes": len(cat.classes),
+            "unreadable": int((~cat.readable).sum()),
+            "outside_links": len(cat.outside_links),
+            "exact": cat.exact,
+            "follows": None if follows[d] is None else catalogs[int(follows[d] or 0)].root,
+            "reads": sum(1 for s in segments if s.dataset == d),
+        }
+        for d, cat in enumerate(catalogs)
+    ]
 
 
 def _phase_seconds(model: PerfModel, bytes_by: I64, pfs_reads: int, tiers: int, readers: int) -> float:
