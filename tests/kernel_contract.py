@@ -150,6 +150,13 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         def released_natively(self, fh: int) -> None:
             calls["native release"] += 1
 
+        def book_native(self, events: list[int]) -> None:  # a run of them, as the native front hands it over
+            for k in range(0, len(events), 4):
+                if events[k]:
+                    self.opened_natively(events[k + 1], events[k + 2], events[k + 3])
+                else:
+                    self.released_natively(events[k + 2])
+
         async def getxattr(self, inode: int, name: bytes, ctx: object) -> bytes:
             raise FsError(errno.ENODATA)
 

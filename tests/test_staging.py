@@ -200,3 +200,55 @@ def test_pushed_pages_are_marked_for_the_front_and_a_native_open_keeps_the_same_
     (o0, p0), (o1, p1), (o2, p2) = books
     assert (o1 - o0, p1 - p0) == (1, 1) == (o2 - o1, p2 - p1)
     assert out[0] == out[1]
+
+
+def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+) -> None:
+    """The native front hands a run of open/release events over as one flat list
+    (``SeerOperations.book_native``), pairing an open with its release in the same run without a
+    handle.  Two identical mounts, one booking the same events one by one, one in runs (a pair in
+    one run, an open left open across runs, a read-back open, an inode outside the tree): the
+    policy's steps, the counters, the handle table and the marked pages come out the same."""
+    rels = sorted(source[1])[:4]
+    ends: list[object] = []
+    base = 1 << 62
+
+    def books(m: Mount) -> object:
+        c = m.rp.counters
+        steps = [st.describe() for st in m.rp.policy.log()]
+        pc = c.sources["page_cache"]
+        return steps, c.opens, pc.files, pc.bytes, sorted(m.ops.handles), sorted(m.kernel.marked)
+
+    for batched in (False, True):
+        m = assemble(source[0], source[1], tmp_path / str(batched))
+        m.kernel.readers.add(4242)  # a read-back thread of the daemon's own
+
+        async def body(m: Mount = m, batched: bool = batched) -> None:
+            inodes = [await m.lookup(rel) for rel in rels]
+            for inode in inodes:
+                await m.read_inode(inode)  # pages kept after a read: its next opens may be native
+            await drained(m)
+            a, b, c, d = inodes
+            outside = inode_of(len(m.rp.snapshot.tree)) + 5
+            runs = [
+                [(1, a, base + 1, CTX.pid), (1, b, base + 2, CTX.pid), (0, a, base + 1, 0), (1, c, base + 3, 4242)],
+                [(1, outside, base + 4, CTX.pid), (0, b, base + 2, 0), (0, c, base + 3, 0), (1, d, base + 5, CTX.pid)],
+                [(0, outside, base + 4, 0), (1, a, base + 6, CTX.pid), (0, a, base + 6, 0)],
+            ]
+            for run in runs:
+                if batched:
+                    m.ops.book_native([x for ev in run for x in ev])
+                else:
+                    for opened, inode, fh, pid in run:
+                        if opened:
+                            m.ops.opened_natively(inode, fh, pid)
+                        else:
+                            m.ops.released_natively(fh)
+            ends.append(books(m))
+
+        serve(m, body)
+    one_by_one, in_runs = ends
+    assert one_by_one == in_runs
+    steps, opens = one_by_one[0], one_by_one[1]  # type: ignore[index]
+    assert opens == 4 + 4 and len(steps) > 0  # 4 reads, then a, b, d, a again (not the read back)

@@ -77,6 +77,7 @@ enum {
     OP_LISTXATTR, OP_REMOVEXATTR, OP_CREATE,
     EV_OPEN = 100, /* an OPEN answered natively: (inode, fh, pid) */
     EV_RELEASE = 101, /* a RELEASE of a native handle answered natively: (inode, fh) */
+    EV_BATCH = 102, /* drain()'s record for a run of consecutive events: (EV_BATCH, 0, [opened, inode, fh, pid]*) */
 };
 
 typedef struct {
@@ -790,14 +791,40 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     pthread_mutex_unlock(&S.lock);
     if (n)
         atomic_fetch_add(&S.batches, 1);
-    PyObject *out = PyList_New((Py_ssize_t)n);
+    /* Each run of consecutive events becomes one record holding a flat list of ints: trio books a
+     * run in one call without a tuple per event (the hot path: warm opens are nothing else). */
+    size_t nout = 0;
+    for (size_t i = 0; i < n; i++)
+        if (batch[i].op < EV_OPEN || i == 0 || batch[i - 1].op < EV_OPEN)
+            nout++;
+    PyObject *out = PyList_New((Py_ssize_t)nout);
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         rec_t *x = &batch[i];
-        if (x->op >= EV_OPEN) { /* events: (op, 0, inode, fh, pid): the hot path builds little */
-            PyObject *t = out ? Py_BuildValue("(iiKKI)", x->op, 0, x->a[0], x->a[1], x->pid) : NULL;
-            if (t == NULL)
-                continue; /* an event lost to an allocation failure: out is dropped below */
-            PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+        if (x->op >= EV_OPEN) {
+            size_t j = i;
+            while (j < n && batch[j].op >= EV_OPEN)
+                j++;
+            PyObject *flat = out ? PyList_New((Py_ssize_t)(4 * (j - i))) : NULL;
+            for (size_t e = i; flat && e < j; e++) {
+                rec_t *y = &batch[e];
+                PyObject *v[4] = {PyLong_FromLong(y->op == EV_OPEN), PyLong_FromUnsignedLongLong(y->a[0]),
+                                  PyLong_FromUnsignedLongLong(y->a[1]), PyLong_FromUnsignedLong(y->pid)};
+                for (int f = 0; f < 4; f++) {
+                    if (v[f] == NULL) {
+                        Py_CLEAR(flat);
+                        for (int g = f + 1; g < 4; g++)
+                            Py_XDECREF(v[g]);
+                        break;
+                    }
+                    PyList_SET_ITEM(flat, (Py_ssize_t)(4 * (e - i) + f), v[f]);
+                }
+            }
+            PyObject *t = flat ? Py_BuildValue("(iiN)", EV_BATCH, 0, flat) : NULL;
+            if (t != NULL)
+                PyList_SET_ITEM(out, (Py_ssize_t)k, t);
+            k++; /* an event run lost to an allocation failure: out is dropped below */
+            i = j - 1;
             continue;
         }
         PyObject *t = out ? Py_BuildValue("(iNKKKKKKKKy#y#IIII)", x->op, PyLong_FromVoidPtr(x->req), x->a[0],
@@ -811,13 +838,15 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             /* answer what can no longer reach Python, so no request is left unanswered */
             if (x->req && x->op < EV_OPEN)
                 fuse_reply_err(x->req, EIO);
+            k++;
             continue;
         }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+        PyList_SET_ITEM(out, (Py_ssize_t)k, t);
+        k++;
     }
     if (out == NULL)
         return NULL;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < nout; i++)
         if (PyList_GET_ITEM(out, (Py_ssize_t)i) == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -1042,7 +1071,7 @@ static PyMethodDef methods[] = {
     {"start", py_start, METH_NOARGS, "start the receive threads"},
     {"stop", py_stop, METH_NOARGS, "end the session from any thread: the receive threads stop, run() sees END"},
     {"unmount", py_unmount, METH_NOARGS, "join the threads, answer what is left, unmount, free"},
-    {"drain", py_drain, METH_O, "drain(most) -> up to `most` records in order (reads the wake eventfd first)"},
+    {"drain", py_drain, METH_O, "drain(most) -> up to `most` ring records in order, each run of events as one EV_BATCH record (reads the wake eventfd first)"},
     {"reply_err", py_reply_err, METH_VARARGS, "reply_err(req, errno); 0 is success without data"},
     {"reply_none", py_reply_none, METH_O, "reply_none(req)"},
     {"reply_entry", py_reply_entry, METH_VARARGS, "reply_entry(req, attrs)"},
@@ -1080,7 +1109,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     C(OP_MKDIR); C(OP_UNLINK); C(OP_RMDIR); C(OP_SYMLINK); C(OP_RENAME); C(OP_LINK); C(OP_OPEN);
     C(OP_READ); C(OP_WRITE); C(OP_RELEASE); C(OP_OPENDIR); C(OP_READDIR); C(OP_READDIRPLUS);
     C(OP_RELEASEDIR); C(OP_STATFS); C(OP_SETXATTR); C(OP_GETXATTR); C(OP_LISTXATTR);
-    C(OP_REMOVEXATTR); C(OP_CREATE); C(EV_OPEN); C(EV_RELEASE); C(NATIVE_FH_BASE);
+    C(OP_REMOVEXATTR); C(OP_CREATE); C(EV_OPEN); C(EV_RELEASE); C(EV_BATCH); C(NATIVE_FH_BASE);
     C(FUSE_SET_ATTR_SIZE); C(FUSE_SET_ATTR_MODE); C(FUSE_SET_ATTR_UID); C(FUSE_SET_ATTR_GID);
 #undef C
     return m;

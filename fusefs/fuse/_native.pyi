@@ -31,6 +31,7 @@ OP_REMOVEXATTR: int
 OP_CREATE: int
 EV_OPEN: int
 EV_RELEASE: int
+EV_BATCH: int
 NATIVE_FH_BASE: int
 FUSE_SET_ATTR_SIZE: int
 FUSE_SET_ATTR_MODE: int
@@ -58,8 +59,9 @@ class DirBuffer:
     def add(self, name: bytes, attrs: object, next_id: int, /) -> bool: ...
     def reply(self) -> None: ...
 
-# A forwarded request: (op, req, a0..a7, s1, s2, uid, gid, pid, umask); an event (op >= EV_OPEN):
-# (op, 0, inode, fh, pid).  Typed as the first, which is what the handlers index.
+# A forwarded request: (op, req, a0..a7, s1, s2, uid, gid, pid, umask); a run of consecutive
+# events: (EV_BATCH, 0, [opened, inode, fh, pid, ...]) in ring order (opened: 1 for an OPEN, 0 for
+# a RELEASE).  Typed as the first, which is what the handlers index.
 Record = tuple[int, int, int, int, int, int, int, int, int, int, bytes, bytes, int, int, int, int]
 
 def mount(mountpoint: str, options: str, inodes: int, ring: int = 4096, /) -> int: ...

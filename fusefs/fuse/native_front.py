@@ -12,8 +12,11 @@ then answers with the extension's reply functions.
 
 An OPEN or RELEASE answered natively is also a record in the same ring (an *event*), handled
 inline by the drain loop in ring order, before any later record starts: the handle is registered
-with the daemon's bookkeeping (``SeerOperations.opened_natively``, the same counters, prefetcher
-and cursor as a Python open of a pushed file) before a READ on it (pages dropped since) can run.
+with the daemon's bookkeeping (``SeerOperations.book_native``, the same counters, prefetcher and
+cursor as a Python open of a pushed file) before a READ on it (pages dropped since) can run.  The
+extension hands each run of consecutive events over as one record (a flat list of ints), booked
+in one call: warm opens are nothing but events, and a tuple and a call per event cost more than
+the booking itself.
 
 Concurrency rules (also CONCURRENCY.md; the C side's are at the top of ``_native.c``):
 * Only the trio thread drains the ring and replies to forwarded requests; each request is
@@ -48,10 +51,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _BATCH = 256
-EVENT_DELAY = 0.001
+EVENT_DELAY = 0.004
 """Seconds trio waits, after a drain that found records, before draining again without a wake: open
 and release events do not wake it while it is busy (``_native.c``, the ring), so a burst of cached
-opens costs one wake per this interval, not one per open; they are booked at most this late."""
+opens costs one wake per this interval, not one per open; they are booked at most this late.  4 ms
+rather than 1: about 60 records per drain instead of 30 at 11k opens/s, and 8 us less daemon CPU per
+warm open (ARCHITECTURE.md, section 7); still well inside the cursor loop's 10-30 ms turn."""
 
 
 class _Fields:
@@ -146,6 +151,7 @@ class NativeFront(ThroughMount):
         _native.start()
         self._limit = max(1, max_tasks)
         dispatch = self._dispatch
+        ev_batch = _native.EV_BATCH
         async with trio.open_nursery() as nursery:
             while not self._ended:
                 batch = _native.drain(_BATCH)
@@ -154,8 +160,8 @@ class NativeFront(ThroughMount):
                     continue
                 for rec in batch:
                     op = rec[0]
-                    if op >= _native.EV_OPEN:
-                        self._event(rec)
+                    if op == ev_batch:
+                        self.ops.book_native(cast("list[int]", rec[2]))  # a run of events, in one call
                     elif op == _native.OP_INIT:
                         self.ops.init()
                     elif op == _native.OP_END:
@@ -209,13 +215,6 @@ class NativeFront(ThroughMount):
         return cast(FrontStatus, {"name": "native", **_native.stats()})
 
     # ------------------------------------------------------------------ serving
-
-    def _event(self, rec: Record) -> None:
-        """An OPEN or RELEASE the extension answered: the daemon's bookkeeping, inline, in order."""
-        if rec[0] == _native.EV_OPEN:
-            self.ops.opened_natively(rec[2], rec[3], rec[4])
-        else:
-            self.ops.released_natively(rec[3])
 
     async def _serve(self, handler: Callable[[Record], Any], rec: Record) -> None:
         """Run one forwarded request; whatever happens, it is answered exactly once."""

@@ -223,6 +223,12 @@ class SeerOperations:
         if 0 <= entry < len(self.tree):
             self.handles[fh] = self.open_files.opened_natively(entry, pid)
 
+    def book_native(self, events: list[int]) -> None:
+        """A run of OPENs and RELEASEs the front answered itself, in order, as flat
+        ``(opened, inode, fh, pid)`` quads: what :meth:`opened_natively` and
+        :meth:`released_natively` would book one by one, in one pass (``OpenFiles.book_native``)."""
+        self.open_files.book_native(events, self.handles, len(self.tree))
+
     def released_natively(self, fh: int) -> None:
         """The front answered the RELEASE of its own handle ``fh``."""
         handle = self.handles.pop(fh, None)

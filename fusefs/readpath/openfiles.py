@@ -14,9 +14,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from fusefs.errors import FsError
+from fusefs.meta.ids import ROOT_INODE
 from fusefs.readpath.contract import UseHeld, UsePages
 from fusefs.readpath.counters import ReadCounters, Source
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer
@@ -115,6 +116,52 @@ class OpenFiles:
         if isinstance(staged, UseHeld):  # staged in RAM since: reads of pages not cached use it
             return OpenFile(entry, size, data=memoryview(staged.data), pushed=True)
         return OpenFile(entry, size, pushed=True)
+
+    def book_native(self, events: list[int], handles: dict[int, Any], entries: int) -> None:
+        """A run of opens and releases the front answered itself (flat ``(opened, inode, fh, pid)``
+        quads, in ring order; ``handles``: the daemon's fh -> handle table; ``entries``: the tree's
+        size): for each, in order, exactly what :meth:`opened_natively` (registered in ``handles``)
+        and :meth:`release` do, so the counters, the prefetcher's opened/consumed and the cursor see
+        the same sequence.  An open whose release is in the same run gets no handle: no request
+        came between them (a forwarded READ would have ended the run), so there is nothing to
+        look up; its release does what :meth:`release` does for a pushed handle."""
+        prefetcher = self.prefetcher
+        staging = prefetcher.staging
+        counters = self.counters
+        page_cache = counters.sources["page_cache"]
+        sizes = self.tree.size
+        closing = {fh for opened, fh in zip(events[0::4], events[2::4], strict=True) if not opened}
+        paired: dict[int, int] = {}  # fh -> entry: opened in this run, released later in it
+        for k in range(0, len(events), 4):
+            fh = events[k + 2]
+            if events[k]:
+                entry = events[k + 1] - ROOT_INODE
+                if not 0 <= entry < entries:
+                    continue
+                size = int(sizes[entry])
+                if staging.reads_back(events[k + 3]):
+                    handles[fh] = OpenFile(entry, size, pushed=True, read_back=True)
+                    continue
+                counters.opens += 1
+                staged = prefetcher.opened(entry)
+                # counters.stalled(0.0) and page_cache.seconds += 0.0 change nothing: left out
+                page_cache.files += 1
+                page_cache.bytes += size
+                if fh in closing:
+                    paired[fh] = entry
+                elif isinstance(staged, UseHeld):
+                    handles[fh] = OpenFile(entry, size, data=memoryview(staged.data), pushed=True)
+                else:
+                    handles[fh] = OpenFile(entry, size, pushed=True)
+            else:
+                entry = paired.pop(fh, -1)
+                if entry >= 0:  # release() of a pushed handle opened natively (never direct)
+                    prefetcher.consumed(entry)
+                    staging.pages_kept(entry)
+                    continue
+                handle = handles.pop(fh, None)
+                if isinstance(handle, OpenFile):
+                    self.release(handle)
 
     async def _locate(
         self, entry: int, size: int, staged: UsePages | UseHeld | None
