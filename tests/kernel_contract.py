@@ -138,6 +138,7 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
             return DAEMON[off : off + size]
 
         async def release(self, fh: int) -> None:
+            calls["release"] += 1
             read_back_handles.discard(fh)
 
         async def forget(self, inodes: object) -> None:
@@ -217,6 +218,21 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
         never answered without their event.  Returns what each side counted."""
         front.notify_store(KNOWN, 0, STORED)
         front.set_pages(KNOWN, True)
+        # One open first, served normally: the attributes an earlier invalidate_inode dropped come
+        # back, so no open below needs a GETATTR (it would wait on the held trio thread, not fill).
+        with open(path_a, "rb") as fh:
+            fh.read()
+        # ... and its events booked before the counts are taken; the kernel sends a RELEASE after
+        # close() returns, so wait for that too (every handle opened natively so far released)
+        settle = time.monotonic() + 20
+
+        def unbooked() -> bool:
+            now = front.status()
+            booked = [calls["native open"], calls["native release"]]
+            return booked != [now["native_opens"], now["native_releases"]] or booked[0] != booked[1]
+
+        while unbooked() and time.monotonic() < settle:
+            time.sleep(0.01)
         before = dict(calls)
         stats0 = front.status()
         asleep = threading.Event()
@@ -252,6 +268,9 @@ def main(mountpoint: str, front_name: str = "pyfuse3") -> None:  # pragma: no co
             "native_opens": stats["native_opens"] - stats0["native_opens"],
             "open_events_booked": calls["native open"] - before.get("native open", 0),
             "opens_forwarded": calls["open"] - before.get("open", 0),
+            "native_releases": stats["native_releases"] - stats0["native_releases"],
+            "release_events_booked": calls["native release"] - before.get("native release", 0),
+            "releases_forwarded": calls["release"] - before.get("release", 0),
             "ring_full": stats["ring_full"] - stats0["ring_full"],
         }
 
