@@ -873,13 +873,7 @@ def _summarize(
         "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]],
         "datasets": datasets,
         "objects": len(objects),
-        "coverage": {
-            "read_objects": int(read.sum()),
-            "read_bytes": int(sizes[read].sum()),
-            "held_objects": int((held_any & read).sum()),
-            "held_bytes": int(sizes[held_any & read].sum()),
-            "spread_guaranteed": bool(spread_covers(sizes, read, budgets)) if tiers else False,
-        },
+        "coverage": _coverage(sizes, read, held_any, budgets),
         "pfs_bytes_job": pfs_bytes,
         "pfs_bytes_without_cache": int((total_reads * sizes).sum()),
         "frequency": _frequency(inputs, catalogs, stats.segments, stats.counts, nodes, follows),
@@ -973,17 +967,23 @@ def _summarize_node(
         "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]],
         "datasets": datasets,
         "objects": len(objects),
-        "coverage": {
-            "read_objects": int(read.sum()),
-            "read_bytes": int(sizes[read].sum()),
-            "held_objects": int((held_any & read).sum()),
-            "held_bytes": int(sizes[held_any & read].sum()),
-            "spread_guaranteed": bool(spread_covers(sizes, read, budgets)) if tiers else False,
-        },
+        "coverage": _coverage(sizes, read, held_any, budgets),
         "pfs_bytes_job": pfs_bytes,
         "pfs_bytes_without_cache": int((total * sizes).sum()),
         "frequency": _frequency(inputs, catalogs, list(segments), p.counts[None, :], nodes, follows),
         "per_node": [node],
+    }
+
+
+def _coverage(sizes: I64, read: npt.NDArray[np.bool_], held_any: npt.NDArray[np.bool_], budgets: I64) -> dict[str, Any]:
+    """What the job reads and how much of it some node holds; whether spread ownership can hold it all."""
+    held = held_any & read
+    return {
+        "read_objects": int(read.sum()),
+        "read_bytes": int(sizes[read].sum()),
+        "held_objects": int(held.sum()),
+        "held_bytes": int(sizes[held].sum()),
+        "spread_guaranteed": bool(spread_covers(sizes, read, budgets)) if budgets.size else False,
     }
 
 
