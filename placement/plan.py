@@ -860,20 +860,8 @@ def _summarize(
         node["owned_bytes"] = int(owned_bytes[k])
         node.update(_phase_reports(reads_by[k], bytes_by[k], epochs, tiers, model, pfs_readers))
         node_reports.append(node)
-    datasets = _dataset_reports(catalogs, follows, stats.segments)
-    read = objects.cacheable & read_any
-    budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
     return {
-        "seed": int(inputs["seed"]),
-        "nodes": nodes,
-        "world_size": int(inputs["job"]["world_size"]),
-        "ranks_per_node": int(inputs["job"]["ranks_per_node"]),
-        "epochs": epochs,
-        "spread": bool(inputs["spread"]),
-        "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]],
-        "datasets": datasets,
-        "objects": len(objects),
-        "coverage": _coverage(sizes, read, held_any, budgets),
+        **_job_report(inputs, catalogs, follows, stats.segments, objects, read_any, held_any, nodes, None),
         "pfs_bytes_job": pfs_bytes,
         "pfs_bytes_without_cache": int((total_reads * sizes).sum()),
         "frequency": _frequency(inputs, catalogs, stats.segments, stats.counts, nodes, follows),
@@ -953,26 +941,45 @@ def _summarize_node(
     # every node reads the PFS alike in the model: as many readers as nodes that read it at all
     readers = [nodes if reads_by[phase, pfs_cat] else 0 for phase in (0, 1)]
     node.update(_phase_reports(reads_by, bytes_by, epochs, tiers, model, readers))
-    datasets = _dataset_reports(catalogs, follows, segments)
-    read = objects.cacheable & read_any
-    budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
     return {
-        "seed": int(inputs["seed"]),
-        "nodes": nodes,
-        "world_size": int(inputs["job"]["world_size"]),
-        "ranks_per_node": int(inputs["job"]["ranks_per_node"]),
-        "epochs": epochs,
-        "spread": bool(inputs["spread"]),
-        "planned": "per_node",
-        "tiers": [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]],
-        "datasets": datasets,
-        "objects": len(objects),
-        "coverage": _coverage(sizes, read, held_any, budgets),
+        **_job_report(inputs, catalogs, follows, segments, objects, read_any, held_any, nodes, "per_node"),
         "pfs_bytes_job": pfs_bytes,
         "pfs_bytes_without_cache": int((total * sizes).sum()),
         "frequency": _frequency(inputs, catalogs, list(segments), p.counts[None, :], nodes, follows),
         "per_node": [node],
     }
+
+
+def _job_report(
+    inputs: Mapping[str, Any],
+    catalogs: Sequence[Catalog],
+    follows: Sequence[int | None],
+    segments: Sequence[Segment],
+    objects: Objects,
+    read_any: npt.NDArray[np.bool_],
+    held_any: npt.NDArray[np.bool_],
+    nodes: int,
+    planned: str | None,
+) -> dict[str, Any]:
+    """The summary's head, the same for a dense and a per-node plan: the job, its datasets and the
+    coverage of what it reads (``planned``: how, where not dense)."""
+    job = inputs["job"]
+    head: dict[str, Any] = {
+        "seed": int(inputs["seed"]),
+        "nodes": nodes,
+        "world_size": int(job["world_size"]),
+        "ranks_per_node": int(job["ranks_per_node"]),
+        "epochs": int(job["epochs"]),
+        "spread": bool(inputs["spread"]),
+    }
+    if planned is not None:
+        head["planned"] = planned
+    budgets = np.array([t["bytes"] for t in inputs["tiers"]], np.int64)
+    head["tiers"] = [{"kind": t["kind"], "bytes": int(t["bytes"])} for t in inputs["tiers"]]
+    head["datasets"] = _dataset_reports(catalogs, follows, segments)
+    head["objects"] = len(objects)
+    head["coverage"] = _coverage(objects.size, objects.cacheable & read_any, held_any, budgets)
+    return head
 
 
 def _coverage(sizes: I64, read: npt.NDArray[np.bool_], held_any: npt.NDArray[np.bool_], budgets: I64) -> dict[str, Any]:
