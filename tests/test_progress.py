@@ -32,6 +32,7 @@ from tools.harness.mounts import SEERFS
 
 DIRS, FILES_PER_DIR = 30, 60
 META_LATENCY_MS = 100  # a loaded metadata server; with 2 walk threads the walk takes ~4 s
+PLAN_EPOCHS = 1500  # the plan for a new seed takes 1-3 s, several status polls
 
 
 # --------------------------------------------------------------------------- the counting itself
@@ -193,7 +194,9 @@ def test_walk_and_plan_progress_in_mount_wait_and_status(tmp_path: Path) -> None
     rescan without a terminal, where the previous snapshot's count gives the time left."""
     entries = _slow_tree(tmp_path / "backing")
     cfg = tmp_path / "seerfs.yaml"
-    cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\nsnapshot: {{walk_threads: 2}}\n")
+    # Enough epochs that a plan takes seconds: the prepared plan worker builds 1,800 files x 1 epoch
+    # faster than one status poll, and a plan never seen running proves nothing about its time left.
+    cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\nsnapshot: {{walk_threads: 2}}\njob: {{epochs: {PLAN_EPOCHS}}}\n")
     mp = tmp_path / "mnt"
     mp.mkdir()
     with running_pfsemu(tmp_path / "backing", meta_latency_ms=META_LATENCY_MS) as emu:
