@@ -60,7 +60,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/fanotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,6 +113,38 @@ static struct {
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
      .consumer_idle = 1};
+
+/* no_open mode (mount()'s `no_open`, armed by watch()): OPEN is answered ENOSYS, so the kernel sets
+ * fc->no_open and sends neither OPEN nor RELEASE again on this connection (fs/fuse/file.c,
+ * fuse_file_open: every later open gets fh 0 and FOPEN_KEEP_CACHE, so cached pages stay across
+ * opens); a READ then carries fh 0 and is forwarded by inode.  Opens are seen instead through
+ * fanotify (a mount mark, FAN_OPEN and FAN_CLOSE, FAN_UNLIMITED_QUEUE: root only), read by one
+ * thread that pushes them into the ring as the same EV_OPEN/EV_RELEASE events, with fh 0 (the
+ * daemon pairs them by inode).
+ *   - Order: the fanotify thread reads and pushes under F.lock; a READ with fh 0 first takes F.lock
+ *     and moves whatever the queue holds into the ring, then is forwarded: the reader's open
+ *     happened before its READ, and fsnotify queued its event during the open, so that open's event
+ *     is in the ring before the READ.  A close is queued after the reader's last read returned, so
+ *     after its READs.  Nothing is lost: the queue is unlimited and a full ring makes the pusher wait
+ *     (push(wait)), never drop.
+ *   - The daemon's own opens (its reads back) are told by the event's pid (the tgid) and dropped.
+ *   - FAN_REPORT_FID would spare the event's fd, but fanotify refuses it for a mount mark on a
+ *     filesystem with a zero fsid, which FUSE's statfs gives (fanotify_test_fsid): each event
+ *     carries an fd, whose inode number (the nodeid) is read with statx(AT_STATX_DONT_SYNC, so
+ *     never a request to this daemon), then closed (no RELEASE: no_open).
+ *   - fanotify merges an event with one of the same file and pid not read yet: an open and close
+ *     merged come as one event (booked as the open, then the release); a reopen by the same
+ *     process before the queue is read is booked once. */
+static struct {
+    int fd; /* the fanotify group, or -1 */
+    int stop_fd; /* eventfd: the thread returns */
+    pthread_t thread;
+    int running;
+    pthread_mutex_t lock; /* reading the group and pushing its events: one reader at a time */
+    atomic_int armed; /* OPEN is answered ENOSYS from now on */
+    pid_t self;
+    atomic_uint_fast64_t opens, releases, own, overflows, enosys;
+} F = {.fd = -1, .stop_fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ------------------------------------------------------------------ the ring */
 
@@ -189,6 +223,102 @@ static void forward(int op, fuse_req_t req, uint64_t a0, uint64_t a1, uint64_t a
         free(r.s2);
         fuse_reply_err(req, ENODEV);
     }
+}
+
+/* ------------------------------------------------------------------ fanotify (no_open mode) */
+
+static void push_seen(int opened, uint64_t ino, uint32_t pid) {
+    rec_t r = {.op = opened ? EV_OPEN : EV_RELEASE, .a = {ino, 0}, .pid = pid};
+    if (push(&r, 1) > 0) /* waits for room: an observed open is never dropped (-1: the session ended) */
+        atomic_fetch_add(opened ? &F.opens : &F.releases, 1);
+}
+
+/* Move every event the group holds into the ring, in queue order.  Caller holds F.lock. */
+static void fan_read_locked(void) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct fanotify_event_metadata))));
+    for (;;) {
+        ssize_t n = read(F.fd, buf, sizeof buf);
+        if (n <= 0)
+            return; /* EAGAIN: empty (the group is non-blocking) */
+        struct fanotify_event_metadata *md = (struct fanotify_event_metadata *)buf;
+        for (; FAN_EVENT_OK(md, n); md = FAN_EVENT_NEXT(md, n)) {
+            if (md->vers != FANOTIFY_METADATA_VERSION)
+                continue;
+            if (md->mask & FAN_Q_OVERFLOW) { /* never with FAN_UNLIMITED_QUEUE; counted if it were */
+                atomic_fetch_add(&F.overflows, 1);
+                continue;
+            }
+            uint64_t ino = 0;
+            if (md->fd >= 0) {
+                struct statx stx;
+                if (statx(md->fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &stx) == 0)
+                    ino = stx.stx_ino;
+                close(md->fd);
+            }
+            if (md->pid == F.self) {
+                atomic_fetch_add(&F.own, 1);
+                continue;
+            }
+            if (ino == 0)
+                continue;
+            if (md->mask & FAN_OPEN)
+                push_seen(1, ino, (uint32_t)md->pid);
+            if (md->mask & FAN_CLOSE)
+                push_seen(0, ino, (uint32_t)md->pid);
+        }
+    }
+}
+
+/* A READ with fh 0 is about to be forwarded: its reader's open event goes into the ring first. */
+static void fan_flush(void) {
+    if (!atomic_load_explicit(&F.armed, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&F.lock);
+    if (F.fd >= 0)
+        fan_read_locked();
+    pthread_mutex_unlock(&F.lock);
+}
+
+static void *fan_loop(void *arg) {
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    pthread_setname_np(pthread_self(), "seerfs-fanotify");
+    struct pollfd p[2] = {{.fd = F.fd, .events = POLLIN}, {.fd = F.stop_fd, .events = POLLIN}};
+    for (;;) {
+        int n = poll(p, 2, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || p[1].revents)
+            break;
+        pthread_mutex_lock(&F.lock);
+        fan_read_locked();
+        pthread_mutex_unlock(&F.lock);
+        pthread_mutex_lock(&S.lock);
+        int ended = S.ended;
+        pthread_mutex_unlock(&S.lock);
+        if (ended)
+            break;
+    }
+    return NULL;
+}
+
+/* Stop the fanotify thread and close the group (unmount(): after the receive threads ended). */
+static void fan_stop(void) {
+    atomic_store(&F.armed, 0);
+    if (F.running) {
+        uint64_t one = 1;
+        ssize_t w = write(F.stop_fd, &one, sizeof one);
+        (void)w;
+        pthread_join(F.thread, NULL);
+        F.running = 0;
+    }
+    if (F.fd >= 0)
+        close(F.fd);
+    if (F.stop_fd >= 0)
+        close(F.stop_fd);
+    F.fd = F.stop_fd = -1;
 }
 
 /* ------------------------------------------------------------------ callbacks (receive threads) */
@@ -274,6 +404,11 @@ static int pushed(fuse_ino_t ino) {
 }
 
 static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+    if (atomic_load_explicit(&F.armed, memory_order_acquire)) {
+        atomic_fetch_add(&F.enosys, 1);
+        fuse_reply_err(req, ENOSYS); /* no_open: the kernel sends no OPEN or RELEASE from now on */
+        return;
+    }
     if ((fi->flags & O_ACCMODE) == O_RDONLY && !(fi->flags & (O_TRUNC | O_APPEND | O_CREAT)) && pushed(ino)) {
         uint64_t fh = NATIVE_FH_BASE + atomic_fetch_add(&S.next_fh, 1);
         rec_t r = {.op = EV_OPEN, .a = {ino, fh}};
@@ -292,6 +427,8 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
 }
 
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+    if (fi->fh == 0)
+        fan_flush(); /* no_open: the reader's open event before its READ */
     forward(OP_READ, req, fi->fh, (uint64_t)off, size, ino, NULL, 0, NULL, 0);
 }
 
@@ -732,6 +869,7 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     end_session();
     cancel_threads();
     Py_BEGIN_ALLOW_THREADS for (int i = 0; i < S.nthreads; i++) pthread_join(S.threads[i], NULL);
+    fan_stop(); /* after the receive threads: none is in fan_flush() any more */
     Py_END_ALLOW_THREADS S.nthreads = 0;
     /* Requests no one will answer now: answer them, free their copies. */
     pthread_mutex_lock(&S.lock);
@@ -1057,13 +1195,68 @@ static PyObject *py_set_pages(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* watch(mountpoint): no_open mode.  Marks the mount with a fanotify group, then arms ENOSYS for
+ * OPEN and starts the thread reading the group.  Called from a worker thread once the session
+ * serves (the mark's permission check may ask this daemon for the root's attributes).  The mark
+ * comes before the arming: an open between the two is seen both as a request and as an event
+ * (booked twice, open and release alike), never missed. */
+static PyObject *py_watch(PyObject *m, PyObject *args) {
+    (void)m;
+    const char *mountpoint;
+    if (!PyArg_ParseTuple(args, "s", &mountpoint))
+        return NULL;
+    if (S.se == NULL || F.fd >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "not mounted, or already watching");
+        return NULL;
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    struct stat st;
+    if (stat(mountpoint, &st) < 0) /* the root's attributes cached before the mark needs them */
+        err = errno;
+    int fd = err ? -1
+                 : fanotify_init(FAN_CLASS_NOTIF | FAN_UNLIMITED_QUEUE | FAN_CLOEXEC | FAN_NONBLOCK,
+                                 O_RDONLY | O_CLOEXEC | O_LARGEFILE);
+    if (!err && fd < 0)
+        err = errno;
+    if (!err && fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, FAN_OPEN | FAN_CLOSE, AT_FDCWD, mountpoint) < 0)
+        err = errno;
+    int stop_fd = err ? -1 : eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (!err && stop_fd < 0)
+        err = errno;
+    if (!err) {
+        F.fd = fd;
+        F.stop_fd = stop_fd;
+        F.self = getpid();
+        atomic_store_explicit(&F.armed, 1, memory_order_release);
+        err = pthread_create(&F.thread, NULL, fan_loop, NULL);
+        if (!err)
+            F.running = 1;
+        else
+            fan_stop();
+    } else {
+        if (fd >= 0)
+            close(fd);
+        if (stop_fd >= 0)
+            close(stop_fd);
+    }
+    Py_END_ALLOW_THREADS if (err) {
+        errno = err;
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, mountpoint);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_stats(PyObject *m, PyObject *noargs) {
     (void)m, (void)noargs;
-    return Py_BuildValue("{sKsKsKsKsKsK}", "batches", (unsigned long long)atomic_load(&S.batches), "native_opens", (unsigned long long)atomic_load(&S.native_opens),
-                         "native_releases", (unsigned long long)atomic_load(&S.native_releases), "native_ioctls",
-                         (unsigned long long)atomic_load(&S.native_ioctls), "forwarded",
-                         (unsigned long long)atomic_load(&S.forwarded), "ring_full",
-                         (unsigned long long)atomic_load(&S.ring_full));
+#define U(x) (unsigned long long)atomic_load(&(x))
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsi}", "batches", U(S.batches), "native_opens", U(S.native_opens),
+                         "native_releases", U(S.native_releases), "native_ioctls", U(S.native_ioctls), "forwarded",
+                         U(S.forwarded), "ring_full", U(S.ring_full), "observed_opens", U(F.opens),
+                         "observed_releases", U(F.releases), "own_opens_dropped", U(F.own), "observed_overflows",
+                         U(F.overflows), "opens_answered_enosys", U(F.enosys), "no_open",
+                         atomic_load(&F.armed));
+#undef U
 }
 
 static PyMethodDef methods[] = {
@@ -1087,6 +1280,7 @@ static PyMethodDef methods[] = {
     {"invalidate_inode", py_invalidate_inode, METH_VARARGS, "invalidate_inode(inode) (GIL released)"},
     {"invalidate_entry", py_invalidate_entry, METH_VARARGS, "invalidate_entry(parent, name) (GIL released)"},
     {"set_pages", py_set_pages, METH_VARARGS, "set_pages(inode, on): its opens are answered natively"},
+    {"watch", py_watch, METH_VARARGS, "watch(mountpoint): no_open mode: mark the mount with fanotify, answer OPEN ENOSYS (GIL released)"},
     {"stats", py_stats, METH_NOARGS, "counters of what was answered natively and forwarded"},
     {NULL}};
 
