@@ -16,6 +16,12 @@
  *     reply_*() answer a forwarded request; set_pages() marks inodes.
  *   - worker threads (Python, GIL released in the call): notify_store, invalidate_inode,
  *     invalidate_entry write to /dev/fuse; libfuse serialises nothing there and needs nothing.
+ *   - the fanotify thread (one, `seerfs-fanotify`, only in no_open mode: started by watch(), joined
+ *     by unmount() after the receive threads): blocks in poll() on the fanotify group and a stop
+ *     eventfd, then under F.lock reads every queued event and pushes it into the ring (push(wait):
+ *     never dropped); a receive thread about to forward a READ with fh 0 takes F.lock and does the
+ *     same first (fan_flush), so a reader's open precedes its READ in the ring.  It never takes the
+ *     GIL and never waits on the daemon: the event's inode comes from statx(AT_STATX_DONT_SYNC).
  *
  * The ring (one mutex, a fixed array of S.cap records (mount()'s `ring`, 4096 by default), FIFO)
  *   - A producer (receive thread) pushes under the mutex and writes 1 to the wake eventfd when no
