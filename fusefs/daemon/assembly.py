@@ -69,6 +69,7 @@ from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import CursorSettings, DatasetState
 from placement.plan import Plan, plan_inputs
 from placement.recheck import rechecked_here
+from placement.tree import KIND_FILE, TreeArrays
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,19 @@ def make_front(name: str, snapshot: Snapshot, no_open: str = "off") -> Front[See
             log.info("native FUSE front not available (%s): serving through pyfuse3", exc)
         else:
             wanted = no_open == "on" or (no_open == "auto" and may_watch())
-            return NativeFront(snapshot.tree.path, inodes=len(snapshot.tree) + 1, no_open=wanted)
+            tree = snapshot.tree
+            return NativeFront(
+                tree.path, inodes=len(tree) + 1, no_open=wanted, watch_dirs=lambda: _dirs_with_files(tree)
+            )
     if no_open == "on":
         log.warning("fuse.no_open: on needs the native front; opens are served as requests")
     return Pyfuse3Front(snapshot.tree.path)
+
+
+def _dirs_with_files(tree: TreeArrays) -> list[bytes]:
+    """The directories ``fuse.no_open`` marks with fanotify (relative paths; ``b""``: the root)."""
+    parents = np.unique(tree.parent[1:][tree.kind[1:] == KIND_FILE])
+    return [tree.path(int(p)) for p in parents]
 
 
 def _escape_opt(value: str) -> str:

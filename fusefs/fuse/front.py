@@ -53,6 +53,14 @@ class FrontStatus(TypedDict):
             "and the daemon sees opens through fanotify (root, native front)"
         ),
     ]
+    fanotify: Annotated[
+        Literal["off", "fid", "fd"],
+        state(
+            "how no_open mode sees opens.  fid: inode marks on the directories holding files, each event naming "
+            "the file by its handle; fd: one mount mark, each event carrying a descriptor (more CPU per open); "
+            "off: not in no_open mode"
+        ),
+    ]
     observed_opens: Annotated[int, counter("opens seen through fanotify in no_open mode, the daemon's own excluded")]
     observed_releases: Annotated[
         int, counter("closes seen through fanotify in no_open mode, the daemon's own excluded")

@@ -92,9 +92,15 @@ class NativeFront(ThroughMount):
     ring holds (a full ring forwards native opens and makes requests wait, never drops one)."""
 
     def __init__(
-        self, path_of: Callable[[int], bytes] | None = None, inodes: int = 0, ring: int = 4096, no_open: bool = False
+        self,
+        path_of: Callable[[int], bytes] | None = None,
+        inodes: int = 0,
+        ring: int = 4096,
+        no_open: bool = False,
+        watch_dirs: Callable[[], list[bytes]] | None = None,
     ) -> None:
         super().__init__(path_of)
+        self.watch_dirs = watch_dirs  # no_open: the directories holding files (relative paths) to mark
         self.no_open = no_open  # asked for: armed by _watch once serving (status front.open_mode says if it was)
         self._mountpoint = ""
         self.new_attrs = cast(Callable[[], EntryAttributes], _native.EntryAttributes)
@@ -218,12 +224,14 @@ class NativeFront(ThroughMount):
         for inode in self.ops.opens_unseen():
             with contextlib.suppress(OSError):  # ENOENT: the kernel never looked it up
                 await trio.to_thread.run_sync(_native.invalidate_inode, inode)
+        dirs = self.watch_dirs() if self.watch_dirs is not None else []
         try:
-            await trio.to_thread.run_sync(_native.watch, self._mountpoint)
+            fid = await trio.to_thread.run_sync(_native.watch, self._mountpoint, dirs)
         except OSError as exc:
             log.warning("fuse.no_open: fanotify refused (%s): opens are served as requests", exc.strerror or exc)
             return
-        log.info("fuse.no_open: opens reach the daemon through fanotify, no OPEN or RELEASE requests")
+        how = f"file handles, {len(dirs)} directories marked" if fid else "an fd per event, the mount marked"
+        log.info("fuse.no_open: no OPEN or RELEASE requests; opens seen through fanotify (%s)", how)
 
     def terminate(self) -> None:
         _native.stop()
@@ -250,8 +258,10 @@ class NativeFront(ThroughMount):
     def status(self) -> FrontStatus:
         """What the extension answered natively and forwarded, since it was loaded."""
         stats = _native.stats()
-        mode = "no_open" if stats.pop("no_open") else "requests"
-        return cast(FrontStatus, {"name": "native", "open_mode": mode, **stats})
+        armed = stats.pop("no_open")  # 0: not armed; 1: an fd per event; 2: file handles
+        mode = "no_open" if armed else "requests"
+        seen = ("off", "fd", "fid")[armed]
+        return cast(FrontStatus, {"name": "native", "open_mode": mode, "fanotify": seen, **stats})
 
     # ------------------------------------------------------------------ serving
 

@@ -206,6 +206,7 @@ class Pyfuse3Front(ThroughMount):
             "batches": 0,
             "ring_full": 0,
             "open_mode": "requests",
+            "fanotify": "off",
             "observed_opens": 0,
             "observed_releases": 0,
             "own_opens_dropped": 0,
