@@ -112,8 +112,9 @@ class FuseSettings:
         "native",
     )
     no_open: Literal["off", "auto", "on"] = doc(
-        "zero requests per open (native front, root only).  on: once serving, the native front marks the mount "
-        "with fanotify and answers OPEN with ENOSYS, after which the kernel sends no OPEN or RELEASE on the mount: "
+        "zero requests per open (native front, root only).  on: once serving, the native front marks the "
+        "directories holding files with fanotify (one inode mark each) and answers OPEN with ENOSYS, after which "
+        "the kernel sends no OPEN or RELEASE on the mount: "
         "a cached file is opened and read without the daemon, which sees each open and close, with its pid, through "
         "fanotify, and serves reads of pages not cached by inode.  Where fanotify is refused (no CAP_SYS_ADMIN) or "
         "the front is pyfuse3, a WARNING and opens stay requests.  auto: on where the daemon has CAP_SYS_ADMIN and "

@@ -102,7 +102,7 @@ def test_every_file_is_served_right_and_warm_opens_cost_no_request(tmp_path: Pat
         after = _status_when(mnt, lambda d: d["reads"]["opens"] == 5 * len(rels), "the warm opens booked")
     assert fuse_mounts(tmp_path) == []
     front, was = after["front"], before["front"]
-    assert front["name"] == "native" and front["open_mode"] == "no_open"
+    assert front["name"] == "native" and front["open_mode"] == "no_open" and front["fanotify"] == "fid"
     assert front["native_opens"] == front["native_releases"] == 0 and front["opens_answered_enosys"] >= 1
     assert front["observed_opens"] - was["observed_opens"] >= 3 * len(rels)
     assert front["observed_overflows"] == 0
@@ -187,7 +187,8 @@ def test_the_daemons_own_reads_back_are_not_a_readers_opens(tmp_path: Path) -> N
         assert before["reads"]["opens"] == 1
         data = _held_only_get(address, token, ident)
         assert data is not None and hashlib.sha1(data).hexdigest() == digests[rel]
-        after = _status_when(mnt, lambda d: d["front"]["own_opens_dropped"] >= 2, "the read back's open and close")
+        # one event, or two: fanotify merges an open and its close still queued
+        after = _status_when(mnt, lambda d: d["front"]["own_opens_dropped"] >= 1, "the read back's open seen")
         assert after["prefetch"]["staging"]["read_backs"] == 1
         assert after["reads"]["opens"] == 1  # the read back is no reader's open
 

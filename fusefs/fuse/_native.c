@@ -133,8 +133,8 @@ static struct {
  *     and moves whatever the queue holds into the ring, then is forwarded: the reader's open
  *     happened before its READ, and fsnotify queued its event during the open, so that open's event
  *     is in the ring before the READ.  A close is queued after the reader's last read returned, so
- *     after its READs.  Nothing is lost: the queue is unlimited and a full ring makes the pusher wait
- *     (push(wait)), never drop.
+ *     after its READs.  Nothing is lost: the kernel's queue is unlimited, and events that find the
+ *     ring full wait in the backlog (below, in order, ahead of newer ones), never dropped.
  *   - The daemon's own opens (its reads back) are told by the event's pid (the tgid) and dropped.
  *   - The marks: FAN_REPORT_FID spares the event's fd (FUSE encodes its file handle as the nodeid
  *     and generation, FILEID_INO64_GEN), but fanotify refuses it for a mount or filesystem mark on a
@@ -167,14 +167,15 @@ static void wake(void) {
     (void)n; /* EAGAIN only when the counter is saturated: trio is woken anyway */
 }
 
-/* Push a record; wait for room when `wait`, else return 0 when full; -1: the session ended while
- * waiting (the record is untouched in both). */
+/* Push a record; wait for room when `wait` > 0, else return 0 when full (counted in ring_full when
+ * `wait` is 0); -1: the session ended while waiting (the record is untouched in both). */
 static int push(const rec_t *r, int wait) {
     pthread_mutex_lock(&S.lock);
     while (S.count == S.cap) {
-        if (!wait) {
+        if (wait <= 0) { /* -1: the fanotify backlog's try, not a native open forwarded: not counted */
             pthread_mutex_unlock(&S.lock);
-            atomic_fetch_add(&S.ring_full, 1);
+            if (wait == 0)
+                atomic_fetch_add(&S.ring_full, 1);
             return 0;
         }
         if (S.ended) { /* nobody drains any more: the caller answers the request itself */
@@ -240,14 +241,67 @@ static void forward(int op, fuse_req_t req, uint64_t a0, uint64_t a1, uint64_t a
 
 /* ------------------------------------------------------------------ fanotify (no_open mode) */
 
+/* The backlog (under F.lock): events read from fanotify that found the ring full, in order.  They
+ * are taken out of the kernel's queue anyway, because fanotify merges a queued event with a later
+ * one of the same file and process: a queue left to grow while the daemon is busy would lose every
+ * reopen of a file (a benchmark's next pass) into the earlier event.  Bounded by memory only, as
+ * the kernel's unlimited queue would be; 16 bytes an event. */
+typedef struct {
+    uint64_t ino;
+    uint32_t pid;
+    uint32_t opened;
+} seen_t;
+static struct {
+    seen_t *v;
+    size_t head, n, cap;
+} B;
+
+/* Move the backlog into the ring while it has room; whether the backlog is empty now. */
+static int backlog_flush(void) {
+    while (B.head < B.n) {
+        seen_t *e = &B.v[B.head];
+        rec_t r = {.op = e->opened ? EV_OPEN : EV_RELEASE, .a = {e->ino, 0}, .pid = e->pid};
+        if (push(&r, -1) <= 0)
+            return 0;
+        B.head++;
+    }
+    B.head = B.n = 0;
+    return 1;
+}
+
 static void push_seen(int opened, uint64_t ino, uint32_t pid) {
+    atomic_fetch_add(opened ? &F.opens : &F.releases, 1);
     rec_t r = {.op = opened ? EV_OPEN : EV_RELEASE, .a = {ino, 0}, .pid = pid};
-    if (push(&r, 1) > 0) /* waits for room: an observed open is never dropped (-1: the session ended) */
-        atomic_fetch_add(opened ? &F.opens : &F.releases, 1);
+    if (B.head == B.n && push(&r, -1) > 0)
+        return; /* the common case: straight into the ring */
+    if (B.n == B.cap && B.head > 0) { /* reuse the room of what was flushed */
+        memmove(B.v, B.v + B.head, (B.n - B.head) * sizeof *B.v);
+        B.n -= B.head;
+        B.head = 0;
+    }
+    if (B.n == B.cap) {
+        size_t cap = B.cap ? 2 * B.cap : 4096;
+        seen_t *v = realloc(B.v, cap * sizeof *v);
+        if (v == NULL) { /* no memory for the backlog: push in order, waiting for room (the kernel queues the rest) */
+            for (; B.head < B.n; B.head++) {
+                seen_t *e = &B.v[B.head];
+                rec_t q = {.op = e->opened ? EV_OPEN : EV_RELEASE, .a = {e->ino, 0}, .pid = e->pid};
+                if (push(&q, 1) < 0)
+                    return; /* the session ended */
+            }
+            B.head = B.n = 0;
+            push(&r, 1);
+            return;
+        }
+        B.v = v;
+        B.cap = cap;
+    }
+    B.v[B.n++] = (seen_t){.ino = ino, .pid = pid, .opened = (uint32_t)opened};
 }
 
 /* Move every event the group holds into the ring, in queue order.  Caller holds F.lock. */
 static void fan_read_locked(void) {
+    backlog_flush();
     char buf[4096] __attribute__((aligned(__alignof__(struct fanotify_event_metadata))));
     for (;;) {
         ssize_t n = read(F.fd, buf, sizeof buf);
@@ -309,11 +363,20 @@ static void *fan_loop(void *arg) {
     pthread_setname_np(pthread_self(), "seerfs-fanotify");
     struct pollfd p[2] = {{.fd = F.fd, .events = POLLIN}, {.fd = F.stop_fd, .events = POLLIN}};
     for (;;) {
-        int n = poll(p, 2, -1);
+        pthread_mutex_lock(&F.lock);
+        int backlog = B.head < B.n;
+        pthread_mutex_unlock(&F.lock);
+        int n = poll(p, 2, backlog ? FAN_GATHER_NS / 1000000 : -1); /* a backlog: retry the ring soon */
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 || p[1].revents)
             break;
+        if (n == 0) {
+            pthread_mutex_lock(&F.lock);
+            backlog_flush();
+            pthread_mutex_unlock(&F.lock);
+            continue;
+        }
         /* Let events gather before reading them: woken per event, the thread cost the daemon about
          * 16 us per warm open (wake-ups, one read and one push per event); 2 ms gathers a
          * run of them per wake.  A READ never waits for this: fan_flush() reads the queue itself. */
@@ -346,6 +409,9 @@ static void fan_stop(void) {
     if (F.stop_fd >= 0)
         close(F.stop_fd);
     F.fd = F.stop_fd = -1;
+    free(B.v); /* events not booked when the session ended: nobody will */
+    B.v = NULL;
+    B.head = B.n = B.cap = 0;
 }
 
 /* ------------------------------------------------------------------ callbacks (receive threads) */

@@ -66,7 +66,10 @@ class FrontStatus(TypedDict):
         int, counter("closes seen through fanotify in no_open mode, the daemon's own excluded")
     ]
     own_opens_dropped: Annotated[
-        int, counter("opens and closes fanotify reported of the daemon itself (its reads back), not booked")
+        int,
+        counter(
+            "fanotify events of the daemon itself (its reads back; an open and its close may come as one), not booked"
+        ),
     ]
     observed_overflows: Annotated[int, counter("fanotify queue overflows (never expected: the queue is unlimited)")]
     opens_answered_enosys: Annotated[

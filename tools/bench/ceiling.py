@@ -506,7 +506,7 @@ def seerfs_sources(mnt: Path) -> dict[str, int]:
     front's counts of what it answered in C and forwarded to Python."""
     doc = status(mnt)
     reads, front = doc["reads"], doc["front"]
-    counts = {f"front {k}": int(v) for k, v in front.items() if k not in ("name", "open_mode")}
+    counts = {f"front {k}": int(v) for k, v in front.items() if isinstance(v, int)}
     return {
         **{k: int(v["files"]) for k, v in reads["by_source"].items()},
         "READ requests": int(reads["reads"]),
@@ -546,7 +546,8 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
             records += front["observed_opens"] + front["observed_releases"]
             # Each status read in between forwards a few requests itself (lookup, open, read, release).
             result.notes += [
-                f"front {doc['front']['name']} ({doc['front']['open_mode']}): per warm open "
+                f"front {doc['front']['name']} ({doc['front']['open_mode']}, "
+                f"fanotify {doc['front']['fanotify']}): per warm open "
                 f"{(native + front['forwarded']) / opened:.2f} requests: {native / opened:.2f} answered in C, "
                 f"{front['forwarded'] / opened:.2f} forwarded to Python; "
                 f"{records / max(front['batches'], 1):.1f} ring records per batch drained",
