@@ -245,3 +245,25 @@ def test_a_changed_source_fails_reads_with_eio(tmp_path: Path) -> None:
         doc = _status_when(mnt, lambda d: victim in d["revalidation"]["changed"], "the change in status")
     assert victim in doc["reads"]["stale_files"]
     assert fuse_mounts(tmp_path) == []
+
+
+def test_a_file_above_whole_file_max_is_read_in_ranges_by_inode(tmp_path: Path) -> None:
+    """A big file (above fuse.whole_file_max) is read from the source in ranges, by inode, through
+    READs that carry no handle; twice, by two processes, and each time whole and right."""
+    src = tmp_path / "src"
+    (src / "train" / "c0").mkdir(parents=True)
+    big = os.urandom(3 << 20)
+    (src / "train" / "c0" / "big.bin").write_bytes(big)
+    (src / "train" / "c0" / "small.bin").write_bytes(os.urandom(5000))
+    manifest = {str(p.relative_to(src)): hashlib.sha1(p.read_bytes()).hexdigest() for p in src.rglob("*.bin")}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"cache_dir: {tmp_path / 'cache'}\ndatasets: [{{root: train}}]\nfuse: {{no_open: on, whole_file_max: 256KiB}}\n"
+    )
+    with mounted(src, tmp_path / "mnt", "-c", str(cfg)) as mnt:
+        _armed(mnt)
+        assert _digests_in_child(mnt, sorted(manifest)) == manifest
+        assert _digests_in_child(mnt, sorted(manifest)) == manifest
+        doc = _status_when(mnt, lambda d: d["reads"]["opens"] == 4, "the opens booked")
+    assert doc["reads"]["by_source"]["pfs"]["files"] >= 1
+    assert fuse_mounts(tmp_path) == []

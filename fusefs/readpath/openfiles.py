@@ -241,7 +241,13 @@ class OpenFiles:
             handle.data, handle.source = located.data, located.source
             if seen is not None and not self.prefetcher.read_through(entry, handle.size):
                 handle.direct = True  # the kernel keeps the pages anyway (no direct_io without an open)
-        return await self.read(handle, off, size)
+        if seen is not None:
+            return await self.read(handle, off, size)
+        try:  # a READ of no open seen (a readahead after the close): its handle ends with it
+            return await self.read(handle, off, size)
+        finally:
+            if handle.source is not None:
+                handle.source.close()
 
     async def _locate(
         self, entry: int, size: int, staged: UsePages | UseHeld | None
