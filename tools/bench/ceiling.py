@@ -854,6 +854,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def no_open_possible() -> bool:
+    """Whether a seerfs mount here can arm fuse.no_open (the native front built, CAP_SYS_ADMIN)."""
+    try:
+        from fusefs.fuse.native_front import may_watch
+    except ImportError:
+        return False
+    return may_watch()
+
+
 def usage_error(a: argparse.Namespace) -> str | None:
     try:
         pick_configs(a.configs, CONFIGS)
@@ -881,6 +890,9 @@ def main(argv: list[str] | None = None) -> int:
         if tool in configs and shutil.which(tool) is None:
             print(f"bench_ceiling: {tool} not installed: skipped", file=sys.stderr)
             configs.remove(tool)
+    if "seerfs-noopen" in configs and not no_open_possible():
+        print("bench_ceiling: seerfs-noopen needs the native front and CAP_SYS_ADMIN: skipped", file=sys.stderr)
+        configs.remove("seerfs-noopen")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-ceiling-"))
     load0 = os.getloadavg()[0]
     cold: list[ColdRun] = []
