@@ -267,3 +267,23 @@ def test_a_file_above_whole_file_max_is_read_in_ranges_by_inode(tmp_path: Path) 
         doc = _status_when(mnt, lambda d: d["reads"]["opens"] == 4, "the opens booked")
     assert doc["reads"]["by_source"]["pfs"]["files"] >= 1
     assert fuse_mounts(tmp_path) == []
+
+
+def test_the_seed_is_rewritten_by_truncating_writes_after_a_refused_one(tmp_path: Path) -> None:
+    """Without OPEN, ``echo N > .control/seed`` must still start the seed's text afresh: the kernel
+    truncates through SETATTR (atomic O_TRUNC is off in this mode), so a refused seed leaves
+    nothing behind for the next write."""
+    src = tmp_path / "src"
+    make_source(src, 10, 0, mean_size=2_000)
+    with mounted(src, tmp_path / "mnt", "-o", "fuse.no_open=on", cache_dir=tmp_path / "cache") as mnt:
+        _armed(mnt)
+        seed = mnt / ".control" / "seed"
+        write_seed(mnt, 41)
+        with pytest.raises(OSError) as err:
+            seed.write_text("9" * 200 + "\n")  # outside torch's range: refused
+        assert err.value.errno == errno.EINVAL
+        write_seed(mnt, 42)
+        doc = _status_when(mnt, lambda d: d["seed"]["value"] == 42, "the seed rewritten")
+        assert seed.read_text() == "42\n"
+    assert doc["seed"]["origin"] == "written"
+    assert fuse_mounts(tmp_path) == []

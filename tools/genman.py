@@ -681,7 +681,12 @@ Reading the file returns the seed in use (written, found from the opens, or assu
 A JSON document describing the mount, rendered afresh at every open (the file is opened with
 direct_io, so
 .B cat
-always sees whole, current text).
+always sees whole, current text).  With
+.B fuse.no_open
+on, no open reaches the daemon: the document is rendered when the kernel asks the file's
+attributes, at most once a second, so a read sees a whole document up to a second old; and since
+an open cannot fail there, root's open of status or config for writing succeeds and its write
+fails (EACCES).
 .B seerfs status
 renders it for a person.
 .TP

@@ -117,6 +117,7 @@ static struct {
     atomic_uint_fast64_t next_fh;
     atomic_uint_fast64_t native_opens, native_releases, native_ioctls, forwarded, ring_full, batches;
     int mounted;
+    int no_open_asked; /* mount()'s no_open: watch() will arm it (INIT is answered accordingly) */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
@@ -420,6 +421,12 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn) {
     (void)userdata;
     if (conn->capable & FUSE_CAP_READDIRPLUS)
         conn->want |= FUSE_CAP_READDIRPLUS;
+    /* no_open: with atomic O_TRUNC the kernel leaves truncation to the OPEN it will no longer send
+     * (fuse_setattr skips the request), so `echo N > .control/seed` would never reach the daemon
+     * as a truncate: without it, O_TRUNC arrives as SETATTR(size 0) before the open, as the
+     * control files already accept. */
+    if (S.no_open_asked)
+        conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
     rec_t r = {.op = OP_INIT};
     push(&r, 1);
 }
@@ -865,7 +872,8 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     (void)m;
     const char *mountpoint, *options;
     unsigned long long npages, cap = 4096;
-    if (!PyArg_ParseTuple(args, "ssK|K", &mountpoint, &options, &npages, &cap))
+    int no_open = 0;
+    if (!PyArg_ParseTuple(args, "ssK|Kp", &mountpoint, &options, &npages, &cap, &no_open))
         return NULL;
     if (cap < 1 || cap > (1u << 24)) {
         PyErr_SetString(PyExc_ValueError, "ring: 1 to 2**24 records");
@@ -886,6 +894,7 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     S.consumer_idle = 1;
     atomic_store(&S.next_fh, 0);
     S.ended = 0;
+    S.no_open_asked = no_open;
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (!S.pages || !S.ring || S.wake_fd < 0)
         goto fail;
@@ -1405,7 +1414,7 @@ static PyObject *py_stats(PyObject *m, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096) -> wake eventfd (not served yet)"},
+    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096, no_open=False) -> wake eventfd (not served yet)"},
     {"start", py_start, METH_NOARGS, "start the receive threads"},
     {"stop", py_stop, METH_NOARGS, "end the session from any thread: the receive threads stop, run() sees END"},
     {"unmount", py_unmount, METH_NOARGS, "join the threads, answer what is left, unmount, free"},

@@ -17,7 +17,9 @@ keeps their pages and sends READ and WRITE without a handle.  ``status`` is then
 kernel asks its attributes (at most once a second: ``attr_timeout``), its size is the document's and
 its mtime the render's, so the kernel drops the old pages (libfuse's default ``auto_inval_data``) and
 reads the new document: a ``cat`` sees one whole document at most a second old.  ``seed`` is written
-through one handle per mount: a truncate to 0 (``O_TRUNC``) starts its text afresh.
+through one handle per mount: a truncate to 0 (``O_TRUNC``, a SETATTR in this mode: the native front
+turns atomic O_TRUNC off) starts its text afresh.  An open cannot fail here, so a write to ``status``
+or ``config`` (root passes the mode check) fails at the write, with EACCES.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ class NativeFront(ThroughMount):
     def mount(self, ops: SeerOperations, mountpoint: str, options: Iterable[str]) -> None:
         self.ops = ops
         self._mountpoint = mountpoint
-        self._wake_fd = _native.mount(mountpoint, ",".join(sorted(options)), self.inodes, self.ring)
+        self._wake_fd = _native.mount(mountpoint, ",".join(sorted(options)), self.inodes, self.ring, self.no_open)
         self._dispatch = {
             _native.OP_LOOKUP: self._lookup,
             _native.OP_GETATTR: self._getattr,
