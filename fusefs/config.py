@@ -119,7 +119,8 @@ class FuseSettings:
         "fanotify, and serves reads of pages not cached by inode.  Where fanotify is refused (no CAP_SYS_ADMIN) or "
         "the front is pyfuse3, a WARNING and opens stay requests.  auto: on where the daemon has CAP_SYS_ADMIN and "
         "the native front loaded.  In this mode an open cannot fail: a file whose source was seen changed fails "
-        "its reads with EIO.  Status front.open_mode says which is in use",
+        "its reads with EIO, and an open for writing succeeds, its writes failing with EROFS.  Status "
+        "front.open_mode says which is in use",
         "off",
     )
     max_tasks: int = doc("most FUSE requests served concurrently (trio tasks of the front)", 64)
