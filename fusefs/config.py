@@ -111,6 +111,18 @@ class FuseSettings:
         "pyfuse3's trio loop (the reference).  Status section front names the one in use",
         "native",
     )
+    no_open: Literal["off", "auto", "on"] = doc(
+        "zero requests per open (native front, root only).  on: once serving, the native front marks the "
+        "directories holding files with fanotify (one inode mark each) and answers OPEN with ENOSYS, after which "
+        "the kernel sends no OPEN or RELEASE on the mount: "
+        "a cached file is opened and read without the daemon, which sees each open and close, with its pid, through "
+        "fanotify, and serves reads of pages not cached by inode.  Where fanotify is refused (no CAP_SYS_ADMIN) or "
+        "the front is pyfuse3, a WARNING and opens stay requests.  auto: on where the daemon has CAP_SYS_ADMIN and "
+        "the native front loaded.  In this mode an open cannot fail: a file whose source was seen changed fails "
+        "its reads with EIO, and an open for writing succeeds, its writes failing with EROFS.  Status "
+        "front.open_mode says which is in use",
+        "off",
+    )
     max_tasks: int = doc("most FUSE requests served concurrently (trio tasks of the front)", 64)
     whole_file_max: ByteSize = doc("files up to this size are read whole at open", ByteSize(4 << 20))
     # As many as the staging window has stages in flight (prefetch.threads): a PFS's per-file open
@@ -529,6 +541,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         except ValueError:
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}") from None
     if origin is Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(get_args(tp)):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if value in get_args(tp):
             return value
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_shown(value)}")

@@ -117,3 +117,13 @@ def test_every_key_is_in_the_man_page() -> None:
     assert not missing, f"keys missing from man/seerfs.yaml.5: {missing}"
     extra = documented - set(config.all_keys())
     assert not extra, f"man/seerfs.yaml.5 documents keys that do not exist: {extra}"
+
+
+@pytest.mark.parametrize(("text", "value"), [("on", "on"), ("off", "off"), ("auto", "auto"), ("'on'", "on")])
+def test_an_on_off_key_takes_yamls_bare_on_and_off(tmp_path: Path, text: str, value: str) -> None:
+    """fuse.no_open is off|auto|on; YAML 1.1 reads a bare on/off as a boolean, which means the same."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"fuse: {{no_open: {text}}}\n")
+    assert config.load(path).fuse.no_open == value
+    assert config.load(None, {"fuse.no_open": text.strip("'")}).fuse.no_open == value
+    assert config.Config().fuse.no_open == "off"

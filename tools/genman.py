@@ -572,7 +572,8 @@ SOURCE_CHANGES = (
     "An open stats a file only the first time in a mount, so these rounds are the bounds.  "
     "A file read from the source is checked on its own descriptor "
     "before and after the read, and after every range of a large file: a change fails the read with EIO. "
-    "Once a change is seen, opens of the file fail with EIO (the tree keeps the snapshot's sizes), its "
+    "Once a change is seen, opens of the file fail with EIO (with fuse.no_open on, where the kernel opens "
+    "files without asking the daemon, its reads fail with EIO instead; the tree keeps the snapshot's sizes), its "
     "copies are dropped, its page cache is invalidated, status names it (reads.stale_files, "
     "revalidation.changed), and a remount or seerfs mount --rescan serves the new content.  A source file "
     "replaced by a FIFO, socket or device reads as EIO with a status note; it never blocks the reader.  "
@@ -680,7 +681,12 @@ Reading the file returns the seed in use (written, found from the opens, or assu
 A JSON document describing the mount, rendered afresh at every open (the file is opened with
 direct_io, so
 .B cat
-always sees whole, current text).
+always sees whole, current text).  With
+.B fuse.no_open
+on, no open reaches the daemon: the document is rendered when the kernel asks the file's
+attributes, at most once a second, so a read sees a whole document up to a second old; and since
+an open cannot fail there, root's open of status or config for writing succeeds and its write
+fails (EACCES).
 .B seerfs status
 renders it for a person.
 .TP

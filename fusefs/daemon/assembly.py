@@ -69,23 +69,37 @@ from fusefs.tiers import Budget, Tier, build_tiers, memory_budget
 from placement.cursor import CursorSettings, DatasetState
 from placement.plan import Plan, plan_inputs
 from placement.recheck import rechecked_here
+from placement.tree import KIND_FILE, TreeArrays
 
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL = 0.001
 
 
-def make_front(name: str, snapshot: Snapshot) -> Front[SeerOperations]:
+def make_front(name: str, snapshot: Snapshot, no_open: str = "off") -> Front[SeerOperations]:
     """The front ``fuse.front`` names; native falls back to pyfuse3 (one INFO line) where the
-    extension was not built or does not load."""
+    extension was not built or does not load.  ``no_open`` (``fuse.no_open``): on, or auto where
+    the daemon has CAP_SYS_ADMIN, asks the native front for zero-request opens."""
     if name == "native":
         try:
-            from fusefs.fuse.native_front import NativeFront
+            from fusefs.fuse.native_front import NativeFront, may_watch
         except ImportError as exc:
             log.info("native FUSE front not available (%s): serving through pyfuse3", exc)
         else:
-            return NativeFront(snapshot.tree.path, inodes=len(snapshot.tree) + 1)
+            wanted = no_open == "on" or (no_open == "auto" and may_watch())
+            tree = snapshot.tree
+            return NativeFront(
+                tree.path, inodes=len(tree) + 1, no_open=wanted, watch_dirs=lambda: _dirs_with_files(tree)
+            )
+    if no_open == "on":
+        log.warning("fuse.no_open: on needs the native front; opens are served as requests")
     return Pyfuse3Front(snapshot.tree.path)
+
+
+def _dirs_with_files(tree: TreeArrays) -> list[bytes]:
+    """The directories ``fuse.no_open`` marks with fanotify (relative paths; ``b""``: the root)."""
+    parents = np.unique(tree.parent[1:][tree.kind[1:] == KIND_FILE])
+    return [tree.path(int(p)) for p in parents]
 
 
 def _escape_opt(value: str) -> str:
@@ -336,7 +350,7 @@ class Daemon:
         cfg = self.cfg
         # The FUSE binding, which also makes staging's kernel calls; typed as the seam, so mypy holds
         # both fronts to it.
-        self.front: Front[SeerOperations] = make_front(cfg.fuse.front, self.snapshot)
+        self.front: Front[SeerOperations] = make_front(cfg.fuse.front, self.snapshot, cfg.fuse.no_open)
         snap_file = snapshot_file(cfg.cache_path, self.snapshot.source)
         if not snap_file.exists():  # persisting failed at mount: the planner still needs a copy
             snap_file = cfg.cache_path / "plans" / f"snapshot-{os.getpid()}.npz"

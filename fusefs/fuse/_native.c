@@ -16,6 +16,12 @@
  *     reply_*() answer a forwarded request; set_pages() marks inodes.
  *   - worker threads (Python, GIL released in the call): notify_store, invalidate_inode,
  *     invalidate_entry write to /dev/fuse; libfuse serialises nothing there and needs nothing.
+ *   - the fanotify thread (one, `seerfs-fanotify`, only in no_open mode: started by watch(), joined
+ *     by unmount() after the receive threads): blocks in poll() on the fanotify group and a stop
+ *     eventfd, then under F.lock reads every queued event and pushes it into the ring (push(wait):
+ *     never dropped); a receive thread about to forward a READ with fh 0 takes F.lock and does the
+ *     same first (fan_flush), so a reader's open precedes its READ in the ring.  It never takes the
+ *     GIL and never waits on the daemon: the event's inode comes from statx(AT_STATX_DONT_SYNC).
  *
  * The ring (one mutex, a fixed array of S.cap records (mount()'s `ring`, 4096 by default), FIFO)
  *   - A producer (receive thread) pushes under the mutex and writes 1 to the wake eventfd when no
@@ -60,11 +66,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/fanotify.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NTHREADS 2
+#define FAN_GATHER_NS 2000000 /* the fanotify thread's wait between a wake and its read (no_open) */
 #define NATIVE_FH_BASE (UINT64_C(1) << 62) /* native handles: far above Python's counter */
 
 /* Record kinds: FUSE opcodes where forwarded, plus events and the session's own. */
@@ -107,10 +117,48 @@ static struct {
     atomic_uint_fast64_t next_fh;
     atomic_uint_fast64_t native_opens, native_releases, native_ioctls, forwarded, ring_full, batches;
     int mounted;
+    int no_open_asked; /* mount()'s no_open: watch() will arm it (INIT is answered accordingly) */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
      .consumer_idle = 1};
+
+/* no_open mode (mount()'s `no_open`, armed by watch()): OPEN is answered ENOSYS, so the kernel sets
+ * fc->no_open and sends neither OPEN nor RELEASE again on this connection (fs/fuse/file.c,
+ * fuse_file_open: every later open gets fh 0 and FOPEN_KEEP_CACHE, so cached pages stay across
+ * opens); a READ then carries fh 0 and is forwarded by inode.  Opens are seen instead through
+ * fanotify (a mount mark, FAN_OPEN and FAN_CLOSE, FAN_UNLIMITED_QUEUE: root only), read by one
+ * thread that pushes them into the ring as the same EV_OPEN/EV_RELEASE events, with fh 0 (the
+ * daemon pairs them by inode).
+ *   - Order: the fanotify thread reads and pushes under F.lock; a READ with fh 0 first takes F.lock
+ *     and moves whatever the queue holds into the ring, then is forwarded: the reader's open
+ *     happened before its READ, and fsnotify queued its event during the open, so that open's event
+ *     is in the ring before the READ.  A close is queued after the reader's last read returned, so
+ *     after its READs.  Nothing is lost: the kernel's queue is unlimited, and events that find the
+ *     ring full wait in the backlog (below, in order, ahead of newer ones), never dropped.
+ *   - The daemon's own opens (its reads back) are told by the event's pid (the tgid) and dropped.
+ *   - The marks: FAN_REPORT_FID spares the event's fd (FUSE encodes its file handle as the nodeid
+ *     and generation, FILEID_INO64_GEN), but fanotify refuses it for a mount or filesystem mark on a
+ *     filesystem with a zero fsid, which FUSE's statfs gives (fanotify_test_fsid), and allows it
+ *     for inode marks.  So watch() marks each directory that holds files (FAN_EVENT_ON_CHILD: the
+ *     tree is the snapshot's and never changes) and reads the nodeid from the handle.  Where that
+ *     fails it falls back to one mount mark without FID: each event then carries an fd, whose inode
+ *     number (the nodeid) is read with statx(AT_STATX_DONT_SYNC, never a request to this daemon),
+ *     then closed (no RELEASE: no_open); about 10 us more per event on the fanotify thread.
+ *   - fanotify merges an event with one of the same file and pid not read yet: an open and close
+ *     merged come as one event (booked as the open, then the release); a reopen by the same
+ *     process before the queue is read is booked once. */
+static struct {
+    int fd; /* the fanotify group, or -1 */
+    int stop_fd; /* eventfd: the thread returns */
+    pthread_t thread;
+    int running;
+    pthread_mutex_t lock; /* reading the group and pushing its events: one reader at a time */
+    atomic_int armed; /* OPEN is answered ENOSYS from now on */
+    int fid; /* events carry a file handle (the nodeid), not an fd */
+    pid_t self;
+    atomic_uint_fast64_t opens, releases, own, overflows, enosys;
+} F = {.fd = -1, .stop_fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ------------------------------------------------------------------ the ring */
 
@@ -120,14 +168,15 @@ static void wake(void) {
     (void)n; /* EAGAIN only when the counter is saturated: trio is woken anyway */
 }
 
-/* Push a record; wait for room when `wait`, else return 0 when full; -1: the session ended while
- * waiting (the record is untouched in both). */
+/* Push a record; wait for room when `wait` > 0, else return 0 when full (counted in ring_full when
+ * `wait` is 0); -1: the session ended while waiting (the record is untouched in both). */
 static int push(const rec_t *r, int wait) {
     pthread_mutex_lock(&S.lock);
     while (S.count == S.cap) {
-        if (!wait) {
+        if (wait <= 0) { /* -1: the fanotify backlog's try, not a native open forwarded: not counted */
             pthread_mutex_unlock(&S.lock);
-            atomic_fetch_add(&S.ring_full, 1);
+            if (wait == 0)
+                atomic_fetch_add(&S.ring_full, 1);
             return 0;
         }
         if (S.ended) { /* nobody drains any more: the caller answers the request itself */
@@ -191,12 +240,193 @@ static void forward(int op, fuse_req_t req, uint64_t a0, uint64_t a1, uint64_t a
     }
 }
 
+/* ------------------------------------------------------------------ fanotify (no_open mode) */
+
+/* The backlog (under F.lock): events read from fanotify that found the ring full, in order.  They
+ * are taken out of the kernel's queue anyway, because fanotify merges a queued event with a later
+ * one of the same file and process: a queue left to grow while the daemon is busy would lose every
+ * reopen of a file (a benchmark's next pass) into the earlier event.  Bounded by memory only, as
+ * the kernel's unlimited queue would be; 16 bytes an event. */
+typedef struct {
+    uint64_t ino;
+    uint32_t pid;
+    uint32_t opened;
+} seen_t;
+static struct {
+    seen_t *v;
+    size_t head, n, cap;
+} B;
+
+/* Move the backlog into the ring while it has room; whether the backlog is empty now. */
+static int backlog_flush(void) {
+    while (B.head < B.n) {
+        seen_t *e = &B.v[B.head];
+        rec_t r = {.op = e->opened ? EV_OPEN : EV_RELEASE, .a = {e->ino, 0}, .pid = e->pid};
+        if (push(&r, -1) <= 0)
+            return 0;
+        B.head++;
+    }
+    B.head = B.n = 0;
+    return 1;
+}
+
+static void push_seen(int opened, uint64_t ino, uint32_t pid) {
+    atomic_fetch_add(opened ? &F.opens : &F.releases, 1);
+    rec_t r = {.op = opened ? EV_OPEN : EV_RELEASE, .a = {ino, 0}, .pid = pid};
+    if (B.head == B.n && push(&r, -1) > 0)
+        return; /* the common case: straight into the ring */
+    if (B.n == B.cap && B.head > 0) { /* reuse the room of what was flushed */
+        memmove(B.v, B.v + B.head, (B.n - B.head) * sizeof *B.v);
+        B.n -= B.head;
+        B.head = 0;
+    }
+    if (B.n == B.cap) {
+        size_t cap = B.cap ? 2 * B.cap : 4096;
+        seen_t *v = realloc(B.v, cap * sizeof *v);
+        if (v == NULL) { /* no memory for the backlog: push in order, waiting for room (the kernel queues the rest) */
+            for (; B.head < B.n; B.head++) {
+                seen_t *e = &B.v[B.head];
+                rec_t q = {.op = e->opened ? EV_OPEN : EV_RELEASE, .a = {e->ino, 0}, .pid = e->pid};
+                if (push(&q, 1) < 0)
+                    return; /* the session ended */
+            }
+            B.head = B.n = 0;
+            push(&r, 1);
+            return;
+        }
+        B.v = v;
+        B.cap = cap;
+    }
+    B.v[B.n++] = (seen_t){.ino = ino, .pid = pid, .opened = (uint32_t)opened};
+}
+
+/* Move every event the group holds into the ring, in queue order.  Caller holds F.lock. */
+static void fan_read_locked(void) {
+    backlog_flush();
+    char buf[4096] __attribute__((aligned(__alignof__(struct fanotify_event_metadata))));
+    for (;;) {
+        ssize_t n = read(F.fd, buf, sizeof buf);
+        if (n <= 0)
+            return; /* EAGAIN: empty (the group is non-blocking) */
+        struct fanotify_event_metadata *md = (struct fanotify_event_metadata *)buf;
+        for (; FAN_EVENT_OK(md, n); md = FAN_EVENT_NEXT(md, n)) {
+            if (md->vers != FANOTIFY_METADATA_VERSION)
+                continue;
+            if (md->mask & FAN_Q_OVERFLOW) { /* never with FAN_UNLIMITED_QUEUE; counted if it were */
+                atomic_fetch_add(&F.overflows, 1);
+                continue;
+            }
+            uint64_t ino = 0;
+            if (F.fid && md->event_len >= md->metadata_len + sizeof(struct fanotify_event_info_fid) + 8) {
+                struct fanotify_event_info_fid *info = (struct fanotify_event_info_fid *)((char *)md + md->metadata_len);
+                struct file_handle *h = (struct file_handle *)info->handle;
+                if (info->hdr.info_type == FAN_EVENT_INFO_TYPE_FID && h->handle_bytes >= 8) {
+                    uint32_t w[2];
+                    memcpy(w, h->f_handle, sizeof w); /* fuse_encode_fh: nodeid >> 32, nodeid & 0xffffffff */
+                    ino = ((uint64_t)w[0] << 32) | w[1];
+                }
+            }
+            if (md->fd >= 0) {
+                struct statx stx;
+                if (statx(md->fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &stx) == 0)
+                    ino = stx.stx_ino;
+                close(md->fd);
+            }
+            if (md->pid == F.self) {
+                atomic_fetch_add(&F.own, 1);
+                continue;
+            }
+            if (ino == 0)
+                continue;
+            if (md->mask & FAN_OPEN)
+                push_seen(1, ino, (uint32_t)md->pid);
+            if (md->mask & FAN_CLOSE)
+                push_seen(0, ino, (uint32_t)md->pid);
+        }
+    }
+}
+
+/* A READ with fh 0 is about to be forwarded: its reader's open event goes into the ring first. */
+static void fan_flush(void) {
+    if (!atomic_load_explicit(&F.armed, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&F.lock);
+    if (F.fd >= 0)
+        fan_read_locked();
+    pthread_mutex_unlock(&F.lock);
+}
+
+static void *fan_loop(void *arg) {
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    pthread_setname_np(pthread_self(), "seerfs-fanotify");
+    struct pollfd p[2] = {{.fd = F.fd, .events = POLLIN}, {.fd = F.stop_fd, .events = POLLIN}};
+    for (;;) {
+        pthread_mutex_lock(&F.lock);
+        int backlog = B.head < B.n;
+        pthread_mutex_unlock(&F.lock);
+        int n = poll(p, 2, backlog ? FAN_GATHER_NS / 1000000 : -1); /* a backlog: retry the ring soon */
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || p[1].revents)
+            break;
+        if (n == 0) {
+            pthread_mutex_lock(&F.lock);
+            backlog_flush();
+            pthread_mutex_unlock(&F.lock);
+            continue;
+        }
+        /* Let events gather before reading them: woken per event, the thread cost the daemon about
+         * 16 us per warm open (wake-ups, one read and one push per event); 2 ms gathers a
+         * run of them per wake.  A READ never waits for this: fan_flush() reads the queue itself. */
+        struct timespec gather = {.tv_sec = 0, .tv_nsec = FAN_GATHER_NS};
+        nanosleep(&gather, NULL);
+        pthread_mutex_lock(&F.lock);
+        fan_read_locked();
+        pthread_mutex_unlock(&F.lock);
+        pthread_mutex_lock(&S.lock);
+        int ended = S.ended;
+        pthread_mutex_unlock(&S.lock);
+        if (ended)
+            break;
+    }
+    return NULL;
+}
+
+/* Stop the fanotify thread and close the group (unmount(): after the receive threads ended). */
+static void fan_stop(void) {
+    atomic_store(&F.armed, 0);
+    if (F.running) {
+        uint64_t one = 1;
+        ssize_t w = write(F.stop_fd, &one, sizeof one);
+        (void)w;
+        pthread_join(F.thread, NULL);
+        F.running = 0;
+    }
+    if (F.fd >= 0)
+        close(F.fd);
+    if (F.stop_fd >= 0)
+        close(F.stop_fd);
+    F.fd = F.stop_fd = -1;
+    free(B.v); /* events not booked when the session ended: nobody will */
+    B.v = NULL;
+    B.head = B.n = B.cap = 0;
+}
+
 /* ------------------------------------------------------------------ callbacks (receive threads) */
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn) {
     (void)userdata;
     if (conn->capable & FUSE_CAP_READDIRPLUS)
         conn->want |= FUSE_CAP_READDIRPLUS;
+    /* no_open: with atomic O_TRUNC the kernel leaves truncation to the OPEN it will no longer send
+     * (fuse_setattr skips the request), so `echo N > .control/seed` would never reach the daemon
+     * as a truncate: without it, O_TRUNC arrives as SETATTR(size 0) before the open, as the
+     * control files already accept. */
+    if (S.no_open_asked)
+        conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
     rec_t r = {.op = OP_INIT};
     push(&r, 1);
 }
@@ -274,6 +504,11 @@ static int pushed(fuse_ino_t ino) {
 }
 
 static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+    if (atomic_load_explicit(&F.armed, memory_order_acquire)) {
+        atomic_fetch_add(&F.enosys, 1);
+        fuse_reply_err(req, ENOSYS); /* no_open: the kernel sends no OPEN or RELEASE from now on */
+        return;
+    }
     if ((fi->flags & O_ACCMODE) == O_RDONLY && !(fi->flags & (O_TRUNC | O_APPEND | O_CREAT)) && pushed(ino)) {
         uint64_t fh = NATIVE_FH_BASE + atomic_fetch_add(&S.next_fh, 1);
         rec_t r = {.op = EV_OPEN, .a = {ino, fh}};
@@ -292,6 +527,8 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
 }
 
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+    if (fi->fh == 0)
+        fan_flush(); /* no_open: the reader's open event before its READ */
     forward(OP_READ, req, fi->fh, (uint64_t)off, size, ino, NULL, 0, NULL, 0);
 }
 
@@ -635,7 +872,8 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     (void)m;
     const char *mountpoint, *options;
     unsigned long long npages, cap = 4096;
-    if (!PyArg_ParseTuple(args, "ssK|K", &mountpoint, &options, &npages, &cap))
+    int no_open = 0;
+    if (!PyArg_ParseTuple(args, "ssK|Kp", &mountpoint, &options, &npages, &cap, &no_open))
         return NULL;
     if (cap < 1 || cap > (1u << 24)) {
         PyErr_SetString(PyExc_ValueError, "ring: 1 to 2**24 records");
@@ -656,6 +894,7 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     S.consumer_idle = 1;
     atomic_store(&S.next_fh, 0);
     S.ended = 0;
+    S.no_open_asked = no_open;
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (!S.pages || !S.ring || S.wake_fd < 0)
         goto fail;
@@ -732,6 +971,7 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     end_session();
     cancel_threads();
     Py_BEGIN_ALLOW_THREADS for (int i = 0; i < S.nthreads; i++) pthread_join(S.threads[i], NULL);
+    fan_stop(); /* after the receive threads: none is in fan_flush() any more */
     Py_END_ALLOW_THREADS S.nthreads = 0;
     /* Requests no one will answer now: answer them, free their copies. */
     pthread_mutex_lock(&S.lock);
@@ -1057,17 +1297,124 @@ static PyObject *py_set_pages(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Mark each of `dirs` (paths relative to the mount, "" the root) with FAN_EVENT_ON_CHILD in a
+ * FAN_REPORT_FID group; -1 (errno set) when the group or a mark is refused. */
+static int fan_fid_group(int root, char **dirs, Py_ssize_t ndirs) {
+    int fd = fanotify_init(FAN_CLASS_NOTIF | FAN_REPORT_FID | FAN_UNLIMITED_QUEUE | FAN_CLOEXEC | FAN_NONBLOCK,
+                           O_RDONLY | O_CLOEXEC | O_LARGEFILE);
+    if (fd < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < ndirs; i++)
+        if (fanotify_mark(fd, FAN_MARK_ADD, FAN_OPEN | FAN_CLOSE | FAN_EVENT_ON_CHILD, root,
+                          dirs[i][0] ? dirs[i] : NULL) < 0) {
+            int err = errno;
+            close(fd);
+            errno = err;
+            return -1;
+        }
+    return fd;
+}
+
+/* watch(mountpoint, dirs): no_open mode.  Marks the directories holding files (FID, inode marks)
+ * or else the mount (an fd per event), then arms ENOSYS for OPEN and starts the thread reading the
+ * group.  Called from a worker thread once the session serves (the marks' path walks and
+ * permission checks ask this daemon for lookups and attributes).  The marks come before the
+ * arming: an open between the two is seen both as a request and as an event (booked twice, open
+ * and release alike), never missed.  Returns whether events carry file handles (FID). */
+static PyObject *py_watch(PyObject *m, PyObject *args) {
+    (void)m;
+    const char *mountpoint;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "sO", &mountpoint, &seq))
+        return NULL;
+    if (S.se == NULL || F.fd >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "not mounted, or already watching");
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(seq, "dirs: a sequence of bytes");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t ndirs = PySequence_Fast_GET_SIZE(fast);
+    char **dirs = calloc(ndirs ? (size_t)ndirs : 1, sizeof *dirs);
+    if (dirs == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < ndirs; i++) {
+        char *p;
+        Py_ssize_t n;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(fast, i), &p, &n) < 0 ||
+            (dirs[i] = strdup(p)) == NULL) {
+            for (Py_ssize_t j = 0; j < i; j++)
+                free(dirs[j]);
+            free(dirs);
+            Py_DECREF(fast);
+            return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+        }
+    }
+    Py_DECREF(fast);
+    int err = 0, fid = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int fd = -1, stop_fd = -1;
+    int root = open(mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the root's attributes asked now */
+    if (root < 0)
+        err = errno;
+    if (!err && ndirs > 0) {
+        fd = fan_fid_group(root, dirs, ndirs);
+        fid = fd >= 0;
+    }
+    if (!err && fd < 0) {
+        fd = fanotify_init(FAN_CLASS_NOTIF | FAN_UNLIMITED_QUEUE | FAN_CLOEXEC | FAN_NONBLOCK,
+                           O_RDONLY | O_CLOEXEC | O_LARGEFILE);
+        if (fd < 0)
+            err = errno;
+        else if (fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, FAN_OPEN | FAN_CLOSE, AT_FDCWD, mountpoint) < 0)
+            err = errno;
+    }
+    if (root >= 0)
+        close(root);
+    if (!err && (stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+        err = errno;
+    if (!err) {
+        F.fd = fd;
+        F.stop_fd = stop_fd;
+        F.fid = fid;
+        F.self = getpid();
+        atomic_store_explicit(&F.armed, 1, memory_order_release);
+        err = pthread_create(&F.thread, NULL, fan_loop, NULL);
+        if (!err)
+            F.running = 1;
+        else
+            fan_stop();
+    } else {
+        if (fd >= 0)
+            close(fd);
+        if (stop_fd >= 0)
+            close(stop_fd);
+    }
+    Py_END_ALLOW_THREADS for (Py_ssize_t i = 0; i < ndirs; i++) free(dirs[i]);
+    free(dirs);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, mountpoint);
+    }
+    return PyBool_FromLong(fid);
+}
+
 static PyObject *py_stats(PyObject *m, PyObject *noargs) {
     (void)m, (void)noargs;
-    return Py_BuildValue("{sKsKsKsKsKsK}", "batches", (unsigned long long)atomic_load(&S.batches), "native_opens", (unsigned long long)atomic_load(&S.native_opens),
-                         "native_releases", (unsigned long long)atomic_load(&S.native_releases), "native_ioctls",
-                         (unsigned long long)atomic_load(&S.native_ioctls), "forwarded",
-                         (unsigned long long)atomic_load(&S.forwarded), "ring_full",
-                         (unsigned long long)atomic_load(&S.ring_full));
+#define U(x) (unsigned long long)atomic_load(&(x))
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsi}", "batches", U(S.batches), "native_opens", U(S.native_opens),
+                         "native_releases", U(S.native_releases), "native_ioctls", U(S.native_ioctls), "forwarded",
+                         U(S.forwarded), "ring_full", U(S.ring_full), "observed_opens", U(F.opens),
+                         "observed_releases", U(F.releases), "own_opens_dropped", U(F.own), "observed_overflows",
+                         U(F.overflows), "opens_answered_enosys", U(F.enosys), "no_open",
+                         atomic_load(&F.armed) ? (F.fid ? 2 : 1) : 0);
+#undef U
 }
 
 static PyMethodDef methods[] = {
-    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096) -> wake eventfd (not served yet)"},
+    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096, no_open=False) -> wake eventfd (not served yet)"},
     {"start", py_start, METH_NOARGS, "start the receive threads"},
     {"stop", py_stop, METH_NOARGS, "end the session from any thread: the receive threads stop, run() sees END"},
     {"unmount", py_unmount, METH_NOARGS, "join the threads, answer what is left, unmount, free"},
@@ -1087,6 +1434,7 @@ static PyMethodDef methods[] = {
     {"invalidate_inode", py_invalidate_inode, METH_VARARGS, "invalidate_inode(inode) (GIL released)"},
     {"invalidate_entry", py_invalidate_entry, METH_VARARGS, "invalidate_entry(parent, name) (GIL released)"},
     {"set_pages", py_set_pages, METH_VARARGS, "set_pages(inode, on): its opens are answered natively"},
+    {"watch", py_watch, METH_VARARGS, "watch(mountpoint, dirs) -> fid: no_open mode: fanotify marks, then OPEN answered ENOSYS (GIL released)"},
     {"stats", py_stats, METH_NOARGS, "counters of what was answered natively and forwarded"},
     {NULL}};
 

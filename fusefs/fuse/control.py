@@ -11,6 +11,15 @@ Whatever is written, at whatever offset, in however many writes: the seed is the
 handle (at most ``MAX_SEED_TEXT`` bytes, so a write past that is refused before anything is
 allocated), every write that leaves it not a seed fails with EINVAL and the reason in status, and a
 write that leaves it a seed adopts it.
+
+``fuse.no_open`` (:meth:`ControlFiles.serve_by_inode`): the kernel then opens files without asking,
+keeps their pages and sends READ and WRITE without a handle.  ``status`` is then rendered when the
+kernel asks its attributes (at most once a second: ``attr_timeout``), its size is the document's and
+its mtime the render's, so the kernel drops the old pages (libfuse's default ``auto_inval_data``) and
+reads the new document: a ``cat`` sees one whole document at most a second old.  ``seed`` is written
+through one handle per mount: a truncate to 0 (``O_TRUNC``, a SETATTR in this mode: the native front
+turns atomic O_TRUNC off) starts its text afresh.  An open cannot fail here, so a write to ``status``
+or ``config`` (root passes the mode check) fails at the write, with EACCES.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import errno
 import json
 import os
 import stat
+import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -64,6 +75,25 @@ class ControlFiles:
         self.started_ns = started_ns
         self.timeout = timeout
         self.new_attrs = new_attrs  # the front's attribute record
+        self.by_inode = False  # fuse.no_open armed: no OPEN, READ/WRITE by inode
+        self._docs: dict[int, tuple[bytes, int]] = {}  # by inode: (content, mtime_ns) last given to the kernel
+        self._writer: ControlHandle | None = None  # the seed's text being written (by inode)
+
+    def serve_by_inode(self) -> list[int]:
+        """No OPEN will reach the daemon (``fuse.no_open``): serve by inode; the files' inodes."""
+        self.by_inode = True
+        return [CTL_SEED, CTL_STATUS, CTL_CONFIG]
+
+    def _doc(self, inode: int, fresh: bool) -> tuple[bytes, int]:
+        """The content the kernel is told about for ``inode`` (by inode only); ``fresh``: render it now."""
+        if inode == CTL_STATUS:
+            doc = self._docs.get(inode)
+            if fresh or doc is None:
+                content = (json.dumps(self.status(), indent=1, sort_keys=False) + "\n").encode()
+                doc = self._docs[inode] = (content, max(time.time_ns(), doc[1] + 1 if doc else 0))
+            return doc
+        content = self.config_yaml if inode == CTL_CONFIG else self.seed.content()
+        return content, self.started_ns + zlib.crc32(content)  # a changed seed changes the mtime too
 
     @staticmethod
     def owns(inode: int) -> bool:
@@ -95,7 +125,24 @@ class ControlFiles:
             a.st_mode = stat.S_IFREG | (0o644 if inode == CTL_SEED else 0o444)
             a.st_nlink = 1
             a.st_size = len(self.seed.content()) if inode == CTL_SEED else 0
+            if self.by_inode:  # the kernel reads these through its page cache: the size and mtime say when to drop it
+                content, a.st_mtime_ns = self._doc(inode, fresh=True)
+                a.st_size = len(content)
         return a
+
+    def read_inode(self, inode: int, off: int, size: int) -> bytes:
+        """A READ without a handle (``no_open``): the document the kernel was last told about."""
+        if inode == CTL_DIR:
+            raise FsError(errno.EISDIR)
+        return self._doc(inode, fresh=False)[0][off : off + size]
+
+    def write_inode(self, inode: int, off: int, buf: bytes, ctx: RequestContext) -> int:
+        """A WRITE without a handle (``no_open``): the seed's one writer, as :meth:`write`."""
+        if inode != CTL_SEED or ctx.uid not in (0, self.uid):
+            raise FsError(errno.EACCES)
+        if self._writer is None:
+            self._writer = ControlHandle(CTL_SEED, writable=True, buffer=bytearray(self.seed.content()))
+        return self.write(self._writer, off, buf)
 
     def open(self, inode: int, flags: int, ctx: RequestContext) -> tuple[ControlHandle, bool]:
         """Return the handle and whether the kernel should bypass its page cache (direct_io)."""
@@ -156,6 +203,8 @@ class ControlFiles:
             self._refuse(f"seed truncated to {size} bytes (only to 0)")
         if handle is not None and handle.inode == CTL_SEED and handle.writable:
             handle.buffer.clear()
+        elif handle is None and self.by_inode:  # O_TRUNC without an OPEN: the next write starts afresh
+            self._writer = ControlHandle(CTL_SEED, writable=True)
 
     @staticmethod
     def name_of(inode: int) -> bytes:

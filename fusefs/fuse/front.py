@@ -22,7 +22,7 @@ from typing import Annotated, Literal, NamedTuple, Protocol, TypedDict, TypeVar
 from fusefs.errors import FsError
 from fusefs.meta.ids import ROOT_INODE
 from fusefs.readpath.staging import Kernel
-from placement.statusfields import counter, info
+from placement.statusfields import counter, info, state
 
 
 class FrontStatus(TypedDict):
@@ -44,6 +44,36 @@ class FrontStatus(TypedDict):
     ]
     ring_full: Annotated[
         int, counter("opens or releases forwarded instead of answered natively because the event ring was full")
+    ]
+    open_mode: Annotated[
+        Literal["requests", "no_open"],
+        state(
+            "how opens reach the daemon.  requests: each open and release is a FUSE request (answered natively "
+            "where its pages are cached).  no_open: fuse.no_open armed, the kernel sends no OPEN or RELEASE at all "
+            "and the daemon sees opens through fanotify (root, native front)"
+        ),
+    ]
+    fanotify: Annotated[
+        Literal["off", "fid", "fd"],
+        state(
+            "how no_open mode sees opens.  fid: inode marks on the directories holding files, each event naming "
+            "the file by its handle; fd: one mount mark, each event carrying a descriptor (more CPU per open); "
+            "off: not in no_open mode"
+        ),
+    ]
+    observed_opens: Annotated[int, counter("opens seen through fanotify in no_open mode, the daemon's own excluded")]
+    observed_releases: Annotated[
+        int, counter("closes seen through fanotify in no_open mode, the daemon's own excluded")
+    ]
+    own_opens_dropped: Annotated[
+        int,
+        counter(
+            "fanotify events of the daemon itself (its reads back; an open and its close may come as one), not booked"
+        ),
+    ]
+    observed_overflows: Annotated[int, counter("fanotify queue overflows (never expected: the queue is unlimited)")]
+    opens_answered_enosys: Annotated[
+        int, counter("OPEN requests answered ENOSYS to arm no_open (the kernel stops sending them after the first)")
     ]
 
 

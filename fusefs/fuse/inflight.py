@@ -30,7 +30,7 @@ class RequestStatus(TypedDict):
     pid: Annotated[
         int, text("the requesting thread's id as the kernel gives it (its process's pid for a single thread)")
     ]
-    op: Annotated[str, text("open or statfs")]
+    op: Annotated[str, text("open, statfs, or read (a read by inode in fuse.no_open mode, which has no open)")]
     seconds: Annotated[float, text("how long the daemon has been serving it")]
 
 

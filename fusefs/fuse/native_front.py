@@ -10,6 +10,13 @@ other request is forwarded: its record goes into one ordered ring, an eventfd wa
 calling the same :class:`~fusefs.fuse.operations.SeerOperations` handler the pyfuse3 front calls,
 then answers with the extension's reply functions.
 
+``no_open`` mode (``fuse.no_open``, root only): once the session serves, :meth:`NativeFront.run`
+has the extension mark the mount with fanotify and answer every OPEN with ENOSYS, after which the
+kernel sends no OPEN or RELEASE on the connection at all (``fs/fuse/file.c``: fh 0, pages kept
+across opens).  A warm open then costs no request; the fanotify thread (C, ``_native.c``) feeds
+each open and close, with its pid, into the same ring as the same events (fh 0, paired by inode),
+and a READ arrives with fh 0 and is served by inode (``SeerOperations.read_inode``).
+
 An OPEN or RELEASE answered natively is also a record in the same ring (an *event*), handled
 inline by the drain loop in ring order, before any later record starts: the handle is registered
 with the daemon's bookkeeping (``SeerOperations.book_native``, the same counters, prefetcher and
@@ -28,12 +35,19 @@ Concurrency rules (also CONCURRENCY.md; the C side's are at the top of ``_native
 * :meth:`terminate` may be called from any thread (signals, ``seerfs umount``): it stops the
   receive threads, whose last one puts END in the ring; :meth:`run` returns when it drains END
   after the requests before it, and also when the kernel ends the session (an unmount).
+* ``no_open``: :meth:`_watch` runs once, in a worker thread, after INIT; until it armed the mode the
+  front serves opens as requests (an open in between is booked as a request and, if the mark saw
+  it, as an event too: never missed).  The fanotify thread lives until :meth:`unmount`, which joins
+  it after the receive threads; its events enter the ring in the order the kernel queued them, and
+  a READ with fh 0 moves the queue into the ring before itself (the reader's open first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,8 +91,18 @@ class NativeFront(ThroughMount):
     answered natively (the pages table's size; 0 turns native opens off); ``ring``: records the
     ring holds (a full ring forwards native opens and makes requests wait, never drops one)."""
 
-    def __init__(self, path_of: Callable[[int], bytes] | None = None, inodes: int = 0, ring: int = 4096) -> None:
+    def __init__(
+        self,
+        path_of: Callable[[int], bytes] | None = None,
+        inodes: int = 0,
+        ring: int = 4096,
+        no_open: bool = False,
+        watch_dirs: Callable[[], list[bytes]] | None = None,
+    ) -> None:
         super().__init__(path_of)
+        self.watch_dirs = watch_dirs  # no_open: the directories holding files (relative paths) to mark
+        self.no_open = no_open  # asked for: armed by _watch once serving (status front.open_mode says if it was)
+        self._mountpoint = ""
         self.new_attrs = cast(Callable[[], EntryAttributes], _native.EntryAttributes)
         self.new_file_info: NewFileInfo = PlainFileInfo
         self.default_options: frozenset[str] = frozenset({"default_permissions"})  # as pyfuse3's
@@ -97,7 +121,8 @@ class NativeFront(ThroughMount):
 
     def mount(self, ops: SeerOperations, mountpoint: str, options: Iterable[str]) -> None:
         self.ops = ops
-        self._wake_fd = _native.mount(mountpoint, ",".join(sorted(options)), self.inodes, self.ring)
+        self._mountpoint = mountpoint
+        self._wake_fd = _native.mount(mountpoint, ",".join(sorted(options)), self.inodes, self.ring, self.no_open)
         self._dispatch = {
             _native.OP_LOOKUP: self._lookup,
             _native.OP_GETATTR: self._getattr,
@@ -164,6 +189,8 @@ class NativeFront(ThroughMount):
                         self.ops.book_native(cast("list[int]", rec[2]))  # a run of events, in one call
                     elif op == _native.OP_INIT:
                         self.ops.init()
+                        if self.no_open:
+                            nursery.start_soon(self._watch)
                     elif op == _native.OP_END:
                         self._ended = True
                     else:
@@ -187,6 +214,24 @@ class NativeFront(ThroughMount):
                 else:
                     await trio.lowlevel.checkpoint()  # a ring never empty must not starve the other tasks
             nursery.cancel_scope.cancel()  # requests still running are answered EINTR
+
+    async def _watch(self) -> None:
+        """Arm ``no_open``: the fanotify mark on the mount, then OPEN answered ENOSYS (a worker
+        thread: the mark's permission check may ask this daemon for the root's attributes).  Where
+        fanotify refuses (no CAP_SYS_ADMIN, a kernel without it), opens stay requests."""
+        # Control files first: served by inode (their attributes now carry the document's size), and
+        # what the kernel cached of them before forgotten, so no read after the arming finds size 0.
+        for inode in self.ops.opens_unseen():
+            with contextlib.suppress(OSError):  # ENOENT: the kernel never looked it up
+                await trio.to_thread.run_sync(_native.invalidate_inode, inode)
+        dirs = self.watch_dirs() if self.watch_dirs is not None else []
+        try:
+            fid = await trio.to_thread.run_sync(_native.watch, self._mountpoint, dirs)
+        except OSError as exc:
+            log.warning("fuse.no_open: fanotify refused (%s): opens are served as requests", exc.strerror or exc)
+            return
+        how = f"file handles, {len(dirs)} directories marked" if fid else "an fd per event, the mount marked"
+        log.info("fuse.no_open: no OPEN or RELEASE requests; opens seen through fanotify (%s)", how)
 
     def terminate(self) -> None:
         _native.stop()
@@ -212,7 +257,11 @@ class NativeFront(ThroughMount):
 
     def status(self) -> FrontStatus:
         """What the extension answered natively and forwarded, since it was loaded."""
-        return cast(FrontStatus, {"name": "native", **_native.stats()})
+        stats = _native.stats()
+        armed = stats.pop("no_open")  # 0: not armed; 1: an fd per event; 2: file handles
+        mode = "no_open" if armed else "requests"
+        seen = ("off", "fd", "fid")[armed]
+        return cast(FrontStatus, {"name": "native", "open_mode": mode, "fanotify": seen, **stats})
 
     # ------------------------------------------------------------------ serving
 
@@ -259,9 +308,15 @@ class NativeFront(ThroughMount):
         _native.reply_open(rec[1], fi.fh, fi.direct_io, fi.keep_cache)
 
     async def _read(self, rec: Record) -> None:
+        if rec[2] == 0:  # no_open: no handle (fh 0, never one of ours), served by inode
+            _native.reply_data(rec[1], await self.ops.read_inode(rec[5], rec[3], rec[4], self._ctx(rec)))
+            return
         _native.reply_data(rec[1], await self.ops.read(rec[2], rec[3], rec[4]))
 
     async def _write(self, rec: Record) -> None:
+        if rec[2] == 0:
+            _native.reply_write(rec[1], await self.ops.write_inode(rec[5], rec[3], rec[11], self._ctx(rec)))
+            return
         _native.reply_write(rec[1], await self.ops.write(rec[2], rec[3], rec[11]))
 
     async def _release(self, rec: Record) -> None:
@@ -337,4 +392,17 @@ class NativeFront(ThroughMount):
         return handler
 
 
-__all__ = ["NativeFront"]
+def may_watch() -> bool:
+    """Whether this process has CAP_SYS_ADMIN (fanotify's mount marks and unlimited queue need it):
+    ``fuse.no_open: auto`` turns the mode on only then."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & (1 << 21))  # CAP_SYS_ADMIN
+    except (OSError, ValueError):
+        pass
+    return os.geteuid() == 0
+
+
+__all__ = ["NativeFront", "may_watch"]

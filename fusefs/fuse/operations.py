@@ -244,6 +244,33 @@ class SeerOperations:
         # A front accepts any buffer here; a memoryview slice of a whole-file read is zero-copy.
         return await self.open_files.read(handle, off, size)  # type: ignore[return-value]
 
+    def opens_unseen(self) -> list[int]:
+        """The front is arming ``no_open`` (``fuse.no_open``): soon no OPEN or RELEASE arrives, so
+        control files are served by inode from now on (:meth:`ControlFiles.serve_by_inode`, which
+        works with OPENs too); returns their inodes, whose cached attributes the front drops."""
+        return self.control.serve_by_inode()
+
+    async def read_inode(self, inode: int, off: int, size: int, ctx: RequestContext) -> bytes:
+        """A READ without a handle (``no_open``: the kernel opened the file without asking)."""
+        if self.control.owns(inode):
+            with _contained("control read"):
+                return self.control.read_inode(inode, off, size)
+        entry = self._entry(inode)
+        if self.tree.kind[entry] != KIND_FILE:
+            raise FsError(errno.EISDIR)
+        key = self.requests.begin(ctx.pid, "read")
+        try:
+            return await self.open_files.read_inode(entry, off, size, ctx.pid)  # type: ignore[return-value]
+        finally:
+            self.requests.end(key)
+
+    async def write_inode(self, inode: int, off: int, buf: bytes, ctx: RequestContext) -> int:
+        """A WRITE without a handle (``no_open``): only the seed is writable."""
+        if not self.control.owns(inode):
+            raise _erofs()
+        with _contained("control write"):
+            return self.control.write_inode(inode, off, buf, ctx)
+
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self.handles.get(fh)
         if not isinstance(handle, ControlHandle):

@@ -205,6 +205,13 @@ class Pyfuse3Front(ThroughMount):
             "forwarded": 0,
             "batches": 0,
             "ring_full": 0,
+            "open_mode": "requests",
+            "fanotify": "off",
+            "observed_opens": 0,
+            "observed_releases": 0,
+            "own_opens_dropped": 0,
+            "observed_overflows": 0,
+            "opens_answered_enosys": 0,
         }
 
 

@@ -41,6 +41,15 @@ class OpenFile:
     read_back: bool = False  # this daemon reading its own pages back (Staging.read_back), no reader's
 
 
+@dataclass
+class _Seen:
+    """A file open in ``no_open`` mode, as fanotify told: how many opens are not closed yet, and the
+    one handle its handle-less READs share (bytes fetched once while it is open)."""
+
+    handle: OpenFile
+    count: int = 0
+
+
 class OpenFiles:
     def __init__(
         self,
@@ -57,6 +66,7 @@ class OpenFiles:
         self.counters = counters
         self.whole_file_max = whole_file_max
         self.revalidator = revalidator  # None: a changed source is only logged (no copies to drop)
+        self.seen: dict[int, _Seen] = {}  # no_open: entry -> its observed opens (book_native with fh 0)
 
     def fail_stale(self, entry: int, reason: str) -> FsError:
         if self.revalidator is not None:
@@ -134,6 +144,11 @@ class OpenFiles:
         paired: dict[int, int] = {}  # fh -> entry: opened in this run, released later in it
         for k in range(0, len(events), 4):
             fh = events[k + 2]
+            if fh == 0:  # no_open: seen through fanotify, paired by inode (never a handle of ours)
+                entry = events[k + 1] - ROOT_INODE
+                if 0 <= entry < entries:
+                    self._seen(bool(events[k]), entry)
+                continue
             if events[k]:
                 entry = events[k + 1] - ROOT_INODE
                 if not 0 <= entry < entries:
@@ -162,6 +177,77 @@ class OpenFiles:
                 handle = handles.pop(fh, None)
                 if isinstance(handle, OpenFile):
                     self.release(handle)
+
+    def _seen(self, opened: bool, entry: int) -> None:
+        """An open or close fanotify reported (``no_open``: the kernel asked nothing): the same
+        bookkeeping as a Python open (counters, the prefetcher's opened/consumed, the cursor), the
+        open's handle shared by the file's opens.  A close of an open never seen (made before the
+        mark) is ignored."""
+        seen = self.seen.get(entry)
+        if opened:
+            size = int(self.tree.size[entry])
+            self.counters.opens += 1
+            staged = self.prefetcher.opened(entry)
+            if seen is None:
+                seen = self.seen[entry] = _Seen(OpenFile(entry, size))
+            seen.count += 1
+            if isinstance(staged, UsePages):  # as book_native: a stall of 0 s changes no counter
+                seen.handle.pushed = True
+                cached = self.counters.sources["page_cache"]
+                cached.files += 1
+                cached.bytes += size
+            elif isinstance(staged, UseHeld):
+                self.counters.sources["memory"].add(size, 0.0)
+                if seen.handle.data is None:
+                    seen.handle.data = memoryview(staged.data)
+            # not staged: its first READ fetches it (read_inode), counted there
+            return
+        if seen is None:
+            return
+        seen.count -= 1
+        self.prefetcher.consumed(entry)
+        if not seen.handle.direct:
+            self.prefetcher.staging.pages_kept(entry)
+        if seen.count <= 0:
+            del self.seen[entry]
+            if seen.handle.source is not None:
+                seen.handle.source.close()
+            seen.handle.data = None
+
+    async def read_inode(self, entry: int, off: int, size: int, pid: int) -> bytes | memoryview:
+        """A READ without a handle (``no_open``): pages the kernel does not hold.  The file's first
+        such READ while it is open fetches it as an open would (tiers, a fetch in flight, a peer,
+        the PFS; a big file in ranges), and its later READs share the bytes.  A file seen changed
+        fails with EIO: in this mode the open itself cannot fail."""
+        if self.prefetcher.staging.reads_back(pid):
+            raise FsError(errno.EAGAIN)  # the daemon reading its own pages back: never a fetch
+        if self.revalidator is not None and self.revalidator.is_changed(entry):
+            self.counters.errors_eio += 1
+            raise FsError(errno.EIO)
+        seen = self.seen.get(entry)
+        handle = seen.handle if seen is not None else OpenFile(entry, int(self.tree.size[entry]))
+        if handle.data is None and handle.source is None and not handle.pushed:
+            t0 = time.monotonic()
+            try:
+                located, source = await self._locate(entry, handle.size, None)
+            except (OSError, StaleFile) as exc:
+                raise self._io_error(entry, exc) from None
+            waited = time.monotonic() - t0
+            self.counters.stalled(waited)
+            if source != "fetched" and source != "pfs":
+                self.counters.sources[source].add(handle.size, waited)
+            elif source == "pfs":
+                self.counters.sources["pfs"].files += 1
+            handle.data, handle.source = located.data, located.source
+            if seen is not None and not self.prefetcher.read_through(entry, handle.size):
+                handle.direct = True  # the kernel keeps the pages anyway (no direct_io without an open)
+        if seen is not None:
+            return await self.read(handle, off, size)
+        try:  # a READ of no open seen (a readahead after the close): its handle ends with it
+            return await self.read(handle, off, size)
+        finally:
+            if handle.source is not None:
+                handle.source.close()
 
     async def _locate(
         self, entry: int, size: int, staged: UsePages | UseHeld | None

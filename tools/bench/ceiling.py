@@ -7,6 +7,9 @@ really is memory.  The same reader then reads every file through each configurat
   seerfs     seerfs mounted over the tmpfs (no seed written; see below), through its default front
              (fuse.front: native where the extension was built: opens of cached files answered in C)
   seerfs-py  the same seerfs mount through the pyfuse3 front (fuse.front: pyfuse3), side by side
+  seerfs-noopen  the same seerfs mount with fuse.no_open: on (root): the kernel sends no OPEN or
+             RELEASE at all, the daemon sees opens through fanotify; a warm open costs no request
+             (one IOCTL, answered in C, where the reader's Python asks isatty)
   pyfuse3    the least a pyfuse3 filesystem can do (tools/bench/floorfs.py: open replies
              keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
              floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
@@ -94,11 +97,13 @@ from tools.harness.jobs import Job, seerfs_config
 from tools.harness.mounts import force_unmount, seerfs, status, wait_for
 from tools.mkdataset import Spec, make_dataset, parse_size
 
-CONFIGS = ("direct", "seerfs", "seerfs-py", "pyfuse3", "mergerfs", "rclone")
+CONFIGS = ("direct", "seerfs", "seerfs-py", "seerfs-noopen", "pyfuse3", "mergerfs", "rclone")
+SEERFS = ("seerfs", "seerfs-py", "seerfs-noopen")
 LABELS = {
     "direct": "direct tmpfs",
     "seerfs": "seerfs",
     "seerfs-py": "seerfs pyfuse3",
+    "seerfs-noopen": "seerfs no_open",
     "pyfuse3": "pyfuse3 floor",
     "mergerfs": "mergerfs",
     "rclone": "rclone",
@@ -356,9 +361,12 @@ def direct(data: Dataset, work: Path, a: argparse.Namespace) -> Iterator[Mounted
 
 
 @contextlib.contextmanager
-def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace, front: str | None = None) -> Iterator[Mounted]:
-    """seerfs over the tmpfs, through ``front`` (None: the default, native where it was built)."""
-    d = work / ("seerfs" if front is None else f"seerfs-{front}")
+def seerfs_mounted(
+    data: Dataset, work: Path, a: argparse.Namespace, front: str | None = None, no_open: bool = False
+) -> Iterator[Mounted]:
+    """seerfs over the tmpfs, through ``front`` (None: the default, native where it was built);
+    ``no_open``: with fuse.no_open on, timed only once the front armed it."""
+    d = work / ("seerfs-noopen" if no_open else "seerfs" if front is None else f"seerfs-{front}")
     d.mkdir()
     lookahead = 64 << 20
     job = Job(world_size=1, epochs=1 + a.passes, batch_size=32, num_workers=0, val=False)
@@ -375,12 +383,16 @@ def seerfs_mounted(data: Dataset, work: Path, a: argparse.Namespace, front: str 
     extra = ["-o", a.seerfs_o] if a.seerfs_o else []
     if front is not None:
         extra += ["-o", f"fuse.front={front}"]
+    if no_open:
+        extra += ["-o", "fuse.no_open=on"]
     res = seerfs("mount", str(data.root.parent), str(mnt), "-c", str(cfg), *extra)
     if res.returncode != 0:
         raise BenchError(f"seerfs mount failed ({res.returncode}): {res.stderr.strip()}")
     try:
         # Planning for the assumed seed runs in a subprocess at mount: let it finish before timing.
         wait_for(lambda: status(mnt)["plan"]["state"] != "planning", timeout=120, what="seerfs planning")
+        if no_open:
+            wait_for(lambda: status(mnt)["front"]["open_mode"] == "no_open", timeout=30, what="fuse.no_open armed")
         yield Mounted(mnt / data.root.name, int(status(mnt)["pid"]), [f"memory tier {tier / 1e6:.0f} MB"], mnt)
     finally:
         seerfs("umount", str(mnt), timeout=120)
@@ -429,10 +441,17 @@ def seerfs_py_mounted(data: Dataset, work: Path, a: argparse.Namespace) -> conte
     return seerfs_mounted(data, work, a, front="pyfuse3")
 
 
+def seerfs_noopen_mounted(
+    data: Dataset, work: Path, a: argparse.Namespace
+) -> contextlib.AbstractContextManager[Mounted]:
+    return seerfs_mounted(data, work, a, no_open=True)
+
+
 MOUNTS = {
     "direct": direct,
     "seerfs": seerfs_mounted,
     "seerfs-py": seerfs_py_mounted,
+    "seerfs-noopen": seerfs_noopen_mounted,
     "pyfuse3": floor_mounted,
     "mergerfs": mergerfs_mounted,
     "rclone": rclone_mounted,
@@ -487,7 +506,7 @@ def seerfs_sources(mnt: Path) -> dict[str, int]:
     front's counts of what it answered in C and forwarded to Python."""
     doc = status(mnt)
     reads, front = doc["reads"], doc["front"]
-    counts = {f"front {k}": int(v) for k, v in front.items() if k != "name"}
+    counts = {f"front {k}": int(v) for k, v in front.items() if isinstance(v, int)}
     return {
         **{k: int(v["files"]) for k, v in reads["by_source"].items()},
         "READ requests": int(reads["reads"]),
@@ -501,14 +520,22 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
         cold = read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader)
         before = seerfs_sources(m.seerfs_mnt) if m.seerfs_mnt else {}
         warm: list[PassResult] = []
-        python_daemon = m.daemon if config in ("seerfs", "seerfs-py", "pyfuse3") else None
+        python_daemon = m.daemon if config in (*SEERFS, "pyfuse3") else None
         with profiled(python_daemon, Path(a.profile) if a.profile else None, config):
             while len(warm) < a.passes or sum(p.seconds for p in warm) < a.seconds:
                 warm.append(read_pass(m.root, data, next(perms), a.threads, a.read_size, m.daemon, a.reader))
         result = ConfigResult(config, cold, warm, read_ahead_kb=read_ahead_kb(m.root.parent), notes=m.notes)
         if m.seerfs_mnt:
-            after = seerfs_sources(m.seerfs_mnt)
             opened = len(warm) * len(data.rel)
+            mnt = m.seerfs_mnt
+            if config == "seerfs-noopen":  # opens are booked from fanotify's queue, a few ms late
+                with contextlib.suppress(AssertionError):
+                    wait_for(
+                        lambda: seerfs_sources(mnt)["front observed_opens"] >= before["front observed_opens"] + opened,
+                        timeout=10,
+                        what="the warm opens booked",
+                    )
+            after = seerfs_sources(m.seerfs_mnt)
             reads = after.pop("READ requests") - before.pop("READ requests")
             front = {k[6:]: after.pop(k) - before.pop(k, 0) for k in list(after) if k.startswith("front ")}
             by = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
@@ -516,11 +543,16 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
             st = doc["prefetch"]["staging"]
             native = front["native_opens"] + front["native_releases"] + front["native_ioctls"]
             records = front["forwarded"] + front["native_opens"] + front["native_releases"]
+            records += front["observed_opens"] + front["observed_releases"]
             # Each status read in between forwards a few requests itself (lookup, open, read, release).
             result.notes += [
-                f"front {doc['front']['name']}: per warm open {native / opened:.2f} requests answered in C, "
-                f"{front['forwarded'] / opened:.2f} forwarded to Python, "
+                f"front {doc['front']['name']} ({doc['front']['open_mode']}, "
+                f"fanotify {doc['front']['fanotify']}): per warm open "
+                f"{(native + front['forwarded']) / opened:.2f} requests: {native / opened:.2f} answered in C, "
+                f"{front['forwarded'] / opened:.2f} forwarded to Python; "
                 f"{records / max(front['batches'], 1):.1f} ring records per batch drained",
+                f"opens seen through fanotify {front['observed_opens']} of {opened}, "
+                f"the daemon's own dropped {front['own_opens_dropped']}",
                 f"mode {doc['prefetch']['mode']}",
                 "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
                 f"warm READ requests {reads}",
@@ -822,6 +854,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def no_open_possible() -> bool:
+    """Whether a seerfs mount here can arm fuse.no_open (the native front built, CAP_SYS_ADMIN)."""
+    try:
+        from fusefs.fuse.native_front import may_watch
+    except ImportError:
+        return False
+    return may_watch()
+
+
 def usage_error(a: argparse.Namespace) -> str | None:
     try:
         pick_configs(a.configs, CONFIGS)
@@ -849,6 +890,9 @@ def main(argv: list[str] | None = None) -> int:
         if tool in configs and shutil.which(tool) is None:
             print(f"bench_ceiling: {tool} not installed: skipped", file=sys.stderr)
             configs.remove(tool)
+    if "seerfs-noopen" in configs and not no_open_possible():
+        print("bench_ceiling: seerfs-noopen needs the native front and CAP_SYS_ADMIN: skipped", file=sys.stderr)
+        configs.remove("seerfs-noopen")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="seerfs-bench-ceiling-"))
     load0 = os.getloadavg()[0]
     cold: list[ColdRun] = []
