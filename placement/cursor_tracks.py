@@ -37,7 +37,7 @@ MismatchKind = Literal["wrong_seed", "wrong_shape", "unpredictable"]
 """Why opens fit no hypothesis: ``wrong_shape`` when they fit the plan's permutation under another job
 shape (:mod:`placement.shapeprobe`), ``unpredictable`` when the configured sampler's order is not
 decided by a seed a script states (:data:`placement.frameworks.UNPREDICTABLE`), else ``wrong_seed``
-(a wrong seed, or a sampler not modelled)."""
+(another order than the plan's: a wrong seed, another catalog order, or a sampler not modelled)."""
 
 
 DatasetState = Literal["idle", "detecting", "presumed", "tracking", "mismatch"]
@@ -124,12 +124,24 @@ class CursorStatus(TypedDict):
     mismatch: Annotated[
         bool,
         gauge(
-            "the opens fit no epoch, node or position of the plan (wrong seed or an unmodelled sampler): "
-            "the daemon falls back to its reactive policy"
+            "the opens fit no epoch, node or position of the plan (another seed, catalog order, job shape or "
+            "sampler than the plan's): the daemon falls back to its reactive policy"
         ),
     ]
-    mismatch_reason: Annotated[str | None, text("why, or null")]
-    mismatch_kind: Annotated[MismatchKind | None, text("wrong_seed, wrong_shape or unpredictable; null")]
+    mismatch_reason: Annotated[
+        str | None,
+        text(
+            "why, or null; for a wrong_seed mismatch of the lead dataset the daemon adds what seed discovery "
+            "found (searching, the seed and order it fitted, or that no modelled order with a likely seed fits)"
+        ),
+    ]
+    mismatch_kind: Annotated[
+        MismatchKind | None,
+        text(
+            "wrong_seed (another order than the plan's: its seed, catalog order or sampler), wrong_shape or "
+            "unpredictable; null"
+        ),
+    ]
     first_mismatch_open: Annotated[int | None, text("the open at which a mismatch was first declared")]
     detect_opens: Annotated[int | None, text("how many opens the lead's last lock looked at")]
     lead: Annotated[
