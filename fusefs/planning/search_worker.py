@@ -180,6 +180,7 @@ def search(request: dict[str, Any], stdin: BinaryIO, parent: int) -> int:
     # that starts then spends its time on seeds, not on a catalog (a timm-order ImageNet costs seconds).
     tried_orders = [o for name in builder.names if (o := builder.build(name)) is not None]
     head = tried_orders[0]  # the configured (or default) order: always listed, never a duplicate
+    assert head.layout == builder.names[0], (head.layout, builder.names)
     first = head.setup
     if not first.searchable:
         say("done", **_unsearchable(first), opens=0, seconds=0.0, cpu_seconds=0.0)
