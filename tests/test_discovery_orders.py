@@ -235,3 +235,33 @@ def test_a_mismatch_says_what_seed_discovery_found(snapshot: tuple[Path, Any]) -
     off = SeedDiscovery(snap_file, cfgmod.load(None, {**CONFIG, "seed_discovery.enabled": "false"}), SeedState(me=0))
     told = off.explained(section)
     assert told is not None and "; seed discovery: off: write the sampler's seed" in str(told["mismatch_reason"])
+
+
+@pytest.fixture(scope="module")
+def nearly_alike(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """Ten classes whose files ImageFolder and timm list alike (zero-padded names) except in ``c0``,
+    whose names are not padded: the two orders differ in a tenth of the dataset only."""
+    root = tmp_path_factory.mktemp("nearly") / "data"
+    for c in range(10):
+        (root / "train" / f"c{c}").mkdir(parents=True)
+        for i in range(50):
+            name = f"img_{i}.jpg" if c == 0 else f"img_{i:02d}.jpg"
+            (root / "train" / f"c{c}" / name).write_bytes(b"x" * (100 + i))
+    cache = root.parent / "cache"
+    snap, _ = load_or_scan(str(root), cache)
+    return snapshot_file(cache, snap.source), snap
+
+
+def test_orders_that_both_fit_name_the_one_that_fits_best(nearly_alike: tuple[Path, Any]) -> None:
+    """The job reads timm's order with seed 42; ImageFolder's order lists nine tenths of the files
+    alike, so 42 fits there too, and its chunk comes first.  The match is checked in every order and
+    the one it fits best is named (timm's), not the one whose turn came first."""
+    snap_file, snap = nearly_alike
+    timm, folder = catalog_entries(snap, "timm_folder"), catalog_entries(snap, "imagefolder")
+    assert timm != folder and sum(a != b for a, b in zip(timm, folder, strict=True)) < len(timm) // 5
+    entries = node_opens(timm, seed=42)
+    alone = run_worker(snap_file, config_dict(**{"datasets.0.layout": "imagefolder"}), entries)[-1]
+    assert (alone["status"], alone["seed"]) == ("found", 42), alone  # it fits ImageFolder's order too
+    done = run_worker(snap_file, config_dict(), entries)[-1]
+    assert (done["status"], done["seed"], done["order"]) == ("found", 42, "timm_folder"), done
+    assert done["hits"] > alone["hits"], (done["hits"], alone["hits"])
