@@ -414,7 +414,9 @@ class CursorLocking(CursorBase):
 
     def _explain(self, dc: DatasetCursor, local: I64) -> tuple[MismatchKind, str]:
         """Why ``local`` (strays that fit no hypothesis) fit nothing, for status: another job shape
-        (:meth:`_probe_shape`), a configured sampler no stated seed predicts, or a wrong seed."""
+        (:meth:`_probe_shape`), a configured sampler no stated seed predicts, or another order than the
+        plan's: which of seed, catalog order or sampler differs only seed discovery can tell (the daemon
+        adds what it found to this text)."""
         k = int(local.shape[0])
         fit = self._probe_shape(dc, local)
         if fit is not None:
@@ -429,8 +431,8 @@ class CursorLocking(CursorBase):
         if reason is not None:
             return "unpredictable", f"{reason} (the last {k} opens of dataset {dc.d} fit no epoch of the plan)"
         return "wrong_seed", (
-            f"the last {k} opens of dataset {dc.d} fit no epoch of the plan on any node "
-            "(wrong seed or sampler settings?)"
+            f"the last {k} opens of dataset {dc.d} fit no epoch of the plan on any node: the job reads another "
+            "order (the plan's seed, catalog order or sampler is not the job's)"
         )
 
     def _probe_shape(self, dc: DatasetCursor, local: I64) -> ShapeFit | None:

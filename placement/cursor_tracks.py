@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from placement.cursor_fit import _LOG_FALSE_LOCK, I64, PassIndex, log_chance
 from placement.jobstreams import JobStreams
@@ -37,7 +39,7 @@ MismatchKind = Literal["wrong_seed", "wrong_shape", "unpredictable"]
 """Why opens fit no hypothesis: ``wrong_shape`` when they fit the plan's permutation under another job
 shape (:mod:`placement.shapeprobe`), ``unpredictable`` when the configured sampler's order is not
 decided by a seed a script states (:data:`placement.frameworks.UNPREDICTABLE`), else ``wrong_seed``
-(a wrong seed, or a sampler not modelled)."""
+(another order than the plan's: a wrong seed, another catalog order, or a sampler not modelled)."""
 
 
 DatasetState = Literal["idle", "detecting", "presumed", "tracking", "mismatch"]
@@ -124,12 +126,24 @@ class CursorStatus(TypedDict):
     mismatch: Annotated[
         bool,
         gauge(
-            "the opens fit no epoch, node or position of the plan (wrong seed or an unmodelled sampler): "
-            "the daemon falls back to its reactive policy"
+            "the opens fit no epoch, node or position of the plan (another seed, catalog order, job shape or "
+            "sampler than the plan's): the daemon falls back to its reactive policy"
         ),
     ]
-    mismatch_reason: Annotated[str | None, text("why, or null")]
-    mismatch_kind: Annotated[MismatchKind | None, text("wrong_seed, wrong_shape or unpredictable; null")]
+    mismatch_reason: Annotated[
+        str | None,
+        text(
+            "why, or null; for a wrong_seed mismatch of the lead dataset the daemon adds what seed discovery "
+            "found (searching, the seed and order it fitted, or that no modelled order with a likely seed fits)"
+        ),
+    ]
+    mismatch_kind: Annotated[
+        MismatchKind | None,
+        text(
+            "wrong_seed (another order than the plan's: its seed, catalog order or sampler), wrong_shape or "
+            "unpredictable; null"
+        ),
+    ]
     first_mismatch_open: Annotated[int | None, text("the open at which a mismatch was first declared")]
     detect_opens: Annotated[int | None, text("how many opens the lead's last lock looked at")]
     lead: Annotated[
@@ -535,7 +549,12 @@ class CursorBase:
         settings: CursorSettings,
         start_epoch: int = 0,
         previous: CursorBase | None = None,
+        regid: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]] | None = None,
     ) -> None:
+        """``regid``: the replaced plan's global ids -> this plan's (-1: not in it), for the opens
+        ``previous`` carries over when this plan lists the files in another order (the catalog order
+        seed discovery found): carried as they were, they would name other files, fit nothing, and
+        the new plan would wait for two more batches per local rank of opens to lock."""
         self.job = job
         self.shape = job.shape
         self.settings = settings
@@ -558,11 +577,13 @@ class CursorBase:
         self._ends = [d.offset + d.n for d in job.datasets]
         self._lead_epoch: int | None = None  # the lead's job epoch while it is placed, else None
         if previous is not None:
-            self._carry(previous)
+            self._carry(previous, regid)
 
     # ---- construction from an older plan -------------------------------------------------
 
-    def _carry(self, old: CursorBase) -> None:
+    def _carry(
+        self, old: CursorBase, regid: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]] | None = None
+    ) -> None:
         self.opens, self.hits = old.opens, old.hits
         self.plans = old.plans + 1
         self.first_mismatch_open = old.first_mismatch_open
@@ -588,6 +609,9 @@ class CursorBase:
                 a.passes,
             )
             recent = a.recent.copy()
+            if regid is not None and recent:  # dataset-local indices, through global ids
+                ids = regid(np.fromiter(recent, dtype=np.int64, count=len(recent)) + a.offset)
+                recent = deque(int(g) - b.offset for g in ids.tolist() if b.offset <= g < b.offset + b.n)
             tracks = list(a.tracks)  # (C-level copies again)
             if a.state == "tracking" and tracks:
                 newest = max(t.job_epoch for t in tracks)

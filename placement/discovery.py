@@ -13,7 +13,9 @@ This module decides:
 * in which catalog orders (:func:`orders_to_try`): the layout the config gives, or, when it gives
   none, every modelled order (:data:`MODELLED_ORDERS`) with the likely seeds, and the whole range
   only for those :func:`range_orders` names.  A candidate is tried once per order, so each order's
-  search is held to ``threshold / orders`` (a union bound over the orders);
+  search is held to ``threshold / orders`` (a union bound over the orders); the orders' likely seeds
+  are searched together (the worker takes a chunk of each in turn), so a common seed in the second
+  order is found as soon as one in the first;
 * when to start (:class:`OpensGate`): once the node has opened two batches per local rank of the
   lead (what DataLoader workers open first; fewer leave too little margin over the false-match
   bound to survive the workers' reordering), and later again with half as many more opens each

@@ -167,7 +167,8 @@ def test_wrong_seed_is_flagged_fast_and_reads_stay_correct(
     assert all(not r["bad"] for r in results)
     assert doc["prefetch"]["mode"] == "reactive"
     cursor = doc["cursor"]
-    assert cursor["mismatch"] and "wrong seed" in cursor["mismatch_reason"]
+    assert cursor["mismatch"] and "seed, catalog order or sampler is not the job's" in cursor["mismatch_reason"]
+    assert "seed discovery: off: write the sampler's seed" in cursor["mismatch_reason"], cursor["mismatch_reason"]
     assert cursor["first_mismatch_open"] <= job.num_workers * job.batch_size, cursor
 
 

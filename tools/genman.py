@@ -853,7 +853,9 @@ Lightning and accelerate scripts), timm's folder reader (natural sort of the pat
 train.py, natsort\-ed file lists) and every file sorted by path
 .RB ( "sorted(glob(...))" );
 an order that lists the files exactly as an earlier one is tried once, and each order's search is
-held to the false\-lock chance divided by the number of orders.  A match names its order
+held to the false\-lock chance divided by the number of orders searched.  Every order is listed while
+the search worker waits for opens, and their likely seeds are searched together, a chunk of each in
+turn, so a common seed is found in milliseconds whichever order the job reads.  A match names its order
 .RB ( discovery.order ),
 and the plan then lists the lead dataset, and every dataset without a layout, in that order.  A
 seed written with no layout given is checked the same way on its first opens.  When no modelled

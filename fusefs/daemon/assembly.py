@@ -516,7 +516,7 @@ class Daemon:
             "seed": self.seed.status(),
             "discovery": self.discovery.status(),
             "plan": self.plans.status(),
-            "cursor": prefetch["cursor"],
+            "cursor": self.discovery.explained(prefetch["cursor"]),
             "prefetch": prefetch,
             "memory_budget": self.budget.status(),
             "memory_cgroup": self.memfit.status(),

@@ -65,7 +65,7 @@ from fusefs.config import Config
 from fusefs.planning.seed import SeedState
 from fusefs.planning.workerproc import failure_reason, json_lines, prepared_worker, start_worker, stop_worker
 from placement.catalog import DEFAULT_LAYOUT
-from placement.cursor import FALSE_LOCK, DatasetState
+from placement.cursor import FALSE_LOCK, CursorStatus, DatasetState
 from placement.discovery import epoch_in_plan
 from placement.statusfields import counter, gauge, info, state, text
 
@@ -135,10 +135,9 @@ class DiscoveryStatus(TypedDict):
     orders: Annotated[
         str | None,
         text(
-            "the orders to search, comma-separated: the configured layout, or, when datasets.N.layout is not "
-            "given, every modelled order (imagefolder, timm_folder, files); once the search ended, those it "
-            "searched (an order listing the files exactly as an earlier one is not searched again, and one is "
-            "listed only when the earlier ones' likely seeds did not fit)"
+            "the orders searched, comma-separated: the configured layout, or, when datasets.N.layout is not "
+            "given, every modelled order (imagefolder, timm_folder, files) that lists the dataset differently "
+            "from the ones before it; their likely seeds are searched together, a chunk of each in turn"
         ),
     ]
     node: Annotated[int | None, gauge("the node whose ranks the opens fit (null: a DataLoader without ranks)")]
@@ -513,6 +512,39 @@ class SeedDiscovery:
         return True
 
     # ------------------------------------------------------------------ status
+
+    def explained(self, cursor: CursorStatus | None) -> CursorStatus | None:
+        """The cursor's section, a mismatch of the lead dataset told what seed discovery found.
+
+        The cursor alone can only say that the opens fit another order than the plan's; whether the
+        seed, the catalog order or the sampler differs, and whether any modelled order fits at all,
+        is what the search tells: a person reads one sentence, not "wrong seed" for a job whose order
+        seerfs does not model."""
+        if cursor is None or cursor["mismatch_kind"] != "wrong_seed" or not cursor["mismatch_reason"]:
+            return cursor
+        lead = next((ds for ds in cursor["datasets"] if ds["lead"]), None)
+        said = self.verdict()
+        if said is None or lead is None or lead["mismatch_kind"] != "wrong_seed":
+            return cursor
+        out = cursor.copy()
+        out["mismatch_reason"] = f"{cursor['mismatch_reason']}; seed discovery: {said}"
+        return out
+
+    def verdict(self) -> str | None:
+        """What seed discovery says of the lead dataset's order, for a mismatch's reason (None: nothing yet)."""
+        r = self.result or {}
+        if self.state == "off":
+            return (
+                "off: write the sampler's seed to .control/seed, and set datasets.N.layout if the dataset is not "
+                "listed as ImageFolder lists it"
+            )
+        if self.state in ("waiting", "preparing", "searching"):
+            return "searching the opens for the job's seed and catalog order"
+        if self.state == "not_found":
+            return f"{r.get('result')}: served as without a seed (discovery.reason says what decides the order)"
+        if self.state in ("not_searchable", "found"):
+            return f"{r.get('result')}{f'; {self.note}' if self.note else ''}"
+        return self.note
 
     def status(self) -> DiscoveryStatus:
         r = self.result or {}

@@ -40,7 +40,7 @@ Concurrency rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Protocol, TypedDict, assert_never
 
@@ -224,6 +224,7 @@ class Prefetcher:
         self._prepare = False  # a new cursor waits for its prepare() in the worker thread
         self._presume_node: int | None = None  # a Presume for the cursor loop to carry out
         self._retired: NodeCursor | None = None  # the cursor of the last plan, while no plan is followed
+        self._retired_plan: Plan | None = None  # its plan
 
     # ------------------------------------------------------------------ what others read
 
@@ -402,17 +403,21 @@ class Prefetcher:
         the maps the quick path needs) is slow and runs in the cursor loop's worker thread.
         """
         self._cursor_generation = ins.generation
-        self._cursor_plan = ins.plan
+        old_plan, self._cursor_plan = self._cursor_plan, ins.plan
         self._opens = []
         self._view_key = ()
         old = self.cursor
         if ins.plan is None:
             self.cursor = None
-            self._retired = old if old is not None else self._retired
+            if old is not None:
+                self._retired, self._retired_plan = old, old_plan
         else:
-            previous = old if old is not None else self._retired
-            self.cursor = NodeCursor(ins.plan.job_streams(), self.settings, previous=previous)
-            self._retired = None
+            previous, previous_plan = (old, old_plan) if old is not None else (self._retired, self._retired_plan)
+            regid = None
+            if previous is not None and previous_plan is not None and _layouts(previous_plan) != _layouts(ins.plan):
+                regid = _regid(previous_plan, self.policy.entry_gid)
+            self.cursor = NodeCursor(ins.plan.job_streams(), self.settings, previous=previous, regid=regid)
+            self._retired = self._retired_plan = None
             if ins.presume is not None:
                 self.cursor.presume(ins.presume, 0)
             self._prepare = True
@@ -704,3 +709,24 @@ def _lane_reads(
     ``NextEpoch.first_read``): both walk the plan's epochs, so both run in the lane's worker thread."""
     entries, ready = next_epoch_reads(plan, node, epoch, hold_off)
     return entries, ready, reads_first(plan, epoch)
+
+
+def _regid(old: Plan, entry_gid: npt.NDArray[np.int32]) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
+    """The replaced plan's global ids -> the new plan's (``entry_gid``: the policy's entry -> id map of
+    the new plan, -1 where it has none), through the snapshot entry both name: the opens a cursor
+    carries over to a plan that lists the files in another order (seed discovery found the catalog
+    order) then name the same files, and the new plan relocks on them at once."""
+
+    def regid(gids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        entries = old.entry_of(gids).astype(np.int64)
+        inside = entries < entry_gid.shape[0]
+        out = np.full(gids.shape[0], -1, dtype=np.int64)
+        out[inside] = entry_gid[entries[inside]]
+        return out
+
+    return regid
+
+
+def _layouts(plan: Plan) -> list[object]:
+    """The catalog order of each dataset the plan lists (its inputs' layouts)."""
+    return [ds.get("layout") for ds in plan.inputs["datasets"]]
