@@ -17,8 +17,8 @@ resolved with one sort of (target, step) keys plus short pointer chains (see
 
 :func:`randperm_at` gives a few entries of a permutation without the rest: a node of a large job
 reads ``[rank::world]`` of it, 1/1,024 of the entries on 1,024 nodes.  The 32-bit loop's entries
-then come from one scatter and one filtered scan, about a fifth of the whole replay's cost at 14
-million files and faster than torch's own loop (:func:`_forward_fisher_yates_at`).
+then come from one filtered scan down the steps (:func:`_forward_fisher_yates_at`): with the
+draws, about a sixth of the whole replay's cost at 14 million files and faster than torch's loop.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ SEED_MAX = 2**64 - 1
 _DRAW_CHUNK = 1 << 22  # draws generated at once where only a bounded buffer is wanted
 _SMALL_WORK = 1 << 25  # below this many files, int64 work arrays (fastest); above, int32 (leanest)
 _SPARSE_AT = 8  # randperm_at replays only the asked entries when at most 1 in this many is asked
-_SCAN_CHUNK = 1 << 16  # steps per slice of randperm_at's filtered scan (the slice stays in cache)
+_SCAN_CHUNK = 1 << 17  # steps per slice of randperm_at's scan (the slice stays in cache)
+_SCAN_MIN, _SCAN_SHIFT = 1024, 4  # near the top a slice is (n - its top) >> shift, at least min
 _FILTER_BITS = 20  # randperm_at's cache-sized prefilter: one byte per value of the target's low bits
 
 Backend = Literal["auto", "torch", "numpy"]
@@ -342,12 +343,14 @@ def _offsets_32(n: int, stream: Mt19937Stream) -> npt.NDArray[np.uint32]:
         return np.zeros(0, dtype=np.uint32)
     if n - 1 <= _DRAW_CHUNK:
         z = stream.draws(n - 1)
-    else:
-        z = np.empty(n - 1, dtype=np.uint32)
-        for lo in range(0, n - 1, _DRAW_CHUNK):
-            hi = min(n - 1, lo + _DRAW_CHUNK)
-            stream.fill(z[lo:hi])
-    np.remainder(z, _divisors(n), out=z)
+        np.remainder(z, _divisors(n), out=z)
+        return z
+    z = np.empty(n - 1, dtype=np.uint32)
+    for lo in range(0, n - 1, _DRAW_CHUNK):  # the divisors a chunk at a time: no n-sized array of them
+        hi = min(n - 1, lo + _DRAW_CHUNK)
+        part = z[lo:hi]
+        stream.fill(part)
+        np.remainder(part, np.arange(n - lo, n - hi, -1, dtype=np.uint32), out=part)
     return z
 
 
@@ -496,92 +499,100 @@ def _forward_fisher_yates(z: npt.NDArray[np.uint32], n: int, out: IndexArray | N
 def _forward_fisher_yates_at(z: npt.NDArray[np.uint32], n: int, at: IndexArray) -> IndexArray:
     """``_forward_fisher_yates(z, n)[at]`` for sorted, distinct ``at`` (n >= 2), without the rest.
 
-    With W(p) as in :func:`_forward_fisher_yates` and t_j = j + z[j] the target of step j:
-    W(p) = p when no step before p targeted p, else W(parent(p)), parent(p) the last such step.
-    One unbuffered maximum over the steps (``np.maximum.at``) gives parent for every position; a
-    step targeting itself would shadow its earlier targeters there, so those few (ln n on average)
-    are mended from the scan below.  Entry i < n - 1 is what its target held just before step i:
-    W(prev) for the last step prev < i that targeted it, or the target itself when none did (W(i)
-    when z[i] == 0); entry n - 1 is W(parent(n - 1)), or n - 1.  The earlier targeters of the asked
-    entries' targets come from one scan of the steps, prefiltered by the target's low bits in a
-    table that stays in cache.  ``z`` is overwritten.
+    With t_j = j + z[j] the target of step j: entry i < n - 1 is what its target t_i held just
+    before step i, entry n - 1 what n - 1 holds at the end.  Position T holds, before step b, what
+    the last step j < b that targeted T put there, W(j), the value j held just before step j
+    (the swap moves it to T); if no step did, T itself.  W(j) asks the same question again, of
+    (T, b) = (j, j): a chain of queries, each answered by a step below the last (about half stop
+    at every hop).  So every entry is a query (T, b) = (t_i, i), or (n - 1, n - 1), followed down
+    the steps: one scan from the top step down, in slices that stay in cache, keeps the targets
+    still asked about in a byte table (with a cache-sized prefilter on the low bits), and answers
+    each query from the largest matching step below its bound in the slice.  A query answered in
+    a slice asks next about a position inside the slice; the slice's steps aimed inside it are
+    kept for that.  Slices are short near the top, where most steps aim inside the slice, so that
+    those stay few.  About a sixth of the whole replay's cost at 14 million entries.
     """
     m = n - 1
-    ar = _arange32(n)
-    t = z.view(np.int32)  # z < n - i, so i + z < n < 2**31: the same bits, targets in place
-    np.add(t, ar[:m], out=t)
-    parent = np.full(n, -1, dtype=np.int32)
-    np.maximum.at(parent, t, ar[:m])
-    selfish = np.flatnonzero(t == ar[:m])
-    inner = at[: int(np.searchsorted(at, m))]
-    target = t.take(inner).astype(np.int64)
-    moving = target != inner
-    # (target, bound) queries: the last step below bound that targeted target
-    q_target = np.concatenate([target[moving], selfish])
-    q_bound = np.concatenate([inner[moving], selfish])
-    keys = _targeters(t, q_target, int(q_bound.max(initial=0)), n)
-    prev = _last_before(keys, q_target, q_bound, n)
-    k = int(moving.sum())
-    parent[selfish] = prev[k:]
-    out = np.empty(at.shape[0], dtype=np.int64)
-    found = target[moving]
-    hit = prev[:k] >= 0
-    found[hit] = _roots(prev[:k][hit], parent)
-    out[: inner.shape[0]][moving] = found
-    out[: inner.shape[0]][~moving] = _roots(inner[~moving], parent)
-    if inner.shape[0] < at.shape[0]:  # entry n - 1
-        last = int(parent[m])
-        out[-1] = m if last < 0 else int(_roots(np.array([last], dtype=np.int64), parent)[0])
-    return out
-
-
-def _targeters(t: Int32Array, targets: IndexArray, bound: int, n: int) -> IndexArray:
-    """Sorted ``t_j * n + j`` keys of the steps j < bound whose target t_j is one of ``targets``."""
-    exact = np.zeros(n, dtype=np.bool_)
-    exact[targets] = True
+    k = int(np.searchsorted(at, m))
+    value = np.empty(at.shape[0], dtype=np.int64)  # each query's target: its answer once none is below
+    np.add(z.take(at[:k]), at[:k], out=value[:k], casting="unsafe")
+    value[k:] = m
+    bound = at.astype(np.int64)
+    asked = np.zeros(n, dtype=np.bool_)
     mask = (1 << _FILTER_BITS) - 1
     rough = np.zeros(1 << _FILTER_BITS, dtype=np.bool_)
-    rough[targets & mask] = True
-    low = np.empty(_SCAN_CHUNK, dtype=np.int32)
-    hits = []
-    for lo in range(0, bound, _SCAN_CHUNK):
-        chunk = t[lo : min(bound, lo + _SCAN_CHUNK)]
-        part = low[: chunk.shape[0]]
-        np.bitwise_and(chunk, mask, out=part)
-        maybe = np.flatnonzero(rough.take(part))
-        sure = maybe.take(np.flatnonzero(exact.take(chunk.take(maybe))))
-        if sure.size:
-            hits.append(sure + lo)
-    steps = np.concatenate(hits) if hits else np.zeros(0, dtype=np.int64)
-    keys = t.take(steps).astype(np.int64)
-    keys *= n
-    keys += steps
-    keys.sort()
-    return keys
+    live_t = np.zeros(0, dtype=np.int64)  # the queries being followed, by target
+    live_q = np.zeros(0, dtype=np.int64)
+    waiting = at.shape[0]  # queries 0..waiting-1: their bound is still below the scan
+    buf = np.empty(_SCAN_CHUNK, dtype=np.int32)
+    hi = int(bound[-1]) if at.size else 0
+    while hi > 0:
+        if not live_t.size:  # nothing to follow: skip to the next bound
+            hi = min(hi, int(bound[waiting - 1])) if waiting else 0
+            if hi <= 0:
+                break
+        lo = max(0, hi - min(_SCAN_CHUNK, max(_SCAN_MIN, (n - hi) >> _SCAN_SHIFT)))
+        start = int(np.searchsorted(bound[:waiting], lo, side="right"))
+        if start < waiting:
+            new = np.arange(start, waiting, dtype=np.int64)
+            waiting = start
+            live_t, live_q = _ask(live_t, live_q, value.take(new), new, asked, rough)
+        targets = buf[: hi - lo]
+        np.add(z[lo:hi].view(np.int32), np.arange(lo, hi, dtype=np.int32), out=targets)  # i + z < n < 2**31
+        maybe = np.flatnonzero(rough.take(np.bitwise_and(targets, mask)))
+        steps = np.concatenate(
+            [maybe.take(np.flatnonzero(asked.take(targets.take(maybe)))), np.flatnonzero(targets < hi)]
+        )  # a step in both is a duplicate key, which changes no answer
+        if not steps.size:
+            hi = lo
+            continue
+        keys = targets.take(steps).astype(np.int64)
+        keys *= n
+        keys += steps
+        keys += lo
+        keys.sort()
+        aimed = keys // n
+        first = np.searchsorted(live_t, aimed, side="left")
+        span = np.searchsorted(live_t, aimed, side="right") - first
+        span[1:][aimed[1:] == aimed[:-1]] = 0  # each target's queries once
+        if span.any():
+            ends = np.cumsum(span)
+            touched = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(first - (ends - span), span)
+            follow = live_q.take(touched)
+            keep = np.ones(live_t.shape[0], dtype=np.bool_)
+            keep[touched] = False
+            live_t, live_q = live_t[keep], live_q[keep]
+            stay = []
+            while follow.size:
+                t = value.take(follow)
+                below = np.searchsorted(keys, t * n + bound.take(follow)) - 1
+                key = keys.take(np.maximum(below, 0))
+                found = (below >= 0) & (key // n == t)
+                stay.append(follow[~found])
+                follow = follow[found]
+                value[follow] = bound[follow] = key[found] % n
+            rest = np.concatenate(stay)
+            live_t, live_q = _ask(live_t, live_q, value.take(rest), rest, asked, rough)
+        hi = lo
+    return value
 
 
-def _last_before(keys: IndexArray, target: IndexArray, bound: IndexArray, n: int) -> IndexArray:
-    """Per query, the largest step j < bound with target ``target`` among ``keys``' steps, or -1."""
-    out = np.full(target.shape[0], -1, dtype=np.int64)
-    if not keys.size:
-        return out
-    at = np.searchsorted(keys, target * n + bound) - 1
-    ok = at >= 0
-    key = keys.take(np.maximum(at, 0))
-    ok &= key // n == target
-    out[ok] = key[ok] % n
-    return out
-
-
-def _roots(start: IndexArray, parent: Int32Array) -> IndexArray:
-    """W(p) for each p of ``start``: ``parent`` followed until a position with none (-1)."""
-    out = start.astype(np.int64)
-    active = np.flatnonzero(parent.take(out) >= 0)
-    while active.size:
-        nxt = parent.take(out.take(active)).astype(np.int64)
-        out[active] = nxt
-        active = active.take(np.flatnonzero(parent.take(nxt) >= 0))
-    return out
+def _ask(
+    live_t: IndexArray,
+    live_q: IndexArray,
+    t: IndexArray,
+    q: IndexArray,
+    asked: npt.NDArray[np.bool_],
+    rough: npt.NDArray[np.bool_],
+) -> tuple[IndexArray, IndexArray]:
+    """Queries ``q`` about targets ``t`` added to the followed ones (kept sorted by target) and
+    their targets marked (marks stay: a stale one only brings a step no query takes)."""
+    asked[t] = True
+    rough[t & ((1 << _FILTER_BITS) - 1)] = True
+    order = np.argsort(t, kind="stable")
+    t, q = t.take(order), q.take(order)
+    at = np.searchsorted(live_t, t)
+    return np.insert(live_t, at, t), np.insert(live_q, at, q)
 
 
 def _inside_out(z: npt.NDArray[Any], n: int) -> IndexArray:
