@@ -39,7 +39,9 @@ SEED_MIN = -(2**63)  # torch.Generator.manual_seed accepts [-2**63, 2**64 - 1]
 SEED_MAX = 2**64 - 1
 _DRAW_CHUNK = 1 << 22  # draws generated at once where only a bounded buffer is wanted
 _SMALL_WORK = 1 << 25  # below this many files, int64 work arrays (fastest); above, int32 (leanest)
-_SPARSE_AT = 16  # randperm_at replays only the asked entries when at most 1 in this many is asked (more: slower)
+# randperm_at replays only the asked entries when at most 1 in this many is asked (more: no faster);
+# up to _CACHED_N files the whole replay reuses its per-size arrays and is faster, so fewer then
+_SPARSE_AT, _SPARSE_AT_CACHED = 16, 32
 _SCAN_CHUNK = 1 << 17  # steps per slice of randperm_at's scan (the slice stays in cache)
 _SCAN_MIN, _SCAN_SHIFT = 1024, 4  # near the top a slice is (n - its top) >> shift, at least min
 _FILTER_BITS = 20  # randperm_at's cache-sized prefilter: one byte per value of the target's low bits
@@ -263,9 +265,9 @@ def randperm_at(n: int, seed: int, entries: npt.ArrayLike, *, backend: Backend =
     """``randperm(n, seed)[entries]`` (int64, in the order given), computing only those entries where
     few are asked.
 
-    Up to 1 in :data:`_SPARSE_AT` entries of the 32-bit loop are replayed by numpy on any backend (at
-    14 million files, faster than torch's whole loop); otherwise the whole permutation is computed
-    on ``backend`` and indexed.
+    Up to 1 in :data:`_SPARSE_AT` entries of the 32-bit loop (1 in :data:`_SPARSE_AT_CACHED` up to
+    :data:`_CACHED_N` files) are replayed by numpy on any backend (at 14 million files, faster than
+    torch's whole loop); otherwise the whole permutation is computed on ``backend`` and indexed.
     """
     _check_n(n)
     seed = check_seed(seed)
@@ -273,7 +275,7 @@ def randperm_at(n: int, seed: int, entries: npt.ArrayLike, *, backend: Backend =
     if at.size and (int(at.min()) < 0 or int(at.max()) >= n):
         raise ValueError(f"entries: expected indices in 0..{n - 1}")
     wanted, back = np.unique(at, return_inverse=True)
-    if n >= THRESHOLD_64BIT or wanted.size * _SPARSE_AT > n:
+    if n >= THRESHOLD_64BIT or wanted.size * (_SPARSE_AT_CACHED if n <= _CACHED_N else _SPARSE_AT) > n:
         return randperm(n, seed, backend=backend).take(at)
     if n <= 1:
         return np.zeros(at.shape, dtype=np.int64)

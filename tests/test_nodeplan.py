@@ -39,10 +39,11 @@ def test_a_nodes_pass_equals_its_row_of_the_dense_pass_and_the_job_first_reads(
     and node, ties to the lowest), equal what the dense pass (checked against node streams in
     tests/test_plan.py) finds with every node's rows; also with the first reads found in slices of 7
     entries (padding across a slice's end) and with the later epochs' entries of this node always
-    replayed alone (at these sizes a node reads more than 1 in 16 entries, so the whole permutation
+    replayed alone (at these sizes a node reads more than 1 in 32 entries, so the whole permutation
     is taken otherwise)."""
     monkeypatch.setattr(nodeplan, "_KEY_CHUNK", chunk)
     monkeypatch.setattr(rp, "_SPARSE_AT", sparse)
+    monkeypatch.setattr(rp, "_SPARSE_AT_CACHED", sparse)
     job, sizes = CASES[case]
     extra = {"datasets.0.sampler.drop_last": "true"} if job.get("drop_last") == "true" else {}
     _inputs, streams, segments, offsets = _pass_inputs(job, sizes, 11, **extra)

@@ -86,7 +86,7 @@ def test_imagenet_size_numpy_equals_torch() -> None:
 @pytest.mark.parametrize("seed", [0, 42, 2**63 - 1, -1])
 def test_a_few_entries_equal_torch(n: int, seed: int) -> None:
     """randperm_at replays only the asked entries (a node's strided share, the padding's head, the
-    last entry, duplicates, any order) and gives torch's values; past 1 asked in 16 it indexes the
+    last entry, duplicates, any order) and gives torch's values; past 1 asked in 16 (32 up to 8M files) it indexes the
     whole permutation instead."""
     want = torch_perm(n, seed)
     world = max(2, n // 64)
@@ -94,7 +94,7 @@ def test_a_few_entries_equal_torch(n: int, seed: int) -> None:
     asks = [
         np.concatenate([np.arange(3, n, world), np.arange(4, n, world), np.arange(min(n, 5))]),
         np.array([n - 1, 0, n - 1]),
-        rng.integers(0, n, max(1, n // 20)),
+        rng.integers(0, n, max(1, n // 40)),
         rng.integers(0, n, n),
     ]
     for at in asks:
@@ -106,7 +106,7 @@ def test_a_few_entries_equal_torch(n: int, seed: int) -> None:
 @given(n=st.integers(2, 3000), seed=st.integers(rp.SEED_MIN, rp.SEED_MAX), data=st.data())
 def test_the_partial_replay_equals_torch_for_any_entries(n: int, seed: int, data: st.DataObject) -> None:
     """The partial replay itself, whatever share of the entries is asked (randperm_at would take
-    the whole permutation past 1 in 16)."""
+    the whole permutation past 1 in 32 at these sizes)."""
     at = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1))), dtype=np.int64)
     got = rp._forward_fisher_yates_at(rp._offsets_32(n, rp.Mt19937Stream(seed)), n, at)
     np.testing.assert_array_equal(got, torch_perm(n, seed)[at])
