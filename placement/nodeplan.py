@@ -40,7 +40,7 @@ from placement.assign import fill, fragmentation_reserve, place_in_tiers, priori
 from placement.frequency import Segment
 from placement.parallel import Pool, run_ahead
 from placement.samplers import DistributedSamplerModel, EpochLayout
-from placement.streams import JobShape, Streams, _first_reads, entry_nodes, entry_positions
+from placement.streams import JobShape, Streams, _first_reads, entry_nodes, entry_positions, layout_calls
 from placement.streams import node_positions as _node_positions
 
 I64 = npt.NDArray[np.int64]
@@ -143,8 +143,8 @@ def node_pass(
                 files = flat.take(t_mine)
                 repeats = flat[u:]
             else:  # this node's entries, then the padding's (:func:`_epoch_sources`)
-                if unseen.get(off, n):
-                    raise AssertionError("nodeplan: a partial epoch before every file was read")
+                if unseen.get(off, n):  # _epoch_sources asks for one after a whole epoch only
+                    raise AssertionError("node_pass: an epoch of this node's entries before every file was read")
                 flat, u = None, n
                 files, repeats = got_epoch[: t_mine.shape[0]], got_epoch[t_mine.shape[0] :]
             # this node's reads: a gather of its entries (files/nodes of them), no inverse of the epoch
@@ -201,7 +201,7 @@ def _epoch_sources(
     segment when that epoch reads every file (no truncation): after it, an epoch adds one read of
     every file, the padding's repeats and this node's own reads, which
     :meth:`DistributedSamplerModel.entries_at` gives without the rest of the permutation (1/1,024
-    of it on 1,024 nodes, about a fifth of the cost).
+    of it on 1,024 nodes, about a tenth of the cost).
     """
     seen: set[int] = set()
     inline: list[Callable[[], EpochLayout | I64]] = []
@@ -209,25 +209,19 @@ def _epoch_sources(
     for seg in segments:
         st = streams[seg.dataset]
         sampler = st.sampler
-        heavy = hasattr(sampler, "fresh_layout") and bool(getattr(sampler, "shuffle", False))
         size = st.length * st.shape.world_size
         if isinstance(sampler, DistributedSamplerModel) and min(sampler.total_size, size) >= st.n:
             if seg.dataset in seen:  # every epoch reads every file, and one whole epoch was read
-                t_mine = mine_at[st.length][0]
-                entries = np.concatenate([t_mine, np.arange(st.n, size, dtype=np.int64)])
+                entries = np.concatenate([mine_at[st.length][0], np.arange(st.n, size, dtype=np.int64)])
                 call = functools.partial(sampler.entries_at, seg.ds_epoch, entries)
                 inline.append(call)
-                ahead.append(call if heavy else None)
+                ahead.append(call if sampler.shuffle else None)
                 continue
             seen.add(seg.dataset)
-        inline.append(functools.partial(st.layout, seg.ds_epoch))
-        ahead.append(functools.partial(_fresh_layout, sampler, seg.ds_epoch) if heavy else None)
+        whole, early = layout_calls(st, seg.ds_epoch)
+        inline.append(whole)
+        ahead.append(early)
     return run_ahead(inline, ahead, pool, width)
-
-
-def _fresh_layout(sampler: Any, epoch: int) -> EpochLayout:
-    layout: EpochLayout = sampler.fresh_layout(epoch)
-    return layout
 
 
 def _node_entries(shape: JobShape, node: int, length: int) -> tuple[I64, I64]:
