@@ -6,9 +6,10 @@ ImageNet-1k, 54 GiB at 1,024 nodes over 14 million files.  A node acts on its ow
 order and on one owner per file; this module computes those in memory that grows with the files, not
 with nodes x files:
 
-* :func:`node_pass`: one pass over the job's segments (one permutation each, as before) that keeps
-  ``node``'s counts and first uses exactly, and per file what every node can compute alike: the job's
-  first read of it (position and node) and its total reads.  O(files) memory.
+* :func:`node_pass`: one pass over the job's segments that keeps ``node``'s counts and first uses
+  exactly, and per file what every node can compute alike: the job's first read of it (position and
+  node) and its total reads.  O(files) memory.  A segment costs a permutation, or, after a whole
+  epoch of its dataset, only ``node``'s entries of it (:func:`placement.randperm.randperm_at`).
 * :func:`designate`: the *first-reader rule* for spread mode.  Each read, cacheable object is
   designated to the node that reads it first in the job (ties: the lowest node), which fetches it
   from the PFS then anyway.  A node whose designated bytes exceed its room keeps those the job reads
