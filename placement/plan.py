@@ -61,6 +61,7 @@ FORMAT = 3
 """Version of the planning algorithm, hashed into every digest: plans of another version never match.
 2: the digest covers every output column (objects and fill order too), not only tiers and owners.
 3: large spread jobs plan per node (:mod:`placement.nodeplan`; :data:`DENSE_CELLS`)."""
+_SUMMARY_SLICE = 1 << 21  # objects per slice of a per-node plan's summary
 DENSE_CELLS = 1 << 27
 """Above this many (node, object) cells a spread plan is per node (:mod:`placement.nodeplan`): each
 node computes its own reads and the first-reader designation, in O(objects) memory; up to it, the
@@ -893,44 +894,59 @@ def _summarize_node(
     tiers = len(inputs["tiers"])
     epochs = int(inputs["job"]["epochs"])
     sizes = objects.size
-    fsizes = sizes.astype(np.float64)
     k = part.node
     held_any = owner >= 0
     read_any = po.first_key != NEVER_KEY
-    total = po.total.astype(np.int64)
-    pfs_bytes = int(sizes[held_any & read_any].sum()) + int((total * sizes)[~held_any].sum())
     cats = 2 * tiers + 1
     pfs_cat = 2 * tiers
     slowest_peer = min(range(tiers), key=model.peer_rate) if tiers else -1
-    remote = np.where(held_any & (owner != k), np.int8(slowest_peer), np.int8(-1))
     table, pfs_above = model.source_table(nodes)
-    combo = part.tier_of.astype(np.intp)
-    combo += 1
-    combo *= tiers + 1
-    combo += remote
-    combo += 1
-    cat = table.take(combo)
-    if bool((np.isfinite(pfs_above) & (pfs_above >= 0)).any()):
-        cat[fsizes > pfs_above.take(combo)] = pfs_cat
+    size_bound = bool((np.isfinite(pfs_above) & (pfs_above >= 0)).any())
     epoch1 = next((s.start for s in segments if s.job_epoch == 1), np.iinfo(np.int64).max)
-    earliest = po.earliest()
-    reader = po.first_reader()
     reads_by = np.zeros((2, cats), np.int64)
     bytes_by = np.zeros((2, cats), np.int64)
-    c = po.counts.astype(np.float64)
-    c0 = po.first_epoch_counts.astype(np.float64)
-    reads_by[0] = np.rint(np.bincount(cat, weights=c0, minlength=cats))
-    reads_by[1] = np.rint(np.bincount(cat, weights=c, minlength=cats)) - reads_by[0]
-    bytes_by[0] = np.rint(np.bincount(cat, weights=c0 * fsizes, minlength=cats))
-    bytes_by[1] = np.rint(np.bincount(cat, weights=c * fsizes, minlength=cats)) - bytes_by[0]
-    cold = np.flatnonzero((reader == k) & held_any)
-    in_epoch0 = earliest.take(cold) < epoch1
-    for phase, sel in ((0, cold[in_epoch0]), (1, cold[~in_epoch0])):
-        moved_b = np.rint(np.bincount(cat.take(sel), weights=fsizes.take(sel), minlength=cats)).astype(np.int64)
-        reads_by[phase] -= np.bincount(cat.take(sel), minlength=cats)
-        bytes_by[phase] -= moved_b
-        reads_by[phase, pfs_cat] += int(sel.size)
-        bytes_by[phase, pfs_cat] += int(moved_b.sum())
+    pfs_bytes = uncached = 0
+    # in slices of objects: whole float64 and intp columns of 14 million objects would add a GB;
+    # every sum is of integers below 2**53, so each slice's is exact and they add up to the same
+    for lo in range(0, len(objects), _SUMMARY_SLICE):
+        sl = slice(lo, lo + _SUMMARY_SLICE)
+        held, size = held_any[sl], sizes[sl]
+        fsizes = size.astype(np.float64)
+        total_bytes = po.total[sl].astype(np.int64)
+        total_bytes *= size
+        pfs_bytes += int(size[held & read_any[sl]].sum()) + int(total_bytes[~held].sum())
+        uncached += int(total_bytes.sum())
+        del total_bytes
+        remote = np.where(held & (owner[sl] != k), np.int8(slowest_peer), np.int8(-1))
+        combo = part.tier_of[sl].astype(np.intp)
+        combo += 1
+        combo *= tiers + 1
+        combo += remote
+        combo += 1
+        cat = table.take(combo)
+        if size_bound:
+            cat[fsizes > pfs_above.take(combo)] = pfs_cat
+        del combo, remote
+        c = po.counts[sl].astype(np.float64)
+        c0 = po.first_epoch_counts[sl].astype(np.float64)
+        first_reads = np.rint(np.bincount(cat, weights=c0, minlength=cats)).astype(np.int64)
+        reads_by[0] += first_reads
+        reads_by[1] += np.rint(np.bincount(cat, weights=c, minlength=cats)).astype(np.int64) - first_reads
+        c0 *= fsizes
+        c *= fsizes
+        first_bytes = np.rint(np.bincount(cat, weights=c0, minlength=cats)).astype(np.int64)
+        bytes_by[0] += first_bytes
+        bytes_by[1] += np.rint(np.bincount(cat, weights=c, minlength=cats)).astype(np.int64) - first_bytes
+        del c, c0
+        key = po.first_key[sl]
+        cold = np.flatnonzero((key % nodes == k) & (key != NEVER_KEY) & held)  # read here first, and held
+        in_epoch0 = key.take(cold) // nodes < epoch1
+        for phase, sel in ((0, cold[in_epoch0]), (1, cold[~in_epoch0])):
+            moved_b = np.rint(np.bincount(cat.take(sel), weights=fsizes.take(sel), minlength=cats)).astype(np.int64)
+            reads_by[phase] -= np.bincount(cat.take(sel), minlength=cats)
+            bytes_by[phase] -= moved_b
+            reads_by[phase, pfs_cat] += int(sel.size)
+            bytes_by[phase, pfs_cat] += int(moved_b.sum())
     node: dict[str, Any] = {
         "node": k,
         "tier_bytes": [int(x) for x in part.tier_bytes],
@@ -944,7 +960,7 @@ def _summarize_node(
     return {
         **_job_report(inputs, catalogs, follows, segments, objects, read_any, held_any, nodes, "per_node"),
         "pfs_bytes_job": pfs_bytes,
-        "pfs_bytes_without_cache": int((total * sizes).sum()),
+        "pfs_bytes_without_cache": uncached,
         "frequency": _frequency(inputs, catalogs, list(segments), p.counts[None, :], nodes, follows),
         "per_node": [node],
     }

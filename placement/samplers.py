@@ -42,6 +42,7 @@ from placement.randperm import (
     check_seed,
     open_stream,
     randperm,
+    randperm_at,
     randperm_draws,
     resolve_backend,
 )
@@ -215,6 +216,18 @@ class DistributedSamplerModel:
         """:meth:`epoch_layout` without the cache: a pure function of the epoch, safe in threads."""
         order = frozen(self._compute_order(check_epoch(epoch)))
         return EpochLayout(order=order, shared=False, distinct=min(self.n, self.total_size))
+
+    def entries_at(self, epoch: int, t: npt.ArrayLike) -> IndexArray:
+        """``epoch_order(epoch)[t]`` without the rest of the order (:func:`randperm_at`): what one
+        node of a large job needs, its ranks' entries ``[r::world_size]``; a pure function of the
+        epoch, safe in threads."""
+        at = np.asarray(t, dtype=np.int64)
+        if at.size and (int(at.min()) < 0 or int(at.max()) >= self.total_size):
+            raise ValueError(f"t: expected entries in 0..{self.total_size - 1}")
+        at = at % self.n  # padding repeats the permutation from its start
+        if not self.shuffle:
+            return at
+        return randperm_at(self.n, self.epoch_seed(check_epoch(epoch)), at, backend=self.backend)
 
     def rank_indices(self, epoch: int, rank: int) -> IndexArray:
         rank = check_rank(rank, self.world_size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,14 +382,17 @@ def layouts_ahead(
     Only samplers that shuffle and offer a pure per-epoch ``fresh_layout`` run ahead; the others
     are stateful or trivial and run in order here (and do not use up the look-ahead).
     """
+    calls = [layout_calls(streams[d], e) for d, e in reads]
+    return run_ahead([inline for inline, _ in calls], [ahead for _, ahead in calls], pool, width)
 
-    def heavy(d: int) -> bool:
-        sampler = streams[d].sampler
-        return hasattr(sampler, "fresh_layout") and bool(getattr(sampler, "shuffle", False))
 
-    inline = [functools.partial(streams[d].layout, e) for d, e in reads]
-    ahead = [functools.partial(_fresh_layout, streams[d].sampler, e) if heavy(d) else None for d, e in reads]
-    return run_ahead(inline, ahead, pool, width)
+def layout_calls(st: Streams, epoch: int) -> tuple[Callable[[], EpochLayout], Callable[[], EpochLayout] | None]:
+    """The call giving ``st``'s layout of ``epoch`` in order, and a pure one that may run ahead in
+    a pool (:func:`layouts_ahead`), or None where the sampler does not shuffle or has no pure
+    per-epoch ``fresh_layout``."""
+    sampler = st.sampler
+    heavy = hasattr(sampler, "fresh_layout") and bool(getattr(sampler, "shuffle", False))
+    return functools.partial(st.layout, epoch), functools.partial(_fresh_layout, sampler, epoch) if heavy else None
 
 
 def _fresh_layout(sampler: Any, epoch: int) -> EpochLayout:

@@ -14,6 +14,7 @@ from fusefs.meta.snapshot import Snapshot
 from fusefs.planning.store import load_plan, save_plan
 from placement import nodeplan
 from placement import plan as P
+from placement import randperm as rp
 from placement.assign import earliest_reader
 from placement.frequency import access_stats, count_type_for
 from placement.nodeplan import NEVER_KEY, designate, node_pass, node_room
@@ -29,16 +30,20 @@ def _pass_inputs(job: dict[str, str], sizes: list[int], seed: int, **extra: str)
     return inputs, streams, segments, offsets
 
 
-@pytest.mark.parametrize("chunk", [1 << 20, 7])
+@pytest.mark.parametrize(("chunk", "sparse"), [(1 << 20, rp._SPARSE_AT), (7, 1 << 40)])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_nodes_pass_equals_its_row_of_the_dense_pass_and_the_job_first_reads(
-    case: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+    case: str, chunk: int, sparse: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Counts, epoch-0 counts and first uses of each node, and per file the job's first read (position
     and node, ties to the lowest), equal what the dense pass (checked against node streams in
     tests/test_plan.py) finds with every node's rows; also with the first reads found in slices of 7
-    entries (padding across a slice's end)."""
+    entries (padding across a slice's end) and with the later epochs' entries of this node always
+    replayed alone (at these sizes a node reads more than 1 in 32 entries, so the whole permutation
+    is taken otherwise)."""
     monkeypatch.setattr(nodeplan, "_KEY_CHUNK", chunk)
+    monkeypatch.setattr(rp, "_SPARSE_AT", sparse)
+    monkeypatch.setattr(rp, "_SPARSE_AT_CACHED", sparse)
     job, sizes = CASES[case]
     extra = {"datasets.0.sampler.drop_last": "true"} if job.get("drop_last") == "true" else {}
     _inputs, streams, segments, offsets = _pass_inputs(job, sizes, 11, **extra)

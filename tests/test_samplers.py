@@ -100,6 +100,21 @@ def test_distributed_sizes_and_global_order_match_torch(n: int, world: int, drop
         assert order[rank::world].tolist() == torch_distributed(n, world, rank, 7, 2, True, drop_last)
 
 
+@pytest.mark.parametrize(
+    ("n", "world", "drop_last", "shuffle"),
+    [(1000, 64, False, True), (1000, 7, True, True), (3, 8, False, True), (1000, 64, False, False)],
+)
+def test_distributed_entries_without_the_rest_of_the_order(n: int, world: int, drop_last: bool, shuffle: bool) -> None:
+    """entries_at gives the epoch order at any entries (padding and truncation included), as the
+    order itself does."""
+    model = DistributedSamplerModel(n, world, 7, shuffle=shuffle, drop_last=drop_last)
+    t = np.concatenate([np.arange(5, model.total_size, world), np.arange(model.total_size - 1, n - 1, -1)])
+    for epoch in (0, 3):
+        np.testing.assert_array_equal(model.entries_at(epoch, t), model.epoch_order(epoch)[t])
+    with pytest.raises(ValueError, match="entries"):
+        model.entries_at(0, [model.total_size])
+
+
 def test_distributed_both_backends_agree() -> None:
     a = DistributedSamplerModel(5000, 3, 11, backend="numpy")
     b = DistributedSamplerModel(5000, 3, 11, backend="torch")
