@@ -628,23 +628,58 @@ class ReadPolicy:
     # ------------------------------------------------------------------ readers
 
     def _opened(self, ev: Opened) -> None:
-        entry = ev.entry
+        gid, answer = self._open_entry(ev.entry)
+        if gid >= 0:
+            self._out.append(Place(gid))
+        if answer is not None:
+            self._out.append(answer)
+
+    def _open_entry(self, entry: int) -> tuple[int, UsePages | UseHeld | None]:
+        """:meth:`_opened`'s state change; its Place as the gid (-1: unplanned) and its answer."""
         self._opens_since_tick += 1
         if self._fill_credit == math.inf:
             self._fill_credit = 0.0  # readers started: fills keep pace with them from now on
         self._fill_credit = min(self._fill_credit + FILL_PER_OPEN, self._fill_credit_cap)
         if self.group_owner is not None and self.mode != "predicting":
             self.ruled = True
-        gid = int(self.entry_gid[entry]) if entry < self.entry_gid.shape[0] else -1
+        gid: int = self.entry_gid.item(entry) if entry < self.entry_gid.shape[0] else -1
         if gid < 0:
             self.unplanned_opens += 1
         else:
-            self._out.append(Place(gid))
             self._unplaced[entry] = self._unplaced.get(entry, 0) + 1
             self._opened_since_view.add(entry)
-        answer = self._take(entry)
-        if answer is not None:
-            self._out.append(answer)
+        return gid, self._take(entry)
+
+    def lean(self) -> bool:
+        """Whether :meth:`readers` may stand in for :meth:`handle`: no step is logged or validated,
+        and no instruction waits in the outbox (a reclaim outside a step leaves its drops there for
+        the next step to carry out, in its order)."""
+        return self._log is None and not self.settings.validate and not self._out
+
+    def readers(self, ops: Sequence[int], places: list[int], staged: list[UsePages | UseHeld | bool | None]) -> None:
+        """A run of readers' opens (``entry``) and releases (``~entry``), in order: exactly what
+        :meth:`handle` of ``Opened``/``Released`` does for each (the same state changes, one step
+        each), without an event, an instruction list or a dispatch per step.  Only when
+        :meth:`lean`.  Appends each open's Place gid (planned opens only) to ``places`` and, per op,
+        its answer (an open's UsePages, UseHeld or None; a release's :meth:`in_page_cache` right
+        after it) to ``staged``.  Other instructions these steps decide (a release's CancelStage)
+        stay in the outbox: :meth:`drain` them after.  Neither step ever decides a Fill or Stage
+        (``followed`` unchanged), reserves bytes (no reclaim inside), or logs."""
+        self._busy = True
+        try:
+            for op in ops:
+                if op >= 0:
+                    gid, answer = self._open_entry(op)
+                    if gid >= 0:
+                        places.append(gid)
+                    staged.append(answer)
+                else:
+                    entry = ~op
+                    self._retire(entry)
+                    staged.append(self.in_page_cache(entry))
+        finally:
+            self._busy = False
+            self.steps += len(ops)
 
     def _take(self, entry: int) -> UsePages | UseHeld | None:
         """What an open of ``entry`` can use: staged pages or bytes, or pages kept from an earlier read."""
