@@ -9,7 +9,8 @@ really is memory.  The same reader then reads every file through each configurat
   seerfs-py  the same seerfs mount through the pyfuse3 front (fuse.front: pyfuse3), side by side
   seerfs-noopen  the same seerfs mount with fuse.no_open: on (root): the kernel sends no OPEN or
              RELEASE at all, the daemon sees opens through fanotify; a warm open costs no request
-             (one IOCTL, answered in C, where the reader's Python asks isatty)
+             (one IOCTL, answered in C, where the reader's Python asks isatty; none with
+             --reader loader-3.14)
   pyfuse3    the least a pyfuse3 filesystem can do (tools/bench/floorfs.py: open replies
              keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
              floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
@@ -20,9 +21,18 @@ really is memory.  The same reader then reads every file through each configurat
 The reader is --threads threads in this process, each taking the next file of a random permutation
 of all files.  --reader loader (the default) reads each file the way torchvision's default loader
 does before decoding (``with open(path, "rb") as f: f.read()``): the per-file cost a DataLoader
-worker really pays, and what the figures in tools/RESULTS.md were taken with.  --reader readv is the
-leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it makes
-the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
+worker really pays, and what the figures in tools/RESULTS.md were taken with.  On CPython up to
+3.13 that open() asks isatty() of every file (``_io_open_impl`` in Modules/_io/_iomodule.c calls
+``raw.isatty()`` whenever buffering is the default), an ioctl the kernel turns into a FUSE IOCTL
+request on every open; CPython 3.14 asks ``raw._isatty_open_only()`` instead, which answers False
+without a system call when the stat taken at open shows no character device
+(``_io_FileIO_isatty_open_only`` in Modules/_io/fileio.c).  --reader loader-3.14 reads each file
+the way 3.14's open().read() does, on any interpreter: ``open(path, "rb", buffering=0).read()``
+(an explicit buffering skips the isatty() call on 3.11-3.13 too, and the buffered reader reads a
+whole file through the same raw readall()), so it shows what a warm open costs a DataLoader worker
+on 3.14 (with fuse.no_open: no request at all).  --reader readv is
+the leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it
+makes the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
 same permutations (a new one per pass, drawn from --seed).  Per configuration the first pass is the
 *cold* pass (a fresh mount: it fills whatever the filesystem caches) and the warm-up; then *warm*
 passes follow until at least --passes of them ran and they took at least --seconds together.  The
@@ -278,6 +288,9 @@ def read_pass(
                 if kind == "loader":
                     with open(paths[k], "rb") as fh:
                         nbytes += len(fh.read())
+                elif kind == "loader-3.14":  # as CPython 3.14's open().read(): no isatty() ioctl
+                    with open(paths[k], "rb", buffering=0) as raw:
+                        nbytes += len(raw.read())
                 else:
                     fd = os.open(paths[k], os.O_RDONLY)
                     try:
@@ -826,10 +839,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=8, help="reader threads (default 8)")
     p.add_argument(
         "--reader",
-        choices=("loader", "readv"),
+        choices=("loader", "loader-3.14", "readv"),
         default="loader",
-        help="how each file is read: loader (open().read(), as torchvision's loader) or readv "
-        "(os.readv into a reused buffer); default loader",
+        help="how each file is read: loader (open().read(), as torchvision's loader), loader-3.14 "
+        "(the same as CPython 3.14 makes it: no isatty() ioctl) or readv (os.readv into a reused "
+        "buffer); default loader",
     )
     p.add_argument("--read-size", type=parse_size, default=1 << 20, help="bytes per readv() (default 1MiB)")
     p.add_argument("--passes", type=int, default=3, help="warm passes at least, after the cold one (default 3)")
