@@ -53,6 +53,7 @@ class _Seen:
 _PAIRED = -1  # book_native: an open released in the same run (no handle)
 _KEEP = -2  # a release whose pages the policy may keep (Staging.pages_kept)
 _DIRECT = -3  # a release of a handle opened with direct_io: its pages are not kept
+_UNSEEN = -4  # a no_open open whose handle is made and dropped within the run (none is made)
 
 
 class OpenFiles:
@@ -156,10 +157,16 @@ class OpenFiles:
         seen_of = self.seen
         closing = {fh for opened, fh in zip(events[0::4], events[2::4], strict=True) if not opened}
         paired: dict[int, int] = {}  # fh -> entry: opened in this run, released later in it
+        # no_open: files with no handle before this run, opened in it: how many opens are not closed
+        # yet, and those opens' positions in ops.  A handle is made only for those still open after
+        # the run (an open and its close in one run, the common case, never needs one: nothing can
+        # read through it in between, a READ would have ended the run).
+        unseen_count: dict[int, int] = {}
+        unseen_ops: dict[int, list[int]] = {}
         ops: list[int] = []  # the policy's steps: an open's entry, a release's ~entry
-        targets: list[
-            int | OpenFile
-        ] = []  # per op: an open's fh (_PAIRED: none) or seen handle; a release's _KEEP/_DIRECT
+        # per op: an open's fh (_PAIRED: none), its seen handle (_UNSEEN: none yet); a release's _KEEP or _DIRECT
+        targets: list[int | OpenFile] = []
+        opens = 0
         for opened, inode, fh, pid in zip(events[0::4], events[1::4], events[2::4], events[3::4], strict=True):
             entry = inode - ROOT_INODE
             if fh == 0:  # no_open: seen through fanotify (never a handle of ours): what seen_natively does
@@ -167,12 +174,19 @@ class OpenFiles:
                     continue
                 seen = seen_of.get(entry)
                 if opened:
-                    counters.opens += 1
-                    if seen is None:
-                        seen = seen_of[entry] = _Seen(OpenFile(entry, sizes.item(entry)))
-                    seen.count += 1
+                    opens += 1
+                    if seen is not None:
+                        seen.count += 1
+                        targets.append(seen.handle)
+                    elif entry in unseen_count:
+                        unseen_count[entry] += 1
+                        unseen_ops[entry].append(len(ops))
+                        targets.append(_UNSEEN)
+                    else:
+                        unseen_count[entry] = 1
+                        unseen_ops[entry] = [len(ops)]
+                        targets.append(_UNSEEN)
                     ops.append(entry)
-                    targets.append(seen.handle)
                 elif seen is not None:  # a close of an open never seen (made before the mark): ignored
                     seen.count -= 1
                     ops.append(~entry)
@@ -182,6 +196,12 @@ class OpenFiles:
                         if seen.handle.source is not None:
                             seen.handle.source.close()
                         seen.handle.data = None
+                elif entry in unseen_count:  # its handle would have been made and dropped in this run
+                    ops.append(~entry)
+                    targets.append(_KEEP)  # a new handle is never direct
+                    unseen_count[entry] -= 1
+                    if unseen_count[entry] <= 0:
+                        del unseen_count[entry], unseen_ops[entry]
                 continue
             if opened:
                 if not 0 <= entry < entries:
@@ -189,7 +209,7 @@ class OpenFiles:
                 if staging.reads_back(pid):
                     handles[fh] = OpenFile(entry, sizes.item(entry), pushed=True, read_back=True)
                     continue
-                counters.opens += 1
+                opens += 1
                 ops.append(entry)
                 if fh in closing:
                     paired[fh] = entry
@@ -209,8 +229,14 @@ class OpenFiles:
                     handle.data = None
                     ops.append(~handle.entry)
                     targets.append(_DIRECT if handle.direct else _KEEP)
+        for entry, positions in unseen_ops.items():  # still open after the run: their shared handle
+            handle = OpenFile(entry, sizes.item(entry))
+            seen_of[entry] = _Seen(handle, unseen_count[entry])
+            for k in positions:
+                targets[k] = handle
         if not ops:
             return
+        counters.opens += opens
         answers = prefetcher.book(ops)
         page_cache = counters.sources["page_cache"]
         for op, target, answer in zip(ops, targets, answers, strict=True):
@@ -219,14 +245,17 @@ class OpenFiles:
                     staging.pages_kept(~op, cached=True)
                 continue
             size: int = sizes.item(op)
-            if isinstance(target, OpenFile):  # no_open, as seen_natively: a stall of 0 s changes no counter
+            if target == _UNSEEN or isinstance(
+                target, OpenFile
+            ):  # no_open, as seen_natively: a stall of 0 s changes no counter
                 if isinstance(answer, UsePages):
-                    target.pushed = True
+                    if isinstance(target, OpenFile):
+                        target.pushed = True
                     page_cache.files += 1
                     page_cache.bytes += size
                 elif isinstance(answer, UseHeld):
                     counters.sources["memory"].add(size, 0.0)
-                    if target.data is None:
+                    if isinstance(target, OpenFile) and target.data is None:
                         target.data = memoryview(answer.data)
                 # not staged: its first READ fetches it (read_inode), counted there
                 continue

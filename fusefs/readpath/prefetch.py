@@ -359,16 +359,17 @@ class Prefetcher:
     def book(self, ops: list[int]) -> list[UsePages | UseHeld | bool | None]:
         """A run of readers' opens (``entry``) and releases (``~entry``), in order: for each, what
         :meth:`opened` answers, or for a release, after :meth:`consumed`, whether the policy keeps
-        its pages (``in_page_cache``, as :meth:`Staging.pages_kept` asks).  Where no hook watches
-        opens and the policy logs and validates nothing, the steps run as one call
-        (:meth:`ReadPolicy.readers`): the Place decisions join the cursor's batch in order, the
-        cursor loop is woken once, and what else the steps decided is carried out after them, in
-        order.  Deferring is exact: nothing here awaits, so the cursor loop and every task a Stage
-        or CancelStage touches run only after the whole run anyway, and neither Place nor
-        CancelStage calls back into the policy."""
+        its pages (``in_page_cache``, as :meth:`Staging.pages_kept` asks).  Where the policy logs
+        and validates nothing, the steps run as one call (:meth:`ReadPolicy.readers`): the open
+        hook sees the run's opens first, in order, the Place decisions join the cursor's batch in
+        order, the cursor loop is woken once, and what else the steps decided is carried out after
+        them, in order.  Reordering is exact: nothing here awaits, so the cursor loop and every
+        task a Stage or CancelStage touches run only after the whole run anyway; neither Place nor
+        CancelStage calls back into the policy; and the hook only observes (seed discovery records
+        the opens), never reading or calling the read path."""
         policy = self.policy
         out: list[UsePages | UseHeld | bool | None] = []
-        if self.hooks.on_open is not None or not policy.lean():
+        if not policy.lean():
             for op in ops:
                 if op >= 0:
                     out.append(self.opened(op))
@@ -376,6 +377,11 @@ class Prefetcher:
                     self.consumed(~op)
                     out.append(policy.in_page_cache(~op))
             return out
+        on_open = self.hooks.on_open
+        if on_open is not None:
+            for op in ops:
+                if op >= 0:
+                    on_open(op)
         places: list[int] = []
         policy.readers(ops, places, out)
         for ins in policy.drain():
