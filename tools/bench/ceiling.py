@@ -57,7 +57,8 @@ IOCTL that Python's open() sends when it asks isatty() (answered ENOSYS by libfu
 The table's notes count where seerfs served each warm open from, and for the native front how
 many requests per warm open it answered in C and how many reached Python.  "us/open" is the
 daemon's CPU (all threads, utime + stime from /proc) per warm open, in microseconds: with
---passes 8 over 4,000 files that is 32,000 opens.
+--passes 8 over 4,000 files that is 32,000 opens; a note splits it by thread name (``main``: the
+daemon's first thread, where seerfs runs trio and books the opens).
 
 --seerfs-o passes config overrides to the seerfs mount (e.g. fuse.max_tasks=8); --profile records
 the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
@@ -138,6 +139,7 @@ class PassResult:
     fs_cpu_s: float | None  # the filesystem daemon, all threads (None: no daemon)
     busy_cores: float  # the whole machine's non-idle time over the pass, in cores
     fs_top_thread_s: float | None = None  # the daemon's busiest thread (near 1 core: serialised there)
+    fs_threads_s: dict[str, float] = field(default_factory=dict)  # the daemon's CPU by thread name ("main": trio's)
 
     @property
     def files_per_s(self) -> float:
@@ -211,7 +213,12 @@ class ConfigResult:
             None if None in fs else sum(x or 0.0 for x in fs),
             sum(p.busy_cores * p.seconds for p in self.warm) / max(seconds, 1e-9),
             None if None in top else sum(x or 0.0 for x in top),
+            {name: sum(p.fs_threads_s.get(name, 0.0) for p in self.warm) for name in self.thread_names},
         )
+
+    @property
+    def thread_names(self) -> list[str]:
+        return sorted({name for p in self.warm for name in p.fs_threads_s})
 
 
 @dataclass
@@ -233,6 +240,21 @@ def thread_seconds(pid: int) -> dict[int, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that just exited
             out[int(task.name)] = cpu_seconds_of(str(task / "stat"))
+    return out
+
+
+def by_thread_name(pid: int, spent: dict[int, float]) -> dict[str, float]:
+    """CPU seconds per thread, summed by thread name (``main``: the process's first thread, where
+    seerfs runs trio); a thread that exited meanwhile counts as ``gone``."""
+    out: dict[str, float] = {}
+    for tid, seconds in spent.items():
+        name = "main"
+        if tid != pid:
+            try:
+                name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                name = "gone"
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 
@@ -314,9 +336,12 @@ def read_pass(
     wall = time.monotonic() - t0
     cpu1, busy1 = os.times(), machine_busy_s()
     fs_cpu = top = None
+    by_name: dict[str, float] = {}
     if daemon and fs0 is not None:
         fs_cpu = cpu_seconds_of(f"/proc/{daemon}/stat") - fs0
-        top = max((t - threads0.get(tid, 0.0) for tid, t in thread_seconds(daemon).items()), default=0.0)
+        spent = {tid: t - threads0.get(tid, 0.0) for tid, t in thread_seconds(daemon).items()}
+        top = max(spent.values(), default=0.0)
+        by_name = by_thread_name(daemon, spent)
     if errors:
         raise BenchError(f"reading {root}: {errors[0]!r}")
     result = PassResult(
@@ -327,6 +352,7 @@ def read_pass(
         fs_cpu,
         (busy1 - busy0) / max(wall, 1e-9),
         top,
+        by_name,
     )
     if result.files != len(paths) or result.bytes != data.total:
         raise BenchError(
@@ -571,6 +597,10 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
                 f"warm READ requests {reads}",
                 f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}",
             ]
+        total = result.warm_total
+        if total.fs_threads_s:
+            per = [f"{k} {v / max(total.files, 1) * 1e6:.1f}" for k, v in total.fs_threads_s.items() if v > 0]
+            result.notes.append("daemon us per warm open by thread: " + ", ".join(per))
     return result
 
 
