@@ -245,9 +245,8 @@ class OpenFiles:
                     staging.pages_kept(~op, cached=True)
                 continue
             size: int = sizes.item(op)
-            if target == _UNSEEN or isinstance(
-                target, OpenFile
-            ):  # no_open, as seen_natively: a stall of 0 s changes no counter
+            if target == _UNSEEN or isinstance(target, OpenFile):
+                # no_open, as seen_natively (a stall of 0 s changes no counter)
                 if isinstance(answer, UsePages):
                     if isinstance(target, OpenFile):
                         target.pushed = True
