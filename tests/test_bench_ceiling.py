@@ -81,3 +81,23 @@ def test_cold_runs_report_daemon_cpu_per_cold_open(tmp_path: Path, capsys: pytes
         assert r["fetched"] == (120 if r["config"] == "seerfs" else None)
     assert set(doc["cold_opens"]["median_us"]) == {"seerfs", "pyfuse3"}
     assert fuse_mounts(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not bench_ceiling.no_open_possible(), reason="needs root and the native front")
+def test_a_3_14_reader_costs_no_request_per_warm_open_in_no_open_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--reader loader-3.14 opens as CPython 3.14's open() does (no isatty ioctl): through
+    ``fuse.no_open`` its warm opens send the daemon no IOCTL, OPEN or RELEASE (only the status reads
+    in between send a few), and every byte read is verified as with the other readers."""
+    argv = ["--files", "150", "--mean-size", "20KB", "--passes", "2", "--seconds", "0"]
+    argv += ["--configs", "direct,seerfs-noopen", "--reader", "loader-3.14", "--json", "--workdir", str(tmp_path)]
+    assert bench_ceiling.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["config"]: r for r in doc["results"]}
+    assert by["seerfs-noopen"]["bytes_verified"] is True
+    notes = " | ".join(by["seerfs-noopen"]["notes"])
+    assert "(no_open, fanotify fid)" in notes, notes
+    answered_in_c = float(notes.split(" answered in C")[0].rsplit(" ", 1)[1])
+    assert answered_in_c == 0.0, notes  # no IOCTL (the loader reader: 1.00 per open; status reads send none)
+    assert fuse_mounts(tmp_path) == []

@@ -40,6 +40,7 @@ from fusefs.readpath.contract import (
     Opened,
     PeerDown,
     PeerUp,
+    Place,
     PlanChanged,
     Presume,
     Push,
@@ -962,3 +963,68 @@ def test_random_event_sequences_keep_every_invariant(one_node: tuple[Plan, npt.N
         suppress_health_check=[HealthCheck.too_slow],
     )
     run().runTest()
+
+
+def test_a_run_of_readers_steps_in_one_call_decides_what_one_step_each_would(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """``ReadPolicy.readers`` (the native front's booking of a run of opens and releases, when no
+    step is logged or validated) against ``handle`` of the same ``Opened``/``Released`` events one
+    by one, from the same state: a pushed file (UsePages), one whose push the kernel refused
+    (UseHeld), one still being fetched (its release cancels the stage), kept pages (reused), the
+    same file open twice at once, an unplanned entry.  The Place gids, the answers, the pages kept
+    after each release, the other instructions, the step count and the policy's books agree."""
+    a, b, c, d, e = one_node[0].entry_of(np.arange(5)).tolist()
+    ops = [a, b, c, e, e, 0, ~e, ~a, ~c, ~0, ~e, b, ~b, ~b, d, e, ~e]
+
+    def prepared() -> Setup:
+        s = Setup(*one_node, threads=3)
+        s.follow()
+        assert set(staged(s.view([a, b, c]))) == {a, b, c}
+        s.do(StageFetched(a, b"x" * s.size(a)))
+        s.do(Pushed(a, ok=True))
+        s.do(StageFetched(b, b"x" * s.size(b)))
+        s.do(Pushed(b, ok=False))  # held in RAM
+        for entry in (d, e):  # read through the mount, released: kept pages
+            s.do(Opened(entry))
+            s.do(ReadThrough(entry, s.size(entry)))
+            s.do(Released(entry))
+        return s
+
+    def books(s: Setup) -> object:
+        p = s.policy
+        pages = {k: (v.nbytes, v.state, v.taken, v.data is not None) for k, v in p.pages.items()}
+        return (
+            p.steps,
+            list(p.kept.items()),
+            pages,
+            (p.kept_bytes, p.cached_bytes, p.staged_bytes, p.reused, p.unused, p.unplanned_opens, s.budget.used),
+            (p._opens_since_tick, p._fill_credit, dict(p._unplaced), sorted(p._opened_since_view)),
+            sorted(p._kept_unused),
+        )
+
+    one = prepared()
+    places: list[int] = []
+    answers: list[object] = []
+    other: list[Instruction] = []
+    for op in ops:
+        answer: object = None
+        for ins in one.do(Opened(op) if op >= 0 else Released(~op)):
+            if isinstance(ins, Place):
+                places.append(ins.gid)
+            elif isinstance(ins, UsePages | UseHeld):
+                answer = ins
+            else:
+                other.append(ins)
+        answers.append(answer if op >= 0 else one.policy.in_page_cache(~op))
+
+    run = prepared()
+    assert run.policy.lean()
+    run_places: list[int] = []
+    run_answers: list[UsePages | UseHeld | bool | None] = []
+    run.policy.readers(ops, run_places, run_answers)
+    run.policy.validate()
+    assert (run_places, run_answers, run.policy.drain()) == (places, answers, other)
+    assert books(run) == books(one)
+    assert any(isinstance(x, UseHeld) for x in answers) and any(isinstance(x, UsePages) for x in answers)
+    assert CancelStage(c) in other and places

@@ -16,7 +16,7 @@ import trio.testing
 from inprocess import CTX, Mount, assemble, drained, make_source, serve, settled, until
 
 from fusefs.fuse.front import FileInfo
-from fusefs.meta.ids import entry_of, inode_of
+from fusefs.meta.ids import ROOT_INODE, entry_of, inode_of
 
 
 @pytest.fixture(scope="module")
@@ -202,26 +202,57 @@ def test_pushed_pages_are_marked_for_the_front_and_a_native_open_keeps_the_same_
     assert out[0] == out[1]
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["logged", "lean"])
 def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
-    tmp_path: Path, source: tuple[Path, dict[str, bytes]]
+    tmp_path: Path, source: tuple[Path, dict[str, bytes]], lean: bool
 ) -> None:
     """The native front hands a run of open/release events over as one flat list
     (``SeerOperations.book_native``), pairing an open with its release in the same run without a
-    handle.  Two identical mounts, one booking the same events one by one, one in runs (a pair in
-    one run, an open left open across runs, a read-back open, an inode outside the tree): the
-    policy's steps, the counters, the handle table and the marked pages come out the same."""
-    rels = sorted(source[1])[:4]
+    handle, and in ``no_open`` mode (fh 0) pairing them by inode.  Two identical mounts, one
+    booking the same events one by one (``opened_natively``/``released_natively``, and
+    ``OpenFiles.seen_natively`` for fh 0), one in runs (a pair in one run, an open left open across
+    runs, a read-back open, an inode outside the tree, the same file open twice at once, a close of
+    an open never seen): the policy's steps, its books, the cursor's batch of opens, the counters,
+    the handle table, the ``no_open`` handles and the marked pages come out the same.  ``lean``: no
+    step is logged or validated, so the runs take the policy's one-call path
+    (``ReadPolicy.readers``) and are compared with the one-by-one steps by their effects (no plan
+    here, so that no cursor turn or stage interleaves; the planned opens' Place decisions are
+    compared in test_policy)."""
+    rels = sorted(source[1])[:5]
     ends: list[object] = []
     base = 1 << 62
+    overrides = {"debug.validate": "false", "debug.policy_log": "0"} if lean else None
 
     def books(m: Mount) -> object:
         c = m.rp.counters
-        steps = [st.describe() for st in m.rp.policy.log()]
-        pc = c.sources["page_cache"]
-        return steps, c.opens, pc.files, pc.bytes, sorted(m.ops.handles), sorted(m.kernel.marked)
+        policy = m.rp.policy
+        steps = [st.describe() for st in policy.log()]
+        pc, mem = c.sources["page_cache"], c.sources["memory"]
+        seen = {e: (s.count, s.handle.pushed, s.handle.data is not None) for e, s in m.ops.open_files.seen.items()}
+        pages = {e: (p.nbytes, p.state, p.taken) for e, p in policy.pages.items()}
+        books = (
+            policy.steps,
+            list(policy.kept.items()),
+            (policy.kept_bytes, policy.cached_bytes, policy.reused, policy.unplanned_opens, policy.unused),
+            pages,
+            sorted(policy._kept_unused),
+            (policy._opens_since_tick, policy._fill_credit, dict(policy._unplaced), sorted(policy._opened_since_view)),
+            list(m.rp.prefetcher._opens),
+        )
+        return (
+            steps,
+            c.opens,
+            pc.files,
+            pc.bytes,
+            mem.files,
+            sorted(m.ops.handles),
+            sorted(m.kernel.marked),
+            seen,
+            books,
+        )
 
     for batched in (False, True):
-        m = assemble(source[0], source[1], tmp_path / str(batched))
+        m = assemble(source[0], source[1], tmp_path / str(batched), overrides=overrides)
         m.kernel.readers.add(4242)  # a read-back thread of the daemon's own
 
         async def body(m: Mount = m, batched: bool = batched) -> None:
@@ -229,26 +260,37 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
             for inode in inodes:
                 await m.read_inode(inode)  # pages kept after a read: its next opens may be native
             await drained(m)
-            a, b, c, d = inodes
+            a, b, c, d, e = inodes
             outside = inode_of(len(m.rp.snapshot.tree)) + 5
             runs = [
                 [(1, a, base + 1, CTX.pid), (1, b, base + 2, CTX.pid), (0, a, base + 1, 0), (1, c, base + 3, 4242)],
                 [(1, outside, base + 4, CTX.pid), (0, b, base + 2, 0), (0, c, base + 3, 0), (1, d, base + 5, CTX.pid)],
                 [(0, outside, base + 4, 0), (1, a, base + 6, CTX.pid), (0, a, base + 6, 0)],
+                # no_open: fh 0, paired by inode; e open twice at once, across runs; c closed unseen
+                [(1, e, 0, CTX.pid), (1, a, 0, CTX.pid), (1, e, 0, CTX.pid), (0, a, 0, 0), (0, c, 0, 0)],
+                [(0, e, 0, 0), (1, outside, 0, CTX.pid), (1, b, 0, CTX.pid), (0, b, 0, 0), (1, b, 0, CTX.pid)],
+                [(0, e, 0, 0), (0, b, 0, 0), (0, outside, 0, 0), (1, d, 0, CTX.pid)],
             ]
             for run in runs:
                 if batched:
                     m.ops.book_native([x for ev in run for x in ev])
-                else:
-                    for opened, inode, fh, pid in run:
-                        if opened:
-                            m.ops.opened_natively(inode, fh, pid)
-                        else:
-                            m.ops.released_natively(fh)
+                    continue
+                for opened, inode, fh, pid in run:
+                    entry = inode - ROOT_INODE
+                    if fh == 0:
+                        if 0 <= entry < len(m.rp.snapshot.tree):
+                            m.ops.open_files.seen_natively(bool(opened), entry)
+                    elif opened:
+                        m.ops.opened_natively(inode, fh, pid)
+                    else:
+                        m.ops.released_natively(fh)
             ends.append(books(m))
 
         serve(m, body)
     one_by_one, in_runs = ends
     assert one_by_one == in_runs
     steps, opens = one_by_one[0], one_by_one[1]  # type: ignore[index]
-    assert opens == 4 + 4 and len(steps) > 0  # 4 reads, then a, b, d, a again (not the read back)
+    assert (
+        opens == 5 + 4 + 6
+    )  # 5 reads, then a, b, d, a again (not the read back), then 6 seen (e twice, a, b twice, d)
+    assert lean == (len(steps) == 0)

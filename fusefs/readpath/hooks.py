@@ -39,7 +39,9 @@ class ReadPathHooks:
     a mount alone, with no seed discovery."""
 
     on_open: Callable[[int], None] | None = None
-    """Every open of a dataset file, by entry (seed discovery records them)."""
+    """Every open of a dataset file, by entry (seed discovery records them).  An observer only: it
+    must not read or call the read path (``Prefetcher.book`` calls it for a run of opens before
+    their policy steps)."""
     on_view: Callable[[CursorView], None] | None = None
     """Every view the cursor publishes for the current plan (seed discovery starts a search when the
     lead dataset's opens do not fit a written seed)."""

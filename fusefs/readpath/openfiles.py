@@ -50,6 +50,12 @@ class _Seen:
     count: int = 0
 
 
+_PAIRED = -1  # book_native: an open released in the same run (no handle)
+_KEEP = -2  # a release whose pages the policy may keep (Staging.pages_kept)
+_DIRECT = -3  # a release of a handle opened with direct_io: its pages are not kept
+_UNSEEN = -4  # a no_open open whose handle is made and dropped within the run (none is made)
+
+
 class OpenFiles:
     def __init__(
         self,
@@ -131,55 +137,140 @@ class OpenFiles:
         """A run of opens and releases the front answered itself (flat ``(opened, inode, fh, pid)``
         quads, in ring order; ``handles``: the daemon's fh -> handle table; ``entries``: the tree's
         size): for each, in order, exactly what :meth:`opened_natively` (registered in ``handles``)
-        and :meth:`release` do, so the counters, the prefetcher's opened/consumed and the cursor see
-        the same sequence.  An open whose release is in the same run gets no handle: no request
+        and :meth:`release` do, or with fh 0 (``no_open``: seen through fanotify, paired by inode)
+        what :meth:`seen_natively` does, so the counters, the prefetcher's opened/consumed and the cursor
+        see the same sequence.  An open whose release is in the same run gets no handle: no request
         came between them (a forwarded READ would have ended the run), so there is nothing to
-        look up; its release does what :meth:`release` does for a pushed handle."""
+        look up; its release does what :meth:`release` does for a pushed handle.
+
+        In three passes, so that the policy's steps run as one call (``Prefetcher.book``): first
+        what reaches the policy, in order, with everything that does not depend on its answers
+        (the read-back opens, the handle table's pops, ``seen``'s counts); then the steps; then
+        each answer applied where it goes (counters, handles, the pages table).  Exact because
+        nothing the second and third passes change is read by the first: a release's handle is
+        one of an earlier run (an open's handle in this run is never looked up, see above), a
+        ``seen`` handle's ``direct`` is set only by READs, and the counters are only added to."""
         prefetcher = self.prefetcher
         staging = prefetcher.staging
         counters = self.counters
-        page_cache = counters.sources["page_cache"]
         sizes = self.tree.size
+        seen_of = self.seen
         closing = {fh for opened, fh in zip(events[0::4], events[2::4], strict=True) if not opened}
         paired: dict[int, int] = {}  # fh -> entry: opened in this run, released later in it
-        for k in range(0, len(events), 4):
-            fh = events[k + 2]
-            if fh == 0:  # no_open: seen through fanotify, paired by inode (never a handle of ours)
-                entry = events[k + 1] - ROOT_INODE
-                if 0 <= entry < entries:
-                    self._seen(bool(events[k]), entry)
-                continue
-            if events[k]:
-                entry = events[k + 1] - ROOT_INODE
+        # no_open: files with no handle before this run, opened in it: how many opens are not closed
+        # yet, and those opens' positions in ops.  A handle is made only for those still open after
+        # the run (an open and its close in one run, the common case, never needs one: nothing can
+        # read through it in between, a READ would have ended the run).
+        unseen_count: dict[int, int] = {}
+        unseen_ops: dict[int, list[int]] = {}
+        ops: list[int] = []  # the policy's steps: an open's entry, a release's ~entry
+        # per op: an open's fh (_PAIRED: none), its seen handle (_UNSEEN: none yet); a release's _KEEP or _DIRECT
+        targets: list[int | OpenFile] = []
+        opens = 0
+        for opened, inode, fh, pid in zip(events[0::4], events[1::4], events[2::4], events[3::4], strict=True):
+            entry = inode - ROOT_INODE
+            if fh == 0:  # no_open: seen through fanotify (never a handle of ours): what seen_natively does
                 if not 0 <= entry < entries:
                     continue
-                size = int(sizes[entry])
-                if staging.reads_back(events[k + 3]):
-                    handles[fh] = OpenFile(entry, size, pushed=True, read_back=True)
+                seen = seen_of.get(entry)
+                if opened:
+                    opens += 1
+                    if seen is not None:
+                        seen.count += 1
+                        targets.append(seen.handle)
+                    elif entry in unseen_count:
+                        unseen_count[entry] += 1
+                        unseen_ops[entry].append(len(ops))
+                        targets.append(_UNSEEN)
+                    else:
+                        unseen_count[entry] = 1
+                        unseen_ops[entry] = [len(ops)]
+                        targets.append(_UNSEEN)
+                    ops.append(entry)
+                elif seen is not None:  # a close of an open never seen (made before the mark): ignored
+                    seen.count -= 1
+                    ops.append(~entry)
+                    targets.append(_DIRECT if seen.handle.direct else _KEEP)
+                    if seen.count <= 0:
+                        del seen_of[entry]
+                        if seen.handle.source is not None:
+                            seen.handle.source.close()
+                        seen.handle.data = None
+                elif entry in unseen_count:  # its handle would have been made and dropped in this run
+                    ops.append(~entry)
+                    targets.append(_KEEP)  # a new handle is never direct
+                    unseen_count[entry] -= 1
+                    if unseen_count[entry] <= 0:
+                        del unseen_count[entry], unseen_ops[entry]
+                continue
+            if opened:
+                if not 0 <= entry < entries:
                     continue
-                counters.opens += 1
-                staged = prefetcher.opened(entry)
-                # counters.stalled(0.0) and page_cache.seconds += 0.0 change nothing: left out
-                page_cache.files += 1
-                page_cache.bytes += size
+                if staging.reads_back(pid):
+                    handles[fh] = OpenFile(entry, sizes.item(entry), pushed=True, read_back=True)
+                    continue
+                opens += 1
+                ops.append(entry)
                 if fh in closing:
                     paired[fh] = entry
-                elif isinstance(staged, UseHeld):
-                    handles[fh] = OpenFile(entry, size, data=memoryview(staged.data), pushed=True)
+                    targets.append(_PAIRED)
                 else:
-                    handles[fh] = OpenFile(entry, size, pushed=True)
+                    targets.append(fh)
             else:
                 entry = paired.pop(fh, -1)
                 if entry >= 0:  # release() of a pushed handle opened natively (never direct)
-                    prefetcher.consumed(entry)
-                    staging.pages_kept(entry)
+                    ops.append(~entry)
+                    targets.append(_KEEP)
                     continue
                 handle = handles.pop(fh, None)
-                if isinstance(handle, OpenFile):
-                    self.release(handle)
+                if isinstance(handle, OpenFile) and not handle.read_back:  # what release() does
+                    if handle.source is not None:
+                        handle.source.close()
+                    handle.data = None
+                    ops.append(~handle.entry)
+                    targets.append(_DIRECT if handle.direct else _KEEP)
+        for entry, positions in unseen_ops.items():  # still open after the run: their shared handle
+            handle = OpenFile(entry, sizes.item(entry))
+            seen_of[entry] = _Seen(handle, unseen_count[entry])
+            for k in positions:
+                targets[k] = handle
+        if not ops:
+            return
+        counters.opens += opens
+        answers = prefetcher.book(ops)
+        page_cache = counters.sources["page_cache"]
+        for op, target, answer in zip(ops, targets, answers, strict=True):
+            if op < 0:
+                if answer is True and target == _KEEP:  # Staging.pages_kept, the policy asked already
+                    staging.pages_kept(~op, cached=True)
+                continue
+            size: int = sizes.item(op)
+            if target == _UNSEEN or isinstance(target, OpenFile):
+                # no_open, as seen_natively (a stall of 0 s changes no counter)
+                if isinstance(answer, UsePages):
+                    if isinstance(target, OpenFile):
+                        target.pushed = True
+                    page_cache.files += 1
+                    page_cache.bytes += size
+                elif isinstance(answer, UseHeld):
+                    counters.sources["memory"].add(size, 0.0)
+                    if isinstance(target, OpenFile) and target.data is None:
+                        target.data = memoryview(answer.data)
+                # not staged: its first READ fetches it (read_inode), counted there
+                continue
+            # counters.stalled(0.0) and page_cache.seconds += 0.0 change nothing: left out
+            page_cache.files += 1
+            page_cache.bytes += size
+            if target == _PAIRED:
+                continue
+            if isinstance(answer, UseHeld):
+                handles[target] = OpenFile(op, size, data=memoryview(answer.data), pushed=True)
+            else:
+                handles[target] = OpenFile(op, size, pushed=True)
 
-    def _seen(self, opened: bool, entry: int) -> None:
-        """An open or close fanotify reported (``no_open``: the kernel asked nothing): the same
+    def seen_natively(self, opened: bool, entry: int) -> None:
+        """One open or close fanotify reported (``no_open``: the kernel asked nothing), as
+        :meth:`book_native` books a run of them (its test compares the two): the same
         bookkeeping as a Python open (counters, the prefetcher's opened/consumed, the cursor), the
         open's handle shared by the file's opens.  A close of an open never seen (made before the
         mark) is ignored."""

@@ -628,23 +628,80 @@ class ReadPolicy:
     # ------------------------------------------------------------------ readers
 
     def _opened(self, ev: Opened) -> None:
-        entry = ev.entry
-        self._opens_since_tick += 1
-        if self._fill_credit == math.inf:
-            self._fill_credit = 0.0  # readers started: fills keep pace with them from now on
-        self._fill_credit = min(self._fill_credit + FILL_PER_OPEN, self._fill_credit_cap)
-        if self.group_owner is not None and self.mode != "predicting":
-            self.ruled = True
-        gid = int(self.entry_gid[entry]) if entry < self.entry_gid.shape[0] else -1
-        if gid < 0:
-            self.unplanned_opens += 1
-        else:
-            self._out.append(Place(gid))
-            self._unplaced[entry] = self._unplaced.get(entry, 0) + 1
-            self._opened_since_view.add(entry)
-        answer = self._take(entry)
-        if answer is not None:
+        places: list[int] = []
+        staged: list[UsePages | UseHeld | bool | None] = []
+        self._reader_steps((ev.entry,), places, staged)
+        if places:
+            self._out.append(Place(places[0]))
+        answer = staged[0]
+        if isinstance(answer, UsePages | UseHeld):
             self._out.append(answer)
+
+    def lean(self) -> bool:
+        """Whether :meth:`readers` may stand in for :meth:`handle`: no step is logged or validated,
+        and no instruction waits in the outbox (a reclaim outside a step leaves its drops there for
+        the next step to carry out, in its order)."""
+        return self._log is None and not self.settings.validate and not self._out
+
+    def readers(self, ops: Sequence[int], places: list[int], staged: list[UsePages | UseHeld | bool | None]) -> None:
+        """A run of readers' opens (``entry``) and releases (``~entry``), in order: exactly what
+        :meth:`handle` of ``Opened``/``Released`` does for each (the same state changes, one step
+        each), without an event, an instruction list or a dispatch per step.  Only when
+        :meth:`lean`.  Appends each open's Place gid (planned opens only) to ``places`` and, per op,
+        its answer (an open's UsePages, UseHeld or None; a release's :meth:`in_page_cache` right
+        after it) to ``staged``.  Other instructions these steps decide (a release's CancelStage)
+        stay in the outbox: :meth:`drain` them after.  Neither step ever decides a Fill or Stage
+        (``followed`` unchanged), reserves bytes (no reclaim inside), or logs."""
+        self._busy = True
+        try:
+            self._reader_steps(ops, places, staged)
+        finally:
+            self._busy = False
+            self.steps += len(ops)
+
+    def _reader_steps(
+        self, ops: Sequence[int], places: list[int], staged: list[UsePages | UseHeld | bool | None]
+    ) -> None:
+        """The state changes of :meth:`readers` (and of one ``Opened`` step, :meth:`_opened`).
+
+        An open counts for the fills' credit and the tick, marks the group rule used while no plan
+        predicts, is placed for the cursor (or counted unplanned) and takes what is staged or kept
+        for it; a release retires the file (:meth:`_retire`, rule 4: what its room allows starts at
+        the next view).  The run's invariants are read once: the plan's gids and the mode change
+        only on other events."""
+        gids = self.entry_gid
+        planned = gids.shape[0]
+        unplaced = self._unplaced
+        since_view = self._opened_since_view
+        kept = self.kept
+        take = self._take
+        retire = self._retire
+        credit, cap = self._fill_credit, self._fill_credit_cap
+        opened = unplanned = 0
+        try:
+            for op in ops:
+                if op >= 0:
+                    opened += 1
+                    if credit == math.inf:
+                        credit = 0.0  # readers started: fills keep pace with them from now on
+                    credit = min(credit + FILL_PER_OPEN, cap)
+                    gid: int = gids.item(op) if op < planned else -1
+                    if gid < 0:
+                        unplanned += 1
+                    else:
+                        places.append(gid)
+                        unplaced[op] = unplaced.get(op, 0) + 1
+                        since_view.add(op)
+                    staged.append(take(op))
+                else:
+                    retire(~op)
+                    staged.append(~op in kept)  # in_page_cache: retire() took it out of self.pages
+        finally:
+            self._fill_credit = credit
+            self._opens_since_tick += opened
+            self.unplanned_opens += unplanned
+            if opened and self.group_owner is not None and self.mode != "predicting":
+                self.ruled = True
 
     def _take(self, entry: int) -> UsePages | UseHeld | None:
         """What an open of ``entry`` can use: staged pages or bytes, or pages kept from an earlier read."""

@@ -357,6 +357,43 @@ class Prefetcher:
         answer = self._handle(Opened(entry))
         return answer if isinstance(answer, _STAGED) else None
 
+    def book(self, ops: list[int]) -> list[UsePages | UseHeld | bool | None]:
+        """A run of readers' opens (``entry``) and releases (``~entry``), in order: for each, what
+        :meth:`opened` answers, or for a release, after :meth:`consumed`, whether the policy keeps
+        its pages (``in_page_cache``, as :meth:`Staging.pages_kept` asks).  Where the policy logs
+        and validates nothing, the steps run as one call (:meth:`ReadPolicy.readers`): the open
+        hook sees the run's opens first, in order, the Place decisions join the cursor's batch in
+        order, the cursor loop is woken once, and what else the steps decided is carried out after
+        them, in order.  Reordering is exact: nothing here awaits, so the cursor loop and every
+        task a Stage or CancelStage touches run only after the whole run anyway; neither Place nor
+        CancelStage calls back into the policy; and the hook only observes (seed discovery records
+        the opens), never reading or calling the read path."""
+        policy = self.policy
+        out: list[UsePages | UseHeld | bool | None] = []
+        if not policy.lean():
+            for op in ops:
+                if op >= 0:
+                    out.append(self.opened(op))
+                else:
+                    self.consumed(~op)
+                    out.append(policy.in_page_cache(~op))
+            return out
+        on_open = self.hooks.on_open
+        if on_open is not None:
+            for op in ops:
+                if op >= 0:
+                    on_open(op)
+        places: list[int] = []
+        policy.readers(ops, places, out)
+        for ins in policy.drain():
+            self._execute(ins)
+        if places:
+            self._opens.extend(places)
+            self._opens_ready.set()
+        elif self.cursor is not None and min(ops, default=0) < 0:  # a release wakes the cursor loop
+            self._opens_ready.set()
+        return out
+
     def read_through(self, entry: int, nbytes: int) -> bool:
         """A reader is about to pull ``entry`` through the mount; False: open it with direct_io."""
         return self._handle(ReadThrough(entry, nbytes)) is None

@@ -287,10 +287,11 @@ class Staging:
         policy = self.policy
         return entry in policy.kept or entry in policy.pages
 
-    def pages_kept(self, entry: int) -> None:
+    def pages_kept(self, entry: int, cached: bool | None = None) -> None:
         """A reader released ``entry`` (opened without direct_io): when the policy keeps its pages,
-        later opens may be answered by the front itself."""
-        if self.policy.in_page_cache(entry):
+        later opens may be answered by the front itself.  ``cached``: the policy's
+        ``in_page_cache(entry)`` when the caller asked it already, right after the release."""
+        if cached if cached is not None else self.policy.in_page_cache(entry):
             self.kernel.set_pages(inode_of(entry), True)
 
     def cached_entries(self) -> list[int]:

@@ -9,7 +9,8 @@ really is memory.  The same reader then reads every file through each configurat
   seerfs-py  the same seerfs mount through the pyfuse3 front (fuse.front: pyfuse3), side by side
   seerfs-noopen  the same seerfs mount with fuse.no_open: on (root): the kernel sends no OPEN or
              RELEASE at all, the daemon sees opens through fanotify; a warm open costs no request
-             (one IOCTL, answered in C, where the reader's Python asks isatty)
+             (one IOCTL, answered in C, where the reader's Python asks isatty; none with
+             --reader loader-3.14)
   pyfuse3    the least a pyfuse3 filesystem can do (tools/bench/floorfs.py: open replies
              keep_cache at once, no bookkeeping, the same pyfuse3 + trio loop as seerfs): the
              floor of what seerfs's per-open work costs on top of the FUSE machinery it uses
@@ -20,9 +21,18 @@ really is memory.  The same reader then reads every file through each configurat
 The reader is --threads threads in this process, each taking the next file of a random permutation
 of all files.  --reader loader (the default) reads each file the way torchvision's default loader
 does before decoding (``with open(path, "rb") as f: f.read()``): the per-file cost a DataLoader
-worker really pays, and what the figures in tools/RESULTS.md were taken with.  --reader readv is the
-leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it makes
-the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
+worker really pays, and what the figures in tools/RESULTS.md were taken with.  On CPython up to
+3.13 that open() asks isatty() of every file (``_io_open_impl`` in Modules/_io/_iomodule.c calls
+``raw.isatty()`` whenever buffering is the default), an ioctl the kernel turns into a FUSE IOCTL
+request on every open; CPython 3.14 asks ``raw._isatty_open_only()`` instead, which answers False
+without a system call when the stat taken at open shows no character device
+(``_io_FileIO_isatty_open_only`` in Modules/_io/fileio.c).  --reader loader-3.14 reads each file
+the way 3.14's open().read() does, on any interpreter: ``open(path, "rb", buffering=0).read()``
+(an explicit buffering skips the isatty() call on 3.11-3.13 too, and the buffered reader reads a
+whole file through the same raw readall()), so it shows what a warm open costs a DataLoader worker
+on 3.14 (with fuse.no_open: no request at all).  --reader readv is
+the leanest reader Python has (os.open, os.readv into one reused --read-size buffer, os.close): it
+makes the per-open cost of any FUSE filesystem weigh more than it does in training.  Every configuration gets the
 same permutations (a new one per pass, drawn from --seed).  Per configuration the first pass is the
 *cold* pass (a fresh mount: it fills whatever the filesystem caches) and the warm-up; then *warm*
 passes follow until at least --passes of them ran and they took at least --seconds together.  The
@@ -47,7 +57,8 @@ IOCTL that Python's open() sends when it asks isatty() (answered ENOSYS by libfu
 The table's notes count where seerfs served each warm open from, and for the native front how
 many requests per warm open it answered in C and how many reached Python.  "us/open" is the
 daemon's CPU (all threads, utime + stime from /proc) per warm open, in microseconds: with
---passes 8 over 4,000 files that is 32,000 opens.
+--passes 8 over 4,000 files that is 32,000 opens; a note splits it by thread name (``main``: the
+daemon's first thread, where seerfs runs trio and books the opens).
 
 --seerfs-o passes config overrides to the seerfs mount (e.g. fuse.max_tasks=8); --profile records
 the seerfs and pyfuse3-floor daemons with py-spy during their warm passes (DIR/CONFIG-warm.txt,
@@ -128,6 +139,7 @@ class PassResult:
     fs_cpu_s: float | None  # the filesystem daemon, all threads (None: no daemon)
     busy_cores: float  # the whole machine's non-idle time over the pass, in cores
     fs_top_thread_s: float | None = None  # the daemon's busiest thread (near 1 core: serialised there)
+    fs_threads_s: dict[str, float] = field(default_factory=dict)  # the daemon's CPU by thread name ("main": trio's)
 
     @property
     def files_per_s(self) -> float:
@@ -201,7 +213,12 @@ class ConfigResult:
             None if None in fs else sum(x or 0.0 for x in fs),
             sum(p.busy_cores * p.seconds for p in self.warm) / max(seconds, 1e-9),
             None if None in top else sum(x or 0.0 for x in top),
+            {name: sum(p.fs_threads_s.get(name, 0.0) for p in self.warm) for name in self.thread_names},
         )
+
+    @property
+    def thread_names(self) -> list[str]:
+        return sorted({name for p in self.warm for name in p.fs_threads_s})
 
 
 @dataclass
@@ -223,6 +240,21 @@ def thread_seconds(pid: int) -> dict[int, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that just exited
             out[int(task.name)] = cpu_seconds_of(str(task / "stat"))
+    return out
+
+
+def by_thread_name(pid: int, spent: dict[int, float]) -> dict[str, float]:
+    """CPU seconds per thread, summed by thread name (``main``: the process's first thread, where
+    seerfs runs trio); a thread that exited meanwhile counts as ``gone``."""
+    out: dict[str, float] = {}
+    for tid, seconds in spent.items():
+        name = "main"
+        if tid != pid:
+            try:
+                name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                name = "gone"
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 
@@ -278,6 +310,9 @@ def read_pass(
                 if kind == "loader":
                     with open(paths[k], "rb") as fh:
                         nbytes += len(fh.read())
+                elif kind == "loader-3.14":  # as CPython 3.14's open().read(): no isatty() ioctl
+                    with open(paths[k], "rb", buffering=0) as raw:
+                        nbytes += len(raw.read())
                 else:
                     fd = os.open(paths[k], os.O_RDONLY)
                     try:
@@ -301,9 +336,12 @@ def read_pass(
     wall = time.monotonic() - t0
     cpu1, busy1 = os.times(), machine_busy_s()
     fs_cpu = top = None
+    by_name: dict[str, float] = {}
     if daemon and fs0 is not None:
         fs_cpu = cpu_seconds_of(f"/proc/{daemon}/stat") - fs0
-        top = max((t - threads0.get(tid, 0.0) for tid, t in thread_seconds(daemon).items()), default=0.0)
+        spent = {tid: t - threads0.get(tid, 0.0) for tid, t in thread_seconds(daemon).items()}
+        top = max(spent.values(), default=0.0)
+        by_name = by_thread_name(daemon, spent)
     if errors:
         raise BenchError(f"reading {root}: {errors[0]!r}")
     result = PassResult(
@@ -314,6 +352,7 @@ def read_pass(
         fs_cpu,
         (busy1 - busy0) / max(wall, 1e-9),
         top,
+        by_name,
     )
     if result.files != len(paths) or result.bytes != data.total:
         raise BenchError(
@@ -558,6 +597,10 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
                 f"warm READ requests {reads}",
                 f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}",
             ]
+        total = result.warm_total
+        if total.fs_threads_s:
+            per = [f"{k} {v / max(total.files, 1) * 1e6:.1f}" for k, v in total.fs_threads_s.items() if v > 0]
+            result.notes.append("daemon us per warm open by thread: " + ", ".join(per))
     return result
 
 
@@ -826,10 +869,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=8, help="reader threads (default 8)")
     p.add_argument(
         "--reader",
-        choices=("loader", "readv"),
+        choices=("loader", "loader-3.14", "readv"),
         default="loader",
-        help="how each file is read: loader (open().read(), as torchvision's loader) or readv "
-        "(os.readv into a reused buffer); default loader",
+        help="how each file is read: loader (open().read(), as torchvision's loader), loader-3.14 "
+        "(the same as CPython 3.14 makes it: no isatty() ioctl) or readv (os.readv into a reused "
+        "buffer); default loader",
     )
     p.add_argument("--read-size", type=parse_size, default=1 << 20, help="bytes per readv() (default 1MiB)")
     p.add_argument("--passes", type=int, default=3, help="warm passes at least, after the cold one (default 3)")
