@@ -90,6 +90,7 @@ from fusefs.readpath.contract import (
     Stage,
     StageFetched,
     StageNext,
+    StageSlots,
     Tick,
     UseHeld,
     UsePages,
@@ -291,6 +292,8 @@ class Prefetcher:
                 self._presume(ins)
             case SeedInDoubt():
                 self._seed_in_doubt(ins)
+            case StageSlots():
+                self.fetcher.pfs.stage_slots(ins.limit)
             case _:
                 assert_never(ins)
         return None
