@@ -60,6 +60,7 @@ def run(
         job,
         cache_dir=tmp_path / "cache",
         tiers=tiers,
+        prefetch_threads=None,
         **extra,
     )
     with (

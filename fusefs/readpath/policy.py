@@ -689,8 +689,8 @@ class ReadPolicy:
         The window stages at most ``stage_limit`` / (time per stage) files a second, and a PFS whose
         opens take milliseconds needs hundreds in flight for the readers' pace; no fixed number fits
         every PFS and node.  So when readers catch the window while the limit held stages back, the
-        limit grows by ``stage_threads``, up to ``stage_max``; once more, only after as many stages as
-        half the limit ended since it last changed (the new slots' effect shows first).  Lowered by
+        limit grows by ``stage_threads``, up to ``stage_max``; once more, only after half a step's stages
+        ended since it last changed (the new slots' effect begins to show).  Lowered by
         :meth:`_tick`.  Memory does not grow with it: the window's bytes stay within ``staging_limit``
         and every stage reserves its bytes before it starts.
         """
@@ -699,7 +699,7 @@ class ReadPolicy:
         if (
             self._held_back
             and self.stage_limit < self.stage_ceiling
-            and self._done_since_change >= self.stage_limit // 2
+            and self._done_since_change >= self.settings.stage_threads // 2
         ):
             self._set_stage_limit(min(self.stage_ceiling, self.stage_limit + self.settings.stage_threads))
 

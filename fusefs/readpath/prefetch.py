@@ -20,6 +20,10 @@ Concurrency rules:
 * Instructions that wait for I/O start tasks in the fetcher's nursery (stages, pushes, fills,
   pauses); each reports its outcome as an event when it ends.  A stage the policy cancelled
   reports nothing: the policy has already given its room back.
+* The staging window's stage limit is the policy's (it grows while readers catch the window:
+  ``ReadPolicy._caught``); its ``StageSlots`` instruction resizes the window's PFS thread limit
+  (:meth:`PfsReader.stage_slots`) in the step that decided it, on the trio thread, so the threads
+  for stages never lag the stages the policy lets start.
 * A view carries the generation of the plan its cursor follows; the policy ignores views of a plan
   that was replaced while the worker thread computed them.
 * A release is handled at once (the policy retires the file: its books never lag the readers), but
