@@ -297,7 +297,7 @@ class Prefetcher:
             case SeedInDoubt():
                 self._seed_in_doubt(ins)
             case StageSlots():
-                self.fetcher.pfs.stage_slots(ins.limit)
+                self._stage_slots(ins)
             case _:
                 assert_never(ins)
         return None
@@ -439,6 +439,9 @@ class Prefetcher:
     def _seed_in_doubt(self, ins: SeedInDoubt) -> None:
         if self.hooks.on_seed_doubt is not None:
             self.hooks.on_seed_doubt(ins)
+
+    def _stage_slots(self, ins: StageSlots) -> None:
+        self.fetcher.pfs.stage_slots(ins.limit)
 
     def _place(self, ins: Place) -> None:
         self._opens.append(ins.gid)
