@@ -125,9 +125,13 @@ class FuseSettings:
     )
     max_tasks: int = doc("most FUSE requests served concurrently (trio tasks of the front)", 64)
     whole_file_max: ByteSize = doc("files up to this size are read whole at open", ByteSize(4 << 20))
-    # As many as the staging window has stages in flight (prefetch.threads): a PFS's per-file open
-    # latency bounds a window of small files, and each stage holds a thread for its read.
-    io_threads: int = doc("threads for blocking reads from the source", 32)
+    # Readers' own opens, tier fills and the next epoch's lane; the staging window's PFS reads run
+    # beside these, one thread per stage in flight (prefetch.max_in_flight, see PfsReader).
+    io_threads: int = doc(
+        "threads for blocking reads from the source by readers' opens, tier fills and the next epoch's files; "
+        "the staging window reads beside them, one thread per stage in flight (prefetch.max_in_flight at most)",
+        32,
+    )
 
 
 @dataclass(frozen=True)
@@ -316,7 +320,19 @@ class PrefetchConfig:
     lookahead_bytes: ByteSize = doc(
         "staging window: bytes of this node's upcoming reads kept ready", ByteSize(256 << 20)
     )
-    threads: int = doc("threads that fill the staging window", DEFAULT_STAGING_THREADS)
+    threads: int = doc(
+        "stages in flight the staging window starts with (and the performance model's staging threads, p_0)",
+        DEFAULT_STAGING_THREADS,
+    )
+    max_in_flight: int = doc(
+        "most stages in flight (PFS reads and page-cache pushes of the staging window).  The window starts "
+        "with prefetch.threads and adds that many each time readers open a file whose stage is still in flight "
+        "or not started while the limit held stages back (status prefetch.staging.caught_opens), and gives "
+        "them back while it stays ahead; its bytes stay within lookahead_bytes whatever the limit.  A PFS whose "
+        "opens take milliseconds serves about in-flight / open latency files a second: 256 stages of 10 ms "
+        "opens, 25,600.  A value below threads: fixed at threads",
+        256,
+    )
     staging: Literal["page_cache", "memory"] = doc(
         "page_cache: push staged files into the kernel page cache (notify_store); memory: serve from RAM",
         "page_cache",
@@ -657,6 +673,7 @@ def check(cfg: Config) -> Config:
         ("job.batch_size", cfg.job.batch_size),
         ("job.prefetch_factor", cfg.job.prefetch_factor),
         ("prefetch.threads", cfg.prefetch.threads),
+        ("prefetch.max_in_flight", cfg.prefetch.max_in_flight),
         ("peers.max_requests", cfg.peers.max_requests),
         ("peers.server_connections", cfg.peers.server_connections),
         ("peers.server_memory", cfg.peers.server_memory),

@@ -346,6 +346,9 @@ def test_digest_covers_seed_budgets_and_layout_but_not_paths_or_model(tree_dir: 
     assert Plan.build(tree, plan_config(**{"peers.spread": "false"}), seed=3).digest != base
     same = plan_config(**{"tiers.1.path": "/elsewhere", "model.network_mbps": "10", "tiers.0.threads": "1"})
     assert Plan.build(tree, same, seed=3).digest == base
+    # The staging window's stage limits (the model's p_0 and the adaptive ceiling) decide no placement.
+    staging = plan_config(**{"prefetch.threads": "8", "prefetch.max_in_flight": "1024", "fuse.io_threads": "64"})
+    assert Plan.build(tree, staging, seed=3).digest == base
 
 
 class RecordingPool:

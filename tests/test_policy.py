@@ -53,6 +53,7 @@ from fusefs.readpath.contract import (
     SourceChanged,
     Stage,
     StageFetched,
+    StageSlots,
     Tick,
     UseHeld,
     UsePages,
@@ -139,6 +140,7 @@ class Setup:
         window: int = 6_000,
         mode: StagingMode = "page_cache",
         threads: int = 2,
+        stage_max: int = 0,
         tiers: Sequence[Held] | None = None,
         reactive: int = 4_000,
         loader_start: int = 0,
@@ -159,6 +161,7 @@ class Setup:
             loader_start=loader_start,
             log_steps=log_steps,
             validate=validate,
+            stage_max=stage_max,
         )
         self.policy = ReadPolicy(sizes, self.budget, self.tiers, settings)
         self.files = [int(e) for e in dict.fromkeys(plan.entry_of(np.arange(plan.files)).tolist())]
@@ -308,6 +311,48 @@ def test_a_plan_change_while_a_stage_is_in_flight(one_node: tuple[Plan, npt.NDAr
     s.do(Pushed(c, ok=True))
     assert c in s.policy.kept and b in s.policy.pages and s.policy.unused == 0
     assert s.do(Opened(c))[-1:] == [UsePages(c)]  # a reader is served the pages fetched for the old plan
+
+
+def test_readers_catching_the_window_raise_its_stages_in_flight_and_a_window_ahead_lowers_them(
+    one_node: tuple[Plan, npt.NDArray[np.int64]],
+) -> None:
+    """The window stages at most (stages in flight) / (time per stage) files a second, so a fixed limit
+    caps it below a fast reader over a slow-opening PFS.  An open of a file whose stage is in flight, or
+    due and not started, counts as caught; while the limit held stages back it grows by the start value
+    (``prefetch.threads``), again only after half a step's stages ended (the raise begins to show), up
+    to the ceiling (``prefetch.max_in_flight``); each change tells the executor (StageSlots: the PFS
+    threads).  A tick with no open caught and the top step unused gives a step back, never below the
+    start.  The bytes stay within the window's limit throughout (validate() after each step)."""
+    s = Setup(*one_node, mode="memory", threads=4, stage_max=10, window=10**6, budget=10**7)
+    s.follow()
+    files = s.files[:16]
+    assert len(files) == 16
+    assert staged(s.view(files)) == files[:4]  # held back at 4
+
+    def fetched(i: int) -> list[int]:
+        return staged(s.do(StageFetched(files[i], b"x" * s.size(files[i]))))
+
+    s.do(Opened(files[0]))  # caught (its stage in flight) before any stage ended: no raise yet
+    assert fetched(1) == [files[4]]
+    s.do(Opened(files[4]))  # caught again, one stage ended: not yet
+    assert (s.policy.caught_opens, s.policy.stage_limit) == (2, 4)
+    assert fetched(2) == [files[5]]
+    assert StageSlots(8) in s.do(Opened(files[5]))  # two ended (half a step): raised by a step
+    assert fetched(3) == files[6:11]  # 8 in flight now
+    s.do(Opened(files[12]))  # due, not started: caught, but one stage ended since the raise
+    assert (s.policy.caught_opens, s.policy.stage_limit) == (4, 8)
+    assert fetched(6) == [files[11]]  # 8 in flight again (files[12] was opened: skipped)
+    assert StageSlots(10) in s.do(Opened(files[7])) and s.policy.stage_limit == 10  # the ceiling, not 12
+    status = s.policy.staging_status()
+    assert (status["in_flight_limit"], status["in_flight_limit_max"], status["caught_opens"]) == (10, 10, 5)
+    assert not any(isinstance(i, StageSlots) for i in s.do(Tick()))  # an open caught it this tick
+    while s.policy._staging_now:  # the rest of the window is staged, 10 at a time
+        e = min(s.policy._staging_now)
+        s.do(StageFetched(e, b"x" * s.size(e)))
+    assert not any(isinstance(i, StageSlots) for i in s.do(Tick()))  # stages used the top step this tick
+    assert StageSlots(6) in s.do(Tick()) and StageSlots(4) in s.do(Tick())  # ahead: a step a tick
+    assert not any(isinstance(i, StageSlots) for i in s.do(Tick())) and s.policy.stage_limit == 4
+    assert s.policy.staging_status()["in_flight_limit_max"] == 10
 
 
 def test_memory_staging_holds_the_bytes_and_serves_them(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:

@@ -181,11 +181,12 @@ def build_readpath(
             if dropped:
                 log.info("%s: dropped %d copies made from another version of their source", tier.name, dropped)
     if reader is None:
-        reader = PfsReader(snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        reader = PfsReader(snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max, cfg.prefetch.threads)
     settings = PolicySettings(
         staging_limit=min(lookahead, budget.limit),
         staging_mode=cfg.prefetch.staging,
         stage_threads=max(1, cfg.prefetch.threads),
+        stage_max=cfg.prefetch.max_in_flight,
         fill_threads=tuple(max(1, t.threads) for t in cfg.tiers),
         reactive_capacities=tuple(t["bytes"] for t in planning_config(ram)["tiers"]),
         loader_start=CursorSettings.for_job(cfg.job.batch_size, cfg.job.num_workers, cfg.job.prefetch_factor).window,
@@ -291,7 +292,7 @@ class Daemon:
         self.seed = SeedState(
             listeners=(self._seed_to_planner, self._seed_written, self._seed_to_discovery, self._seed_to_peers)
         )
-        self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max)
+        self.reader = PfsReader(self.snapshot, cfg.fuse.io_threads, cfg.fuse.whole_file_max, cfg.prefetch.threads)
         self.startup.set_phase("forming the daemon group")
         self._form_group()
         self.startup.set_phase("opening the cache tiers")

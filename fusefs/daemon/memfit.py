@@ -115,7 +115,7 @@ class Reserve:
     """Bytes kept out of the budget, by what for."""
 
     daemon: int  # the daemon's growth from now on
-    inflight: int  # file bytes of PFS reads in flight at once (fuse.io_threads of them)
+    inflight: int  # file bytes of uncharged PFS reads in flight at once (fuse.io_threads of them)
     plan_worker: int
     search_worker: int
     margin: int
@@ -143,7 +143,11 @@ def reserve_for(cfg: Config, sizes: npt.NDArray[np.int64], bound: int | None) ->
 
     Reads in flight: at most ``fuse.io_threads`` whole files at once, each at most
     ``fuse.whole_file_max`` (larger files are read in ranges); the 90th percentile of the sizes so
-    capped stands for them.  The workers: their measured peak for this many files (see the constants).
+    capped stands for them.  The staging window's reads (up to ``prefetch.max_in_flight``, under their
+    own thread limit: ``PfsReader``) are not in it: each stage reserved its file's bytes in the budget
+    before its read started (a stage the policy cancels gives them back while its read may still run:
+    only for files that left the horizon, a few at a time).  The workers: their measured peak for this
+    many files (see the constants).
     """
     files = int(sizes.shape[0])
     capped = np.minimum(sizes, cfg.fuse.whole_file_max)

@@ -288,6 +288,14 @@ class Presume:
 
 
 @dataclass(slots=True)
+class StageSlots:
+    """The staging window may have ``limit`` stages in flight now (raised while readers catch it,
+    lowered while it stays ahead): size the staging window's PFS threads to match."""
+
+    limit: int
+
+
+@dataclass(slots=True)
 class SeedInDoubt:
     """The opens fit no epoch, node or position of the plan for the seed in use (``trusted``: the job
     wrote it; else it was only assumed).  The hook for whatever may find the right seed from the
@@ -428,6 +436,7 @@ Instruction = (
     FollowPlan
     | Presume
     | SeedInDoubt
+    | StageSlots
     | Place
     | UsePages
     | UseHeld

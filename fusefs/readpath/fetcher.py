@@ -250,7 +250,8 @@ class Fetcher:
             if data is None:
                 log.debug("pfs fetch of entry %d (%s)", entry, why)
                 job.reading_pfs = True
-                src = await self.pfs.open(entry, whole=True)
+                # A stage's read under the window's own limiter (PfsReader: its bytes are reserved)
+                src = await self.pfs.open(entry, whole=True, staging=why == "staging")
                 assert src.data is not None
                 data = src.data
                 job.source = "pfs"

@@ -44,12 +44,28 @@ class SourceFile:
 
 
 class PfsReader:
-    def __init__(self, snapshot: Snapshot, threads: int, whole_file_max: int) -> None:
+    def __init__(self, snapshot: Snapshot, threads: int, whole_file_max: int, stage_threads: int = 1) -> None:
+        """``threads``: readers' opens, fills, the next epoch's lane (``fuse.io_threads``);
+        ``stage_threads``: the staging window's reads to start with (``prefetch.threads``).
+
+        Concurrency rule: the staging window's reads run under their own limiter, sized by the read
+        policy's stage limit (:meth:`stage_slots`, from its ``StageSlots`` instruction): that limit
+        grows while readers catch the window, and a shared pool would then let readers' opens take
+        threads whose bytes nothing reserved.  So reads in flight that the budget does not charge
+        stay at most ``fuse.io_threads`` (the memory reserve's ``inflight``), and each staging read's
+        bytes were reserved by the window before it started.  Both limiters are used on the trio
+        thread only."""
         self.snapshot = snapshot
         self.ids = snapshot.source_ids()
         self.whole_file_max = whole_file_max
         # Why a limiter: unbounded threads against a PFS only add contention (NoPFS t(gamma)).
         self.limiter = trio.CapacityLimiter(threads)
+        self.stage_limiter = trio.CapacityLimiter(max(1, stage_threads))
+
+    def stage_slots(self, limit: int) -> None:
+        """The staging window may have ``limit`` stages in flight: as many threads for their reads.
+        Lowered below those borrowed, the reads in flight finish and no new one starts until below."""
+        self.stage_limiter.total_tokens = max(1, limit)
 
     def check(self, entry: int, st: os.stat_result) -> None:
         """StaleFile unless ``st`` is a regular file with the identity the snapshot recorded."""
@@ -84,8 +100,9 @@ class PfsReader:
             if fd >= 0:
                 os.close(fd)
 
-    async def open(self, entry: int, whole: bool | None = None) -> SourceFile:
-        return await trio.to_thread.run_sync(self.open_sync, entry, whole, limiter=self.limiter)
+    async def open(self, entry: int, whole: bool | None = None, staging: bool = False) -> SourceFile:
+        limiter = self.stage_limiter if staging else self.limiter
+        return await trio.to_thread.run_sync(self.open_sync, entry, whole, limiter=limiter)
 
     def pread_sync(self, src: SourceFile, off: int, size: int) -> bytes:
         """One range, then the identity check: bytes read before a change are never mixed with

@@ -98,6 +98,7 @@ from fusefs.readpath.contract import (
     Stage,
     StageFetched,
     StageNext,
+    StageSlots,
     Step,
     Tick,
     UseHeld,
@@ -173,6 +174,24 @@ class WindowStatus(TypedDict):
     reused: Annotated[int, counter("opens served by pages kept from an earlier read", metric="reused_opens")]
     uncached_opens: Annotated[int, counter("opens served with direct_io because the memory budget was full")]
     unused: Annotated[int, counter("staged files dropped before any open used them", metric="unused_files")]
+    in_flight: Annotated[
+        int, gauge("stages in flight (PFS or tier reads and page-cache pushes)", metric="stages_inflight")
+    ]
+    in_flight_limit: Annotated[
+        int,
+        gauge(
+            "stages in flight at most now: prefetch.threads, raised by that much while readers catch the window, "
+            "up to prefetch.max_in_flight, and lowered again while it stays ahead"
+        ),
+    ]
+    in_flight_limit_max: Annotated[int, gauge("the highest in_flight_limit since the mount")]
+    caught_opens: Annotated[
+        int,
+        counter(
+            "opens of a file due in the window whose stage was still in flight or not started: the readers "
+            "caught up with the staging window"
+        ),
+    ]
     next_epoch: Annotated[NextEpochStatus, text("the next epoch's files staged from peers and local tiers")]
 
 
@@ -275,7 +294,7 @@ Holder = PlanHolder | RuleHolder
 class PolicySettings:
     staging_limit: int  # bytes the staging window may hold (a share of the budget)
     staging_mode: StagingMode = "page_cache"
-    stage_threads: int = 4  # stages in flight at most (fetch and push)
+    stage_threads: int = 4  # stages in flight to start with, and the step the limit moves by (stage_max)
     fill_threads: tuple[int, ...] = ()  # fills in flight per tier at most
     reactive_capacities: tuple[int, ...] = ()  # bytes per tier the reactive policy may keep
     next_threads: int = 4  # next-epoch stages in flight at most (local tiers and peers only)
@@ -286,6 +305,9 @@ class PolicySettings:
     # whether every step ends with validate() (a contradiction in the books then raises at once).
     log_steps: int = 0
     validate: bool = False
+    # Stages in flight at most (fetch and push); the limit starts at stage_threads and moves by it
+    # (ReadPolicy._caught).  Below stage_threads: fixed at stage_threads.
+    stage_max: int = 0
 
 
 # ---------------------------------------------------------------------------------------- the policy
@@ -328,6 +350,15 @@ class ReadPolicy:
         self._swept_for: Mapping[int, int] | None = None  # the horizon the last retirement sweep used
         self._stage_of: tuple[int, ...] | None = None  # the stage list the walk is on ...
         self._stage_pos = 0  # ... and how far it got
+        # Stages in flight at most now (see _caught and _tick: raised while readers catch the window)
+        self.stage_limit = settings.stage_threads
+        self.stage_ceiling = max(settings.stage_threads, settings.stage_max)
+        self.stage_limit_max = self.stage_limit  # the highest since the mount (status)
+        self.caught_opens = 0  # opens of a due file whose stage was in flight or not started
+        self._held_back = False  # the walk stopped at the limit since the limit last changed
+        self._done_since_change = 0  # stages that ended since the limit last changed
+        self._caught_since_tick = 0
+        self._peak = 0  # most stages in flight since the last tick
         # Long-term tiers
         self._fill: _FillRun | None = None
         self._fill_busy = [0] * len(self.tiers)
@@ -637,6 +668,33 @@ class ReadPolicy:
         if isinstance(answer, UsePages | UseHeld):
             self._out.append(answer)
 
+    def _caught(self) -> None:
+        """A reader opened a file the window has not staged yet (its stage in flight or not started).
+
+        The window stages at most ``stage_limit`` / (time per stage) files a second, and a PFS whose
+        opens take milliseconds needs hundreds in flight for the readers' pace; no fixed number fits
+        every PFS and node.  So when readers catch the window while the limit held stages back, the
+        limit grows by ``stage_threads``, up to ``stage_max``; once more, only after half a step's stages
+        ended since it last changed (the new slots' effect begins to show).  Lowered by
+        :meth:`_tick`.  Memory does not grow with it: the window's bytes stay within ``staging_limit``
+        and every stage reserves its bytes before it starts.
+        """
+        self.caught_opens += 1
+        self._caught_since_tick += 1
+        if (
+            self._held_back
+            and self.stage_limit < self.stage_ceiling
+            and self._done_since_change >= self.settings.stage_threads // 2
+        ):
+            self._set_stage_limit(min(self.stage_ceiling, self.stage_limit + self.settings.stage_threads))
+
+    def _set_stage_limit(self, limit: int) -> None:
+        self.stage_limit = limit
+        self.stage_limit_max = max(self.stage_limit_max, limit)
+        self._held_back = False
+        self._done_since_change = 0
+        self._out.append(StageSlots(limit))
+
     def lean(self) -> bool:
         """Whether :meth:`readers` may stand in for :meth:`handle`: no step is logged or validated,
         and no instruction waits in the outbox (a reclaim outside a step leaves its drops there for
@@ -649,9 +707,10 @@ class ReadPolicy:
         each), without an event, an instruction list or a dispatch per step.  Only when
         :meth:`lean`.  Appends each open's Place gid (planned opens only) to ``places`` and, per op,
         its answer (an open's UsePages, UseHeld or None; a release's :meth:`in_page_cache` right
-        after it) to ``staged``.  Other instructions these steps decide (a release's CancelStage)
-        stay in the outbox: :meth:`drain` them after.  Neither step ever decides a Fill or Stage
-        (``followed`` unchanged), reserves bytes (no reclaim inside), or logs."""
+        after it) to ``staged``.  Other instructions these steps decide (a release's CancelStage, an
+        open that caught the window's StageSlots) stay in the outbox: :meth:`drain` them after.
+        Neither step ever decides a Fill or Stage (``followed`` unchanged), reserves bytes (no
+        reclaim inside), or logs."""
         self._busy = True
         try:
             self._reader_steps(ops, places, staged)
@@ -674,6 +733,9 @@ class ReadPolicy:
         unplaced = self._unplaced
         since_view = self._opened_since_view
         kept = self.kept
+        pages = self.pages
+        predicting = self.mode == "predicting"
+        due = self.view.due
         take = self._take
         retire = self._retire
         credit, cap = self._fill_credit, self._fill_credit_cap
@@ -692,7 +754,13 @@ class ReadPolicy:
                         places.append(gid)
                         unplaced[op] = unplaced.get(op, 0) + 1
                         since_view.add(op)
+                    p = pages.get(op)
+                    caught = (p is not None and p.state == "fetching") or (
+                        p is None and predicting and op in due and op not in kept
+                    )
                     staged.append(take(op))
+                    if caught:
+                        self._caught()
                 else:
                     retire(~op)
                     staged.append(~op in kept)  # in_page_cache: retire() took it out of self.pages
@@ -810,7 +878,10 @@ class ReadPolicy:
         if stage is not self._stage_of:
             self._stage_of, self._stage_pos = stage, 0
         due = self.view.due
-        while self._stage_pos < len(stage) and len(self._staging_now) < self.settings.stage_threads:
+        while self._stage_pos < len(stage):
+            if len(self._staging_now) >= self.stage_limit:
+                self._held_back = True
+                return
             entry = stage[self._stage_pos]
             # Opened already (since the horizon was computed), staged, open or kept, or the lane's: skip.
             if entry in self._opened_since_view or entry in self.pages or entry in self.kept or entry in leave:
@@ -825,11 +896,13 @@ class ReadPolicy:
             self.pages[entry] = Pages(nbytes, "fetching")
             self.staged_bytes += nbytes
             self._staging_now.add(entry)
+            self._peak = max(self._peak, len(self._staging_now))
             local = next((t for t, tier in enumerate(self.tiers) if tier.contains(entry)), None)
             self._out.append(Stage(entry, local, None if local is not None else self.planned_tier(entry)))
 
     def _stage_fetched(self, ev: StageFetched) -> None:
         entry = ev.entry
+        self._done_since_change += 1
         p = self.pages.get(entry)
         if p is None or p.state != "fetching":
             # Retired or cancelled meanwhile (its charge went with it); a push of it may be in flight.
@@ -1213,6 +1286,13 @@ class ReadPolicy:
         if not self._opens_since_tick:
             self._fill_credit = math.inf  # no open for a tick: readers idle, fills at full speed
         self._opens_since_tick = 0
+        # The window stayed ahead for a tick (no open caught it) and never used the limit's top step:
+        # give that step back (fewer PFS threads), one step a tick, never below where it started.
+        step = self.settings.stage_threads
+        if not self._caught_since_tick and self.stage_limit > step and self._peak <= self.stage_limit - step:
+            self._set_stage_limit(max(step, self.stage_limit - step))
+        self._caught_since_tick = 0
+        self._peak = len(self._staging_now)
         self._pump()
 
     # ------------------------------------------------------------------ the group's owners (no trusted plan)
@@ -1551,7 +1631,8 @@ class ReadPolicy:
         fetching = {e for e, p in self.pages.items() if p.state == "fetching"}
         assert fetching <= self._staging_now, (fetching, self._staging_now)
         assert all(self._pushing.get(e) is p for e, p in self.pages.items() if p.state == "pushing")
-        assert len(self._staging_now) <= self.settings.stage_threads
+        assert len(self._staging_now) <= self.stage_ceiling, (len(self._staging_now), self.stage_ceiling)
+        assert self.settings.stage_threads <= self.stage_limit <= self.stage_ceiling, self.stage_limit
         assert sum(p.nbytes for p in self.next_pages.values()) == self.next_bytes, self.next_bytes
         assert len(self.next_pages) <= self.settings.next_threads
         assert all(p.state in ("fetching", "pushing") for p in self.next_pages.values())
@@ -1587,6 +1668,10 @@ class ReadPolicy:
             "reused": self.reused,
             "uncached_opens": self.uncached_opens,
             "unused": self.unused,
+            "in_flight": len(self._staging_now),
+            "in_flight_limit": self.stage_limit,
+            "in_flight_limit_max": self.stage_limit_max,
+            "caught_opens": self.caught_opens,
             "next_epoch": {
                 "epoch": self._lane.epoch if self._lane is not None else None,
                 "files": int(self._lane.entries.shape[0]) if self._lane is not None else 0,

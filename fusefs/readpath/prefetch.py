@@ -20,6 +20,10 @@ Concurrency rules:
 * Instructions that wait for I/O start tasks in the fetcher's nursery (stages, pushes, fills,
   pauses); each reports its outcome as an event when it ends.  A stage the policy cancelled
   reports nothing: the policy has already given its room back.
+* The staging window's stage limit is the policy's (it grows while readers catch the window:
+  ``ReadPolicy._caught``); its ``StageSlots`` instruction resizes the window's PFS thread limit
+  (:meth:`PfsReader.stage_slots`) in the step that decided it, on the trio thread, so the threads
+  for stages never lag the stages the policy lets start.
 * A view carries the generation of the plan its cursor follows; the policy ignores views of a plan
   that was replaced while the worker thread computed them.
 * A release is handled at once (the policy retires the file: its books never lag the readers), but
@@ -90,6 +94,7 @@ from fusefs.readpath.contract import (
     Stage,
     StageFetched,
     StageNext,
+    StageSlots,
     Tick,
     UseHeld,
     UsePages,
@@ -291,6 +296,8 @@ class Prefetcher:
                 self._presume(ins)
             case SeedInDoubt():
                 self._seed_in_doubt(ins)
+            case StageSlots():
+                self._stage_slots(ins)
             case _:
                 assert_never(ins)
         return None
@@ -469,6 +476,9 @@ class Prefetcher:
     def _seed_in_doubt(self, ins: SeedInDoubt) -> None:
         if self.hooks.on_seed_doubt is not None:
             self.hooks.on_seed_doubt(ins)
+
+    def _stage_slots(self, ins: StageSlots) -> None:
+        self.fetcher.pfs.stage_slots(ins.limit)
 
     def _place(self, ins: Place) -> None:
         self._opens.append(ins.gid)

@@ -70,7 +70,7 @@ def seerfs_config(
     tiers: list[dict[str, Any]],
     lookahead: str = "4MiB",
     ranks_per_node: int | None = None,
-    prefetch_threads: int = 8,
+    prefetch_threads: int | None = 8,  # None: the product's defaults (prefetch.threads, max_in_flight)
     **extra: Any,
 ) -> Path:
     cfg: dict[str, Any] = {
@@ -85,7 +85,10 @@ def seerfs_config(
             "num_workers": job.num_workers,
         },
         "tiers": tiers,
-        "prefetch": {"lookahead_bytes": lookahead, "threads": prefetch_threads},
+        "prefetch": {
+            "lookahead_bytes": lookahead,
+            **({} if prefetch_threads is None else {"threads": prefetch_threads}),
+        },
         **extra,
     }
     path.write_text(yaml.safe_dump(cfg))
