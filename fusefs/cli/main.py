@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Unmount; also cleans up a mount whose daemon died, and stops a daemon still starting "
         "(walking its source). When busy, names the processes holding it and why: an open file, cwd, root or "
         "mapping under it, or a request the daemon is serving for it now (a reader blocked in open on a hung "
-        "source has no open file yet; the daemon is asked through its status, for at most 5 s).",
+        "source has no open file yet; the daemon is asked through its status, for at most 5 s). While no process "
+        "but the daemon holds it (its own read back through the mount, to fill a tier or for a peer), it retries "
+        "for up to 5 s.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="a seerfs mountpoint")
     p.add_argument("--lazy", action="store_true", help="detach now; the daemon exits when the last user closes it")
