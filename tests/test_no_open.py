@@ -21,16 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 from e2e import make_source, wait_plan, write_seed
 from mounting import fuse_mounts, mounted, status, wait_for
 
-from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.protocol import FileId
 from fusefs.meta.snapshot import load_or_scan
 from placement.randperm import randperm
 from tools.harness.jobs import Job
-from tools.harness.nodes import rendezvous_group
+from tools.harness.nodes import held_only_get, rendezvous_group
 
 
 def _why_not() -> str | None:
@@ -139,19 +137,6 @@ def test_a_seed_written_job_is_predicted(tmp_path: Path) -> None:
     assert fuse_mounts(tmp_path) == []
 
 
-def _held_only_get(address: str, token: bytes, ident: FileId) -> bytes | None:
-    host, _, port = address.rpartition(":")
-
-    async def main() -> bytes | None:
-        client = PeerClient(0, host, int(port), token, timeout=5.0, max_requests=2, down_after=3)
-        try:
-            return await client.fetch(0, 0, b"", ident, held_only=True)
-        finally:
-            await client.aclose()
-
-    return trio.run(main)
-
-
 def test_the_daemons_own_reads_back_are_not_a_readers_opens(tmp_path: Path) -> None:
     """tests/test_readback.py in this mode: a peer's held-only request is served by reading the
     kept pages back through the mount.  fanotify reports that open with the daemon's pid: dropped,
@@ -185,7 +170,7 @@ def test_the_daemons_own_reads_back_are_not_a_readers_opens(tmp_path: Path) -> N
         assert _digests_in_child(mnt, [rel]) == {rel: digests[rel]}  # a reader: pages kept
         before = _status_when(mnt, lambda d: d["prefetch"]["staging"]["kept_files"] == 1, "the pages kept")
         assert before["reads"]["opens"] == 1
-        data = _held_only_get(address, token, ident)
+        data = held_only_get(address, token, ident)
         assert data is not None and hashlib.sha1(data).hexdigest() == digests[rel]
         # one event, or two: fanotify merges an open and its close still queued
         after = _status_when(mnt, lambda d: d["front"]["own_opens_dropped"] >= 1, "the read back's open seen")
@@ -197,7 +182,7 @@ def test_the_daemons_own_reads_back_are_not_a_readers_opens(tmp_path: Path) -> N
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        assert _held_only_get(address, token, ident) is None  # its READ refused: no fetch
+        assert held_only_get(address, token, ident) is None  # its READ refused: no fetch
         _status_when(mnt, lambda d: d["prefetch"]["staging"]["read_back_misses"] == 1, "the miss counted")
         assert _digests_in_child(mnt, [rel]) == {rel: digests[rel]}  # a reader still gets it
         doc = _status_when(mnt, lambda d: d["reads"]["opens"] == 3, "the readers' opens booked")

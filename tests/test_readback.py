@@ -22,30 +22,15 @@ import os
 from pathlib import Path
 
 import pytest
-import trio
 from mounting import status
 from pfsemu_fixture import requires_fuse, running_pfsemu
 
-from fusefs.cluster.peer_client import PeerClient
 from fusefs.cluster.protocol import FileId
 from fusefs.meta.snapshot import load_or_scan
 from tools.harness.jobs import Job, make_source
-from tools.harness.nodes import rendezvous_group
+from tools.harness.nodes import held_only_get, rendezvous_group
 
 pytestmark = [pytest.mark.mount, requires_fuse]
-
-
-def held_only_get(address: str, token: bytes, ident: FileId) -> bytes | None:
-    host, _, port = address.rpartition(":")
-
-    async def main() -> bytes | None:
-        client = PeerClient(0, host, int(port), token, timeout=5.0, max_requests=2, down_after=3)
-        try:
-            return await client.fetch(0, 0, b"", ident, held_only=True)
-        finally:
-            await client.aclose()
-
-    return trio.run(main)
 
 
 def test_kept_pages_serve_a_held_only_request_and_dropped_pages_are_refused_without_a_pfs_read(

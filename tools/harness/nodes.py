@@ -17,8 +17,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import trio
 import yaml
 
+from fusefs.cluster.peer_client import PeerClient
+from fusefs.cluster.protocol import FileId
 from tools.harness.jobs import Job
 from tools.harness.mounts import force_unmount, is_mounted, seerfs, status, wait_for
 
@@ -182,3 +185,18 @@ def wait_seed(mnts: list[Path], value: int, timeout: float = 20) -> None:
         return all(s == value for s in seeds)
 
     wait_for(everywhere, timeout, lambda: f"seed {value} to reach every node (seeds now: {seeds})")
+
+
+def held_only_get(address: str, token: bytes, ident: FileId) -> bytes | None:
+    """A peer's held-only request to the node at ``address`` (``host:port``): the bytes it holds, or
+    None where it holds none (it must then answer without reading the PFS)."""
+    host, _, port = address.rpartition(":")
+
+    async def main() -> bytes | None:
+        client = PeerClient(0, host, int(port), token, timeout=5.0, max_requests=2, down_after=3)
+        try:
+            return await client.fetch(0, 0, b"", ident, held_only=True)
+        finally:
+            await client.aclose()
+
+    return trio.run(main)
