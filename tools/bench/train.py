@@ -286,7 +286,10 @@ def tier_bytes(total: int) -> int:
     return int(total * 2.1) + LOOKAHEAD
 
 
-def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded: bool) -> Result:
+def seerfs_run(
+    emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded: bool, overrides: str | None = None
+) -> Result:
+    """One seerfs mount (with the seed written by rank 0, or without), ``overrides`` its ``-o`` (``--seerfs-o``)."""
     name = "seerfs+seed" if seeded else "seerfs"
     d = work / name.replace("+", "_")
     d.mkdir()
@@ -303,7 +306,8 @@ def seerfs_run(emu: RunningEmulator, work: Path, job: Job, total: int, *, seeded
     )
     mnt = d / "mnt"
     mnt.mkdir()
-    seerfs("mount", str(emu.mountpoint), str(mnt), "-c", str(cfg), check=True)
+    extra = ["-o", overrides] if overrides else []
+    seerfs("mount", str(emu.mountpoint), str(mnt), "-c", str(cfg), *extra, check=True)
     try:
         # Rank 0 writes the seed when it starts, as the training script would: planning and the first
         # fetches run inside the measured time, not before it.
@@ -487,7 +491,8 @@ def run_all(a: argparse.Namespace, work: Path, configs: list[str]) -> tuple[list
                     results.append(measured(emu, partial(runner, emu, rwork, job, src), warm))
                 else:
                     seeded = config == "seerfs+seed"
-                    results.append(measured(emu, partial(seerfs_run, emu, rwork, job, total, seeded=seeded), warm))
+                    run = partial(seerfs_run, emu, rwork, job, total, seeded=seeded, overrides=a.seerfs_o)
+                    results.append(measured(emu, run, warm))
             if a.nodes > 1:
                 print(f"bench_train: running seerfs+seed x{a.nodes}{tag}", file=sys.stderr)
                 results.append(measured(emu, partial(seerfs_nodes_run, emu, rwork, job, total, a.nodes), warm))
@@ -860,6 +865,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="CPU-bound real training: real JPEGs decoded by PIL in the workers, a small CNN trained on the CPU "
         f"(no compute sleep: --compute-ms is ignored); configurations {', '.join(DECODE_CONFIGS)} unless --configs",
+    )
+    p.add_argument(
+        "--seerfs-o",
+        metavar="KEY=VAL[,...]",
+        help="config overrides for the seerfs and seerfs+seed mounts (their -o), e.g. fuse.no_open=on; "
+        "not for the --nodes run",
     )
     p.add_argument("--png", metavar="DIR", help="write train_epochs.png and train_sources.png into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
