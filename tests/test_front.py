@@ -198,3 +198,47 @@ def test_a_native_front_that_does_not_load_falls_back_to_pyfuse3_with_one_info_l
     lines = [r for r in caplog.records if "native FUSE front not available" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO
     assert isinstance(make_front("pyfuse3", SimpleNamespace(tree=tree)), Pyfuse3Front)  # type: ignore[arg-type]
+
+
+def _stat_fields(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns)
+
+
+def _mounted_stat(st: os.stat_result) -> tuple[int, ...]:
+    """What a stat through the mount must give: the source's fields, and blocks of 512 bytes by size
+    (the source's allocation is its file system's, not a property of the file)."""
+    assert st.st_blocks == (st.st_size + 511) // 512 and st.st_blksize == 128 * 1024
+    return _stat_fields(st)
+
+
+@pytest.mark.mount
+@pytest.mark.parametrize("front", FRONTS)
+def test_attributes_are_the_sources_on_both_fronts_and_answered_in_c_on_the_native_one(
+    tmp_path: Path, front: str
+) -> None:
+    """Every entry's attributes through the mount are the source's (mode, links, owner, size, mtime;
+    blocks by size), on either front.  A cold read through CPython's open() makes the kernel ask GETATTR again
+    (a READ answered by the daemon marks atime stale; the fstat open() makes wants it): on the native
+    front each of those is answered from the snapshot's arrays in C (counted in native_getattrs),
+    on pyfuse3 by the daemon (native_getattrs stays 0)."""
+    src = tmp_path / "src"
+    digests, _total = make_source(src, 24, 0, mean_size=20000)
+    rels = sorted(digests)
+    dirs = sorted({str(Path(rel).parent) for rel in rels} | {"train"})
+    with mounted(src, tmp_path / "mnt", "-o", f"fuse.front={front}", cache_dir=tmp_path / "cache") as mnt:
+        for rel in [*dirs, *rels]:
+            assert _mounted_stat(os.stat(mnt / rel)) == _stat_fields(os.lstat(src / rel)), rel
+        before = status(mnt)["front"]
+        for rel in rels:
+            with open(mnt / rel, "rb") as fh:  # default buffering: fstat, and on CPython <= 3.13 isatty
+                assert hashlib.sha1(fh.read()).hexdigest() == digests[rel], rel
+        for rel in rels:
+            with open(mnt / rel, "rb") as fh:  # the second open's fstat: atime stale since the first's READs
+                assert _mounted_stat(os.fstat(fh.fileno())) == _stat_fields(os.lstat(src / rel)), rel
+        after = status(mnt)["front"]
+    assert after["name"] == front
+    answered = after["native_getattrs"] - before["native_getattrs"]
+    if front == "native":
+        assert answered >= len(rels), (before, after)
+    else:
+        assert answered == 0

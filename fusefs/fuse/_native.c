@@ -46,6 +46,11 @@
  *   - A fuse_req_t is handed to Python as an integer and must be answered exactly once: the
  *     Python side replies in a finally, so a request is never answered twice nor forgotten.
  *     Requests left in the ring when the session ends are answered (ENODEV) by unmount().
+ *   - The attribute columns (set_attrs(), before start()) are the snapshot's arrays, held as
+ *     Py_buffers (each keeps its array alive) and only read by the receive threads; they are set
+ *     before any receive thread exists (pthread_create orders the writes before the threads' reads),
+ *     never changed while serving (the snapshot is immutable while mounted), and released by
+ *     unmount() after every receive thread has been joined.
  *   - The pages table is a byte per inode (calloc'd by mount(), freed by unmount() after every
  *     receive thread has been joined); set_pages writes one byte and a receive thread reads it
  *     with relaxed atomics: a stale read answers one open natively that Python would also have
@@ -115,7 +120,7 @@ static struct {
     atomic_uchar *pages; /* inode -> 1 when its pages are known pushed */
     uint64_t npages;
     atomic_uint_fast64_t next_fh;
-    atomic_uint_fast64_t native_opens, native_releases, native_ioctls, forwarded, ring_full, batches;
+    atomic_uint_fast64_t native_opens, native_releases, native_ioctls, native_getattrs, forwarded, ring_full, batches;
     int mounted;
     int no_open_asked; /* mount()'s no_open: watch() will arm it (INIT is answered accordingly) */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -159,6 +164,58 @@ static struct {
     pid_t self;
     atomic_uint_fast64_t opens, releases, own, overflows, enosys;
 } F = {.fd = -1, .stop_fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* GETATTR of a snapshot entry answered from its columns (set_attrs()): inode i + 1 is entry i, as
+ * fusefs/meta/ids.py; the same fields, in the same way, as fusefs/fuse/attrs.py's AttrFactory. */
+enum { COL_MODE, COL_NLINK, COL_UID, COL_GID, COL_SIZE, COL_ATIME, COL_MTIME, COL_CTIME, NCOLS };
+
+static struct {
+    Py_buffer col[NCOLS];
+    int is_signed[NCOLS];
+    uint64_t n; /* entries; 0: not set, every GETATTR is forwarded */
+    unsigned long long blksize;
+    double attr_timeout;
+} A;
+
+static int64_t cell(int c, uint64_t i) {
+    const char *p = (const char *)A.col[c].buf + i * (uint64_t)A.col[c].itemsize;
+    int sg = A.is_signed[c];
+    switch (A.col[c].itemsize) { /* each branch widened on its own: a ?: would convert signed to unsigned */
+    case 1: return sg ? (int64_t) * (const int8_t *)p : (int64_t) * (const uint8_t *)p;
+    case 2: return sg ? (int64_t) * (const int16_t *)p : (int64_t) * (const uint16_t *)p;
+    case 4: return sg ? (int64_t) * (const int32_t *)p : (int64_t) * (const uint32_t *)p;
+    default: return *(const int64_t *)p;
+    }
+}
+
+static void attr_of(uint64_t entry, struct stat *st) {
+    memset(st, 0, sizeof *st);
+    st->st_ino = entry + 1;
+    st->st_mode = (mode_t)cell(COL_MODE, entry);
+    st->st_nlink = (nlink_t)cell(COL_NLINK, entry);
+    st->st_uid = (uid_t)cell(COL_UID, entry);
+    st->st_gid = (gid_t)cell(COL_GID, entry);
+    int64_t size = cell(COL_SIZE, entry);
+    st->st_size = size;
+    st->st_blksize = (blksize_t)A.blksize;
+    st->st_blocks = (size + 511) / 512;
+    int64_t t[3] = {cell(COL_ATIME, entry), cell(COL_MTIME, entry), cell(COL_CTIME, entry)};
+    struct timespec *ts[3] = {&st->st_atim, &st->st_mtim, &st->st_ctim};
+    for (int k = 0; k < 3; k++) { /* as Python's divmod: floor, so a time before 1970 keeps 0 <= nsec < 1e9 */
+        int64_t sec = t[k] / 1000000000, nsec = t[k] % 1000000000;
+        if (nsec < 0)
+            sec -= 1, nsec += 1000000000;
+        ts[k]->tv_sec = sec;
+        ts[k]->tv_nsec = nsec;
+    }
+}
+
+static void attrs_release(void) {
+    for (int c = 0; c < NCOLS; c++)
+        if (A.col[c].obj != NULL)
+            PyBuffer_Release(&A.col[c]);
+    memset(&A, 0, sizeof A);
+}
 
 /* ------------------------------------------------------------------ the ring */
 
@@ -449,6 +506,13 @@ static void ll_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 
 static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     (void)fi;
+    if (ino >= 1 && ino - 1 < A.n) { /* a snapshot entry: its columns (control files are forwarded) */
+        struct stat st;
+        attr_of(ino - 1, &st);
+        atomic_fetch_add(&S.native_getattrs, 1);
+        fuse_reply_attr(req, &st, A.attr_timeout);
+        return;
+    }
     forward(OP_GETATTR, req, ino, 0, 0, 0, NULL, 0, NULL, 0);
 }
 
@@ -973,6 +1037,7 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     Py_BEGIN_ALLOW_THREADS for (int i = 0; i < S.nthreads; i++) pthread_join(S.threads[i], NULL);
     fan_stop(); /* after the receive threads: none is in fan_flush() any more */
     Py_END_ALLOW_THREADS S.nthreads = 0;
+    attrs_release(); /* no receive thread reads them any more */
     /* Requests no one will answer now: answer them, free their copies. */
     pthread_mutex_lock(&S.lock);
     while (S.count) {
@@ -1297,6 +1362,57 @@ static PyObject *py_set_pages(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_attrs(columns, blksize, attr_timeout): GETATTR of entries 0..n-1 answered from these 8
+ * one-dimensional integer arrays of n items each (mode, nlink, uid, gid, size, atime_ns, mtime_ns,
+ * ctime_ns), held until unmount().  Only before start(): see the memory lifetime rule above. */
+static PyObject *py_set_attrs(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *cols;
+    unsigned long long blksize;
+    double attr_timeout;
+    if (!PyArg_ParseTuple(args, "OKd", &cols, &blksize, &attr_timeout))
+        return NULL;
+    if (S.se == NULL || S.nthreads) {
+        PyErr_SetString(PyExc_RuntimeError, "set_attrs: only after mount() and before start()");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(cols, "set_attrs: a sequence of 8 arrays");
+    if (seq == NULL)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != NCOLS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "set_attrs: 8 columns");
+        return NULL;
+    }
+    attrs_release();
+    Py_ssize_t n = -1;
+    for (int c = 0; c < NCOLS; c++) {
+        Py_buffer *b = &A.col[c];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, c), b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto fail;
+        const char *f = b->format ? b->format : "B";
+        if (*f == '<' || *f == '=' || *f == '@')
+            f++;
+        int known = f[0] && !f[1] && strchr("bBhHiIlLqQ", f[0]) != NULL;
+        if (b->ndim != 1 || !known || (b->itemsize != 1 && b->itemsize != 2 && b->itemsize != 4 && b->itemsize != 8) ||
+            (n >= 0 && b->shape[0] != n)) {
+            PyErr_Format(PyExc_ValueError, "set_attrs: column %d is not a 1-d integer array of the others' length", c);
+            goto fail;
+        }
+        A.is_signed[c] = strchr("bhilq", f[0]) != NULL;
+        n = b->shape[0];
+    }
+    Py_DECREF(seq);
+    A.blksize = blksize;
+    A.attr_timeout = attr_timeout;
+    A.n = (uint64_t)n;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    attrs_release();
+    return NULL;
+}
+
 /* Mark each of `dirs` (paths relative to the mount, "" the root) with FAN_EVENT_ON_CHILD in a
  * FAN_REPORT_FID group; -1 (errno set) when the group or a mark is refused. */
 static int fan_fid_group(int root, char **dirs, Py_ssize_t ndirs) {
@@ -1404,8 +1520,9 @@ static PyObject *py_watch(PyObject *m, PyObject *args) {
 static PyObject *py_stats(PyObject *m, PyObject *noargs) {
     (void)m, (void)noargs;
 #define U(x) (unsigned long long)atomic_load(&(x))
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsi}", "batches", U(S.batches), "native_opens", U(S.native_opens),
-                         "native_releases", U(S.native_releases), "native_ioctls", U(S.native_ioctls), "forwarded",
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsi}", "batches", U(S.batches), "native_opens", U(S.native_opens),
+                         "native_releases", U(S.native_releases), "native_ioctls", U(S.native_ioctls),
+                         "native_getattrs", U(S.native_getattrs), "forwarded",
                          U(S.forwarded), "ring_full", U(S.ring_full), "observed_opens", U(F.opens),
                          "observed_releases", U(F.releases), "own_opens_dropped", U(F.own), "observed_overflows",
                          U(F.overflows), "opens_answered_enosys", U(F.enosys), "no_open",
@@ -1434,6 +1551,7 @@ static PyMethodDef methods[] = {
     {"invalidate_inode", py_invalidate_inode, METH_VARARGS, "invalidate_inode(inode) (GIL released)"},
     {"invalidate_entry", py_invalidate_entry, METH_VARARGS, "invalidate_entry(parent, name) (GIL released)"},
     {"set_pages", py_set_pages, METH_VARARGS, "set_pages(inode, on): its opens are answered natively"},
+    {"set_attrs", py_set_attrs, METH_VARARGS, "set_attrs(columns, blksize, attr_timeout): GETATTR of snapshot entries answered natively (before start())"},
     {"watch", py_watch, METH_VARARGS, "watch(mountpoint, dirs) -> fid: no_open mode: fanotify marks, then OPEN answered ENOSYS (GIL released)"},
     {"stats", py_stats, METH_NOARGS, "counters of what was answered natively and forwarded"},
     {NULL}};

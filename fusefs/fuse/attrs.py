@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 from fusefs.fuse.front import EntryAttributes, PlainAttributes
 from fusefs.meta.ids import inode_of
@@ -23,6 +27,15 @@ class AttrFactory:
         self.new = new_attrs  # the front's attribute record (pyfuse3 takes only its own)
         self.entry_timeout = entry_timeout
         self.attr_timeout = attr_timeout
+
+    def columns(self) -> tuple[NDArray[np.integer[Any]], ...]:
+        """The snapshot's arrays every entry's attributes come from, in the order the native front
+        answers GETATTR from them (``_native.set_attrs``: mode, nlink, uid, gid, size, atime_ns,
+        mtime_ns, ctime_ns); with :data:`BLKSIZE` and ``attr_timeout`` they give what
+        :meth:`__call__` gives."""
+        s = self.snapshot
+        t = s.tree
+        return (s.mode, s.nlink, s.uid, s.gid, t.size, s.atime_ns, t.mtime_ns, s.ctime_ns)
 
     def batch(self, lo: int, hi: int) -> list[EntryAttributes]:
         """PlainAttributes of consecutive entries ``lo:hi``: columns converted once, not per field."""

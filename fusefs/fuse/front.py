@@ -34,6 +34,9 @@ class FrontStatus(TypedDict):
     ]
     native_releases: Annotated[int, counter("releases of those opens, answered without Python")]
     native_ioctls: Annotated[int, counter("ioctls answered ENOTTY without Python (isatty of every open file)")]
+    native_getattrs: Annotated[
+        int, counter("attribute requests of dataset entries answered from the snapshot without Python")
+    ]
     forwarded: Annotated[int, counter("requests forwarded to the daemon's handlers (native front only)")]
     batches: Annotated[
         int,

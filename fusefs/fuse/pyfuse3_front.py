@@ -202,6 +202,7 @@ class Pyfuse3Front(ThroughMount):
             "native_opens": 0,
             "native_releases": 0,
             "native_ioctls": 0,
+            "native_getattrs": 0,
             "forwarded": 0,
             "batches": 0,
             "ring_full": 0,

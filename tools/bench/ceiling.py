@@ -580,14 +580,17 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
             by = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
             doc = status(m.seerfs_mnt)
             st = doc["prefetch"]["staging"]
-            native = front["native_opens"] + front["native_releases"] + front["native_ioctls"]
+            native = (
+                front["native_opens"] + front["native_releases"] + front["native_ioctls"] + front["native_getattrs"]
+            )
             records = front["forwarded"] + front["native_opens"] + front["native_releases"]
             records += front["observed_opens"] + front["observed_releases"]
             # Each status read in between forwards a few requests itself (lookup, open, read, release).
             result.notes += [
                 f"front {doc['front']['name']} ({doc['front']['open_mode']}, "
                 f"fanotify {doc['front']['fanotify']}): per warm open "
-                f"{(native + front['forwarded']) / opened:.2f} requests: {native / opened:.2f} answered in C, "
+                f"{(native + front['forwarded']) / opened:.2f} requests: {native / opened:.2f} answered in C "
+                f"({front['native_getattrs'] / opened:.2f} of them GETATTR), "
                 f"{front['forwarded'] / opened:.2f} forwarded to Python; "
                 f"{records / max(front['batches'], 1):.1f} ring records per batch drained",
                 f"opens seen through fanotify {front['observed_opens']} of {opened}, "
