@@ -17,6 +17,7 @@ from inprocess import CTX, Mount, assemble, drained, make_source, serve, settled
 
 from fusefs.fuse.front import FileInfo
 from fusefs.meta.ids import ROOT_INODE, entry_of, inode_of
+from fusefs.readpath.openfiles import OWN_OPEN
 
 
 @pytest.fixture(scope="module")
@@ -211,10 +212,11 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
     handle, and in ``no_open`` mode (fh 0) pairing them by inode.  Two identical mounts, one
     booking the same events one by one (``opened_natively``/``released_natively``, and
     ``OpenFiles.seen_natively`` for fh 0), one in runs (a pair in one run, an open left open across
-    runs, a read-back open, an inode outside the tree, the same file open twice at once, a close of
-    an open never seen): the policy's steps, its books, the cursor's batch of opens, the counters,
-    the handle table, the ``no_open`` handles and the marked pages come out the same.  ``lean``: no
-    step is logged or validated, so the runs take the policy's one-call path
+    runs, a read-back open, by its thread id and as the front marked it, an inode outside the tree,
+    the same file open twice at once, a close of an open never seen): the policy's steps, its books,
+    the cursor's batch of opens, the counters, the handle table, the ``no_open`` handles and the
+    marked pages come out the same.  ``lean``: no step is logged or validated, so the runs take the
+    policy's one-call path
     (``ReadPolicy.readers``) and are compared with the one-by-one steps by their effects (no plan
     here, so that no cursor turn or stage interleaves; the planned opens' Place decisions are
     compared in test_policy)."""
@@ -265,7 +267,10 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
             runs = [
                 [(1, a, base + 1, CTX.pid), (1, b, base + 2, CTX.pid), (0, a, base + 1, 0), (1, c, base + 3, 4242)],
                 [(1, outside, base + 4, CTX.pid), (0, b, base + 2, 0), (0, c, base + 3, 0), (1, d, base + 5, CTX.pid)],
-                [(0, outside, base + 4, 0), (1, a, base + 6, CTX.pid), (0, a, base + 6, 0)],
+                # an open the front saw come from a thread of the daemon's own (opened 2, OWN_OPEN):
+                # a read back whose thread left ThroughMount.readers before trio booked it
+                [(0, outside, base + 4, 0), (1, a, base + 6, CTX.pid), (0, a, base + 6, 0), (2, e, base + 7, 777)],
+                [(0, e, base + 7, 0)],
                 # no_open: fh 0, paired by inode; e open twice at once, across runs; c closed unseen
                 [(1, e, 0, CTX.pid), (1, a, 0, CTX.pid), (1, e, 0, CTX.pid), (0, a, 0, 0), (0, c, 0, 0)],
                 [(0, e, 0, 0), (1, outside, 0, CTX.pid), (1, b, 0, CTX.pid), (0, b, 0, 0), (1, b, 0, CTX.pid)],
@@ -281,7 +286,7 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
                         if 0 <= entry < len(m.rp.snapshot.tree):
                             m.ops.open_files.seen_natively(bool(opened), entry)
                     elif opened:
-                        m.ops.opened_natively(inode, fh, pid)
+                        m.ops.opened_natively(inode, fh, 4242 if opened == OWN_OPEN else pid)
                     else:
                         m.ops.released_natively(fh)
             ends.append(books(m))
@@ -292,5 +297,5 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
     steps, opens = one_by_one[0], one_by_one[1]  # type: ignore[index]
     assert (
         opens == 5 + 4 + 6
-    )  # 5 reads, then a, b, d, a again (not the read back), then 6 seen (e twice, a, b twice, d)
+    )  # 5 reads, then a, b, d, a again (not the read backs), then 6 seen (e twice, a, b twice, d)
     assert lean == (len(steps) == 0)

@@ -75,6 +75,7 @@
 #include <sys/eventfd.h>
 #include <sys/fanotify.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,9 +91,10 @@ enum {
     OP_SYMLINK, OP_RENAME, OP_LINK, OP_OPEN, OP_READ, OP_WRITE, OP_RELEASE, OP_OPENDIR,
     OP_READDIR, OP_READDIRPLUS, OP_RELEASEDIR, OP_STATFS, OP_SETXATTR, OP_GETXATTR,
     OP_LISTXATTR, OP_REMOVEXATTR, OP_CREATE,
-    EV_OPEN = 100, /* an OPEN answered natively: (inode, fh, pid) */
+    EV_OPEN = 100, /* an OPEN answered natively: (inode, fh, own), pid */
     EV_RELEASE = 101, /* a RELEASE of a native handle answered natively: (inode, fh) */
-    EV_BATCH = 102, /* drain()'s record for a run of consecutive events: (EV_BATCH, 0, [opened, inode, fh, pid]*) */
+    EV_BATCH = 102, /* drain()'s record for a run of consecutive events: (EV_BATCH, 0, [opened, inode, fh, pid]*);
+                     * opened: 1 an open, 2 an open by one of the daemon's own threads (own_thread), 0 a release */
 };
 
 typedef struct {
@@ -123,6 +125,7 @@ static struct {
     atomic_uint_fast64_t native_opens, native_releases, native_ioctls, native_getattrs, forwarded, ring_full, batches;
     int mounted;
     int no_open_asked; /* mount()'s no_open: watch() will arm it (INIT is answered accordingly) */
+    pid_t self; /* this process (set by mount()): its own threads' opens are read backs */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
@@ -567,6 +570,16 @@ static int pushed(fuse_ino_t ino) {
     return S.pages != NULL && ino < S.npages && atomic_load_explicit(&S.pages[ino], memory_order_relaxed);
 }
 
+/* Whether the thread that sent a request (a request's pid is the thread's id) is one of this
+ * process's: the daemon reading pages back through its own mount (fusefs/readpath/staging.py,
+ * ThroughMount.read_pages), an open no reader made.  Decided here, while that thread waits in
+ * open(2) and so cannot have exited: booked later by trio, after the read back may have ended,
+ * the thread id would say nothing any more.  tgkill with signal 0 sends nothing; it fails (ESRCH)
+ * unless the thread is in this thread group. */
+static int own_thread(pid_t tid) {
+    return tid > 0 && syscall(SYS_tgkill, S.self, tid, 0) == 0;
+}
+
 static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     if (atomic_load_explicit(&F.armed, memory_order_acquire)) {
         atomic_fetch_add(&F.enosys, 1);
@@ -577,6 +590,7 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
         uint64_t fh = NATIVE_FH_BASE + atomic_fetch_add(&S.next_fh, 1);
         rec_t r = {.op = EV_OPEN, .a = {ino, fh}};
         fill_ctx(&r, req);
+        r.a[2] = (uint64_t)own_thread((pid_t)r.pid);
         if (push(&r, 0)) { /* the event first: Python sees the open before any request on fh */
             fi->fh = fh;
             fi->keep_cache = 1;
@@ -976,6 +990,7 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
         goto fail_set;
     }
     S.mounted = 1;
+    S.self = getpid();
     return PyLong_FromLong(S.wake_fd);
 fail:
     PyErr_NoMemory();
@@ -1113,7 +1128,7 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             PyObject *flat = out ? PyList_New((Py_ssize_t)(4 * (j - i))) : NULL;
             for (size_t e = i; flat && e < j; e++) {
                 rec_t *y = &batch[e];
-                PyObject *v[4] = {PyLong_FromLong(y->op == EV_OPEN), PyLong_FromUnsignedLongLong(y->a[0]),
+                PyObject *v[4] = {PyLong_FromLong(y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1), PyLong_FromUnsignedLongLong(y->a[0]),
                                   PyLong_FromUnsignedLongLong(y->a[1]), PyLong_FromUnsignedLong(y->pid)};
                 for (int f = 0; f < 4; f++) {
                     if (v[f] == NULL) {

@@ -61,9 +61,10 @@ class DirBuffer:
     def add(self, name: bytes, attrs: object, next_id: int, /) -> bool: ...
     def reply(self) -> None: ...
 
-# A forwarded request: (op, req, a0..a7, s1, s2, uid, gid, pid, umask); a run of consecutive
-# events: (EV_BATCH, 0, [opened, inode, fh, pid, ...]) in ring order (opened: 1 for an OPEN, 0 for
-# a RELEASE).  Typed as the first, which is what the handlers index.
+# A forwarded request: (op, req, a0..a7, s1, s2, uid, gid, pid, umask); a run of consecutive events:
+# (EV_BATCH, 0, [opened, inode, fh, pid, ...]) in ring order (opened: 1 for an OPEN, 2 for an OPEN by one of
+# the daemon's own threads, i.e. a read back through the mount, 0 for a RELEASE).  Typed as the first, which
+# is what the handlers index.
 Record = tuple[int, int, int, int, int, int, int, int, int, int, bytes, bytes, int, int, int, int]
 
 def mount(mountpoint: str, options: str, inodes: int, ring: int = 4096, no_open: bool = False, /) -> int: ...

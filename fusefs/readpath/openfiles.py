@@ -50,6 +50,11 @@ class _Seen:
     count: int = 0
 
 
+OWN_OPEN = 2
+"""book_native's ``opened`` for an open the front saw come from one of the daemon's own threads (a
+read back, :meth:`Staging.read_back`): decided when the OPEN arrived, since by the time trio books
+the event the read back may be over and its thread no longer in ``ThroughMount.readers``."""
+
 _PAIRED = -1  # book_native: an open released in the same run (no handle)
 _KEEP = -2  # a release whose pages the policy may keep (Staging.pages_kept)
 _DIRECT = -3  # a release of a handle opened with direct_io: its pages are not kept
@@ -206,7 +211,7 @@ class OpenFiles:
             if opened:
                 if not 0 <= entry < entries:
                     continue
-                if staging.reads_back(pid):
+                if opened == OWN_OPEN or staging.reads_back(pid):
                     handles[fh] = OpenFile(entry, sizes.item(entry), pushed=True, read_back=True)
                     continue
                 opens += 1
