@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Protocol, TypedDict, assert_never
@@ -340,7 +340,10 @@ class ReadPolicy:
         self._opened_since_view: set[int] = set()  # opened since the horizon was last computed
         # The staging window and the page cache
         self.pages: dict[int, Pages] = {}  # staged (the window) or open by readers
-        self.kept: OrderedDict[int, int] = OrderedDict()  # consumed, pages still cached -> charge; oldest first
+        # Consumed, pages still cached -> charge; oldest first.  A plain dict keeps insertion order,
+        # and a warm open pops its file and its release puts it back at the end: 0.1 us against
+        # OrderedDict's 0.5 us (its own linked list), which no code here needs (no move_to_end).
+        self.kept: dict[int, int] = {}
         self._kept_unused: set[int] = set()  # kept pages of staged files no open has used (yet)
         self.staged_bytes = 0
         self.cached_bytes = 0  # pages of files readers have open, pulled through the mount

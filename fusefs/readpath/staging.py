@@ -42,7 +42,6 @@ import logging
 import os
 import stat
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Protocol
 
@@ -191,7 +190,7 @@ class Staging:
         return self.policy.pages
 
     @property
-    def kept(self) -> OrderedDict[int, int]:
+    def kept(self) -> dict[int, int]:
         """Consumed files whose pages stay cached -> their charge, oldest first."""
         return self.policy.kept
 
