@@ -216,10 +216,9 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
     the same file open twice at once, a close of an open never seen): the policy's steps, its books,
     the cursor's batch of opens, the counters, the handle table, the ``no_open`` handles and the
     marked pages come out the same.  ``lean``: no step is logged or validated, so the runs take the
-    policy's one-call path
-    (``ReadPolicy.readers``) and are compared with the one-by-one steps by their effects (no plan
-    here, so that no cursor turn or stage interleaves; the planned opens' Place decisions are
-    compared in test_policy)."""
+    policy's one-call path (``ReadPolicy.readers``) and are compared with the one-by-one steps by
+    their effects (no plan here, so that no cursor turn or stage interleaves; the planned opens'
+    Place decisions are compared in test_policy)."""
     rels = sorted(source[1])[:5]
     ends: list[object] = []
     base = 1 << 62

@@ -125,7 +125,7 @@ static struct {
     atomic_uint_fast64_t native_opens, native_releases, native_ioctls, native_getattrs, forwarded, ring_full, batches;
     int mounted;
     int no_open_asked; /* mount()'s no_open: watch() will arm it (INIT is answered accordingly) */
-    pid_t self; /* this process (set by mount()): its own threads' opens are read backs */
+    pid_t self; /* this process (set by mount()): its own opens are read backs, never a reader's */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
@@ -164,7 +164,6 @@ static struct {
     pthread_mutex_t lock; /* reading the group and pushing its events: one reader at a time */
     atomic_int armed; /* OPEN is answered ENOSYS from now on */
     int fid; /* events carry a file handle (the nodeid), not an fd */
-    pid_t self;
     atomic_uint_fast64_t opens, releases, own, overflows, enosys;
 } F = {.fd = -1, .stop_fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -392,7 +391,7 @@ static void fan_read_locked(void) {
                     ino = stx.stx_ino;
                 close(md->fd);
             }
-            if (md->pid == F.self) {
+            if (md->pid == S.self) {
                 atomic_fetch_add(&F.own, 1);
                 continue;
             }
@@ -973,6 +972,7 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     atomic_store(&S.next_fh, 0);
     S.ended = 0;
     S.no_open_asked = no_open;
+    S.self = getpid();
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (!S.pages || !S.ring || S.wake_fd < 0)
         goto fail;
@@ -990,7 +990,6 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
         goto fail_set;
     }
     S.mounted = 1;
-    S.self = getpid();
     return PyLong_FromLong(S.wake_fd);
 fail:
     PyErr_NoMemory();
@@ -1128,7 +1127,8 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             PyObject *flat = out ? PyList_New((Py_ssize_t)(4 * (j - i))) : NULL;
             for (size_t e = i; flat && e < j; e++) {
                 rec_t *y = &batch[e];
-                PyObject *v[4] = {PyLong_FromLong(y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1), PyLong_FromUnsignedLongLong(y->a[0]),
+                long opened = y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1; /* 2: own_thread() */
+                PyObject *v[4] = {PyLong_FromLong(opened), PyLong_FromUnsignedLongLong(y->a[0]),
                                   PyLong_FromUnsignedLongLong(y->a[1]), PyLong_FromUnsignedLong(y->pid)};
                 for (int f = 0; f < 4; f++) {
                     if (v[f] == NULL) {
@@ -1510,7 +1510,6 @@ static PyObject *py_watch(PyObject *m, PyObject *args) {
         F.fd = fd;
         F.stop_fd = stop_fd;
         F.fid = fid;
-        F.self = getpid();
         atomic_store_explicit(&F.armed, 1, memory_order_release);
         err = pthread_create(&F.thread, NULL, fan_loop, NULL);
         if (!err)
