@@ -57,8 +57,9 @@ API (what the daemon calls):
   positions or any state changed (when a window computed from ``upcoming`` is stale).
 
 Threads: the cursor is not thread-safe; one caller at a time (the daemon's cursor loop).  Building
-a cursor with ``previous=`` only reads the old one's counters and buffers; doing so while a worker
-thread still observes on the old one costs at most the opens of that batch.
+a cursor with ``previous=`` only reads the old one's counters and buffers, so the daemon builds it
+only while nobody observes on the old one (else that batch's opens would be missing from what
+carries over: holes in the new cursor's tracks).
 
 Pure state machine: no I/O, no clocks; the daemon feeds it opens and asks it what comes next.
 

@@ -11,8 +11,11 @@ directly, and the per-source counters.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -24,6 +27,8 @@ from fusefs.readpath import fetcher as fetcher_module
 from fusefs.readpath.contract import Stage
 from fusefs.readpath.fetcher import Sources
 from fusefs.tiers.layout import file_path
+from placement.cursor import NodeCursor
+from placement.plan import Plan
 
 
 @pytest.fixture(scope="module")
@@ -374,4 +379,84 @@ def test_a_stage_decided_before_a_fill_stored_its_file_reads_that_copy(
         assert len(m.peer.asked) == asked and m.rp.counters.sources["pfs"].files == pfs
         assert m.rp.prefetcher.staging_fetches == 0  # no fetch: the tier's copy
 
+    serve(m, body)
+
+
+# ---------------------------------------------------------------------------- a plan replaced mid-stream
+
+
+def node_order(m: Mount, plan: Plan, n: int) -> tuple[list[int], dict[str, list[int]]]:
+    """The first ``n`` entries node 0 opens under ``plan`` (a reference cursor's prediction), and
+    each rank's first unconsumed position once a cursor observed them all."""
+    ref = NodeCursor(plan.job_streams(), m.rp.prefetcher.settings)
+    ref.presume(0, 0)
+    gids = [gid for _epoch, gid in ref.upcoming(n)]
+    for gid in gids:
+        assert ref.observe(gid)
+    return [int(e) for e in plan.entry_of(np.asarray(gids, dtype=np.int64))], ref.status()["rank_positions"]
+
+
+def opens_seen(m: Mount) -> int | None:
+    """Opens the cursor followed now has observed, with those of the cursors it replaced."""
+    cursor = m.rp.prefetcher.cursor
+    return None if cursor is None else cursor.status()["opens"]
+
+
+def positions(m: Mount) -> dict[str, list[int]] | None:
+    cursor = m.rp.prefetcher.cursor
+    return None if cursor is None else cursor.status()["rank_positions"]
+
+
+@pytest.mark.parametrize("when", ["between turns", "during a worker turn"])
+def test_a_plan_replaced_mid_stream_loses_none_of_the_opens_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Seed discovery's plan replaces the followed one while readers open files.  Every open made
+    before the switch reaches the new cursor: queued for the old one (between two turns of the
+    cursor loop), or being observed on the old one in its worker thread.  A lost open is a hole in
+    its rank's track: the first unconsumed position stays on it until the readers are two windows
+    past, and the staging window, computed from there, runs dry meanwhile (a mount stopped staging
+    for a fifth of an epoch so)."""
+    root = tmp_path / "src"
+    files: dict[str, bytes] = {}
+    for c in range(4):  # enough files that the new cursor's relock on 40 carried opens is certain
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(100):
+            files[f"c{c}/f{i:03}.jpg"] = data = os.urandom(200 + i)
+            (root / f"c{c}/f{i:03}.jpg").write_bytes(data)
+    m = assemble(root, files, tmp_path)
+    prefetcher = m.rp.prefetcher
+    plan = m.plan()
+    order, expected = node_order(m, plan, 60)
+    gate = threading.Event()
+    advance = prefetcher._advance
+
+    def gated(*args: Any) -> Any:
+        assert gate.wait(10)
+        return advance(*args)
+
+    async def body() -> None:
+        prefetcher.on_plan(plan)
+        await until(lambda: m.rp.policy.view.state in ("presumed", "tracking"))
+        if when == "between turns":
+            for entry in order[:40]:
+                prefetcher.opened(entry)  # queued: no await since, so the cursor loop has not run
+        else:
+            gate.clear()
+            monkeypatch.setattr(prefetcher, "_advance", gated)
+            prefetcher.on_plan(plan)  # a fresh cursor: its first turn prepares it in the worker thread
+            for entry in order[:40]:
+                prefetcher.opened(entry)
+            await until(lambda: not prefetcher._opens)  # the turn took them; its worker waits at the gate
+        prefetcher.on_plan(m.plan())  # the same plan, made again: a new cursor
+        gate.set()
+        for entry in order[40:]:
+            prefetcher.opened(entry)
+        with trio.move_on_after(3):  # the turns that observe them
+            await until(lambda: opens_seen(m) == len(order))
+        assert opens_seen(m) == len(order)  # every open reached the cursor that follows now
+        if when == "between turns":  # placed as if no plan had been replaced: no hole
+            assert positions(m) == expected
+
+    gate.set()
     serve(m, body)

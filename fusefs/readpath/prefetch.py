@@ -13,6 +13,11 @@ Concurrency rules:
   view must be recomputed (O(horizon)).  Such work must never run on the trio thread; a thread
   hop for every batch, though, cost that thread more than placing (GIL handoffs: the FUSE ceiling
   of a mount in mismatch fell by a third).  The view the loop publishes is immutable.
+* A new plan's cursor is built from the old one (counters, recent opens) only while no worker
+  thread observes on the old one: a plan that comes during such a turn waits for its end
+  (:meth:`Prefetcher._follow_plan`), so the turn's batch carries over; opens queued for the old
+  cursor are the new one's first.  No open is lost to a plan change: a lost open is a hole that
+  holds its rank's track back, and the staging window with it.
 * The policy is touched only on the trio thread, except :meth:`ReadPolicy.stage_list`, which the
   cursor's worker thread calls (it reads tier membership and kept pages only).  Each event is
   handled and its instructions carried out in one synchronous step, with no await in between, so
@@ -198,8 +203,11 @@ class Prefetcher:
         self.counters = counters
         self.policy = policy
         self.cursor: NodeCursor | None = None
-        self._cursor_plan: Plan | None = None
+        self._cursor_plan: Plan | None = None  # the plan followed last (its cursor may wait for _build_cursor)
         self._cursor_generation = 0
+        self._built_for: Plan | None = None  # the plan self.cursor was built for
+        self._follow: FollowPlan | None = None  # a plan followed while a worker observed: its cursor is due
+        self._observing = False  # a worker thread observes on self.cursor (the cursor loop awaits it)
         self.horizon = horizon
         self.hooks = hooks
         self.peers = peers
@@ -440,17 +448,37 @@ class Prefetcher:
     # ------------------------------------------------------------------ instructions
 
     def _follow_plan(self, ins: FollowPlan) -> None:
-        """A new plan: its cursor carries the old one's counters, history and recent opens over.
+        """A new plan: its cursor carries the old one's counters, history and recent opens over, and
+        the opens queued for the old one (placed, not yet observed) are the new one's first, in the
+        new plan's ids.  None may be lost: a lost open is a hole in its rank's track, whose ``low``
+        stays below it until the readers are two windows past, and the horizon, counted from
+        ``low``, runs dry meanwhile (seed discovery's plan came between two cursor turns: the
+        staging window stopped for a fifth of the epoch).
 
-        Building it only reads the old cursor (a worker thread may still be observing on that one:
-        at most that batch's opens are lost); its ``prepare()`` (the relock on the carried opens,
-        the maps the quick path needs) is slow and runs in the cursor loop's worker thread.
+        The new cursor is built only while no worker thread observes on the old one, so that what
+        carries over includes that turn's batch; during such a turn the loop builds it when the turn
+        ends (:meth:`_build_cursor`).  Its ``prepare()`` (the relock on the carried opens, the maps
+        the quick path needs) is slow and runs in the cursor loop's worker thread.
         """
         self._cursor_generation = ins.generation
-        old_plan, self._cursor_plan = self._cursor_plan, ins.plan
-        self._opens = []
+        queued_plan, self._cursor_plan = self._cursor_plan, ins.plan
+        queued, self._opens = self._opens, []
+        if ins.plan is not None and queued_plan is not None and queued:
+            if _layouts(queued_plan) != _layouts(ins.plan):
+                ids = _regid(queued_plan, self.policy.entry_gid)(np.asarray(queued, dtype=np.int64))
+                queued = ids[ids >= 0].tolist()
+            self._opens = queued
         self._view_key = ()
-        old = self.cursor
+        self._follow = ins
+        if not self._observing:
+            self._build_cursor()
+
+    def _build_cursor(self) -> None:
+        """The cursor for the plan last followed (:meth:`_follow_plan`), from the one it replaces."""
+        ins, self._follow = self._follow, None
+        if ins is None:
+            return
+        old, old_plan = self.cursor, self._built_for
         if ins.plan is None:
             self.cursor = None
             if old is not None:
@@ -465,6 +493,7 @@ class Prefetcher:
             if ins.presume is not None:
                 self.cursor.presume(ins.presume, 0)
             self._prepare = True
+        self._built_for = ins.plan
         self._opens_ready.set()  # let the worker publish the new cursor's first view
 
     def _presume(self, ins: Presume) -> None:
@@ -548,9 +577,16 @@ class Prefetcher:
                 view = self._carried_view(cursor, predicted)
             steady = view is not None and predicted == len(batch) and view.state == "tracking"
             if view is None:
-                view = await trio.to_thread.run_sync(
-                    self._advance, cursor, plan, batch[observed:], predicted, prepare, limiter=self._cursor_lock
-                )
+                self._observing = True  # a plan followed meanwhile waits for this turn (_follow_plan)
+                try:
+                    view = await trio.to_thread.run_sync(
+                        self._advance, cursor, plan, batch[observed:], predicted, prepare, limiter=self._cursor_lock
+                    )
+                finally:
+                    self._observing = False
+                if self._follow is not None:
+                    self._build_cursor()  # carries this batch over; the view is of the replaced plan
+                    continue
             placed = plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if batch else []
             previous = self.policy.view
             self._handle(ViewPublished(view, placed, generation))
