@@ -53,7 +53,7 @@ API (what the daemon calls):
   ``node``, ``epoch``, ``opens``, ``hits``, ``hit_rate``, ``mismatch_reason``,
   ``first_mismatch_open`` as attributes; ``tracks``: the lead's tracks by global rank (each with
   ``epoch``, ``job_epoch``, ``low``, ``high``); ``datasets``: the :class:`DatasetCursor` list.
-* ``progress_key(step)``: a hashable that changes when any dataset's rank moved ``step``
+* ``progress_key(step)``: a hashable that changes when any dataset's rank consumed ``step`` more
   positions or any state changed (when a window computed from ``upcoming`` is stale).
 
 Threads: the cursor is not thread-safe; one caller at a time (the daemon's cursor loop).  Building
@@ -130,13 +130,22 @@ class NodeCursor(CursorHorizon, CursorLocking):
     # ---- overall view --------------------------------------------------------------------
 
     def progress_key(self, step: int) -> tuple[Any, ...]:
-        """Changes when any rank of any dataset moved ``step`` positions, or a state changed."""
+        """Changes when any rank of any dataset consumed ``step`` more positions, or a state changed.
+
+        Counted in positions consumed (all below ``low``, and those above it), not by ``low``
+        alone: a position never observed holds ``low`` back until the readers are two windows
+        past, and a view recomputed only when ``low`` moves ran out of stage list meanwhile (the
+        staging window stopped for a fifth of an epoch)."""
         step = max(1, step)
         return (
             self.state,
             self.node,
             tuple(
-                (dc.state, dc.variant, tuple((t.epoch, t.job_epoch, t.low // step) for t in dc.tracks))
+                (
+                    dc.state,
+                    dc.variant,
+                    tuple((t.epoch, t.job_epoch, (t.low + len(t.consumed)) // step) for t in dc.tracks),
+                )
                 for dc in self.datasets
             ),
         )

@@ -345,6 +345,25 @@ def test_a_plan_that_replaces_another_seeds_lock_keeps_the_pass_boundary(r: int)
         assert cur.state == "tracking" and cur.epoch == 2
 
 
+def test_progress_goes_on_past_a_position_never_observed() -> None:
+    """A position never observed (an open lost, a sample a loader skipped) holds its track's low
+    back until the readers are two windows past.  The progress key, on which the daemon recomputes
+    the view and its stage list, must still change every ``step`` positions consumed past it: keyed
+    on low, the view stayed put and the staging window ran out of files for a fifth of an epoch."""
+    loop = Loop(world=2, per_node=2, node=0, batch=8, rng=random.Random(3))
+    training(loop, 503, seed=7, epochs=range(1))
+    cur = NodeCursor(plan(503, 7, 2, 2, 8, epochs=1), settings(8))
+    cur.presume(0, 0)
+    assert all(replay(cur, loop.opens[:100]))
+    lows = [t.low for t in cur.datasets[0].tracks]
+    step, keys = 8, set()
+    for g in loop.opens[132:196]:  # opens 100-131 never observed: every rank's track has a hole
+        assert cur.observe(g)
+        keys.add(cur.progress_key(step))
+    assert all(t.low <= max(lows) for t in cur.datasets[0].tracks)  # held back by the holes all along
+    assert len(keys) >= 64 // (2 * step)  # yet a new key every step positions a rank consumed
+
+
 def test_epochs_past_the_plan_and_a_resume_at_its_end() -> None:
     """``job.epochs`` is a planning horizon: epochs past it are followed, and a job resumed at epoch
     == job.epochs (or later) is found, not called a wrong seed."""
