@@ -356,12 +356,14 @@ def test_progress_goes_on_past_a_position_never_observed() -> None:
     cur.presume(0, 0)
     assert all(replay(cur, loop.opens[:100]))
     lows = [t.low for t in cur.datasets[0].tracks]
-    step, keys = 8, set()
+    step, keys = 8, [set[Any](), set[Any]()]
     for g in loop.opens[132:196]:  # opens 100-131 never observed: every rank's track has a hole
         assert cur.observe(g)
-        keys.add(cur.progress_key(step))
-    assert all(t.low <= max(lows) for t in cur.datasets[0].tracks)  # held back by the holes all along
-    assert len(keys) >= 64 // (2 * step)  # yet a new key every step positions a rank consumed
+        tracks = cur.progress_key(step)[2][0][2]  # the lead's (epoch, job epoch, progress) per track
+        for k, track in enumerate(tracks):
+            keys[k].add(track)
+    assert [t.low for t in cur.datasets[0].tracks] == lows  # held back by the holes all along
+    assert all(len(k) >= 64 // (2 * step) for k in keys)  # yet each rank's progress moved every step
 
 
 def test_epochs_past_the_plan_and_a_resume_at_its_end() -> None:

@@ -436,6 +436,12 @@ def test_a_plan_replaced_mid_stream_loses_none_of_the_opens_before_it(
         return advance(*args)
 
     async def body() -> None:
+        try:
+            await replaced()
+        finally:
+            gate.set()  # a failure above must not leave the worker thread at the gate
+
+    async def replaced() -> None:
         prefetcher.on_plan(plan)
         await until(lambda: m.rp.policy.view.state in ("presumed", "tracking"))
         if when == "between turns":

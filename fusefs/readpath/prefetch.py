@@ -469,6 +469,7 @@ class Prefetcher:
                 queued = ids[ids >= 0].tolist()
             self._opens = queued
         self._view_key = ()
+        self._presume_node = None  # an older plan's: a Presume for this one comes after this step
         self._follow = ins
         if not self._observing:
             self._build_cursor()
@@ -494,6 +495,7 @@ class Prefetcher:
                 self.cursor.presume(ins.presume, 0)
             self._prepare = True
         self._built_for = ins.plan
+        self._view_key = ()  # a deferred turn's view was the old cursor's
         self._opens_ready.set()  # let the worker publish the new cursor's first view
 
     def _presume(self, ins: Presume) -> None:
@@ -561,6 +563,7 @@ class Prefetcher:
         while True:
             await self._opens_ready.wait()
             self._opens_ready = trio.Event()
+            self._build_cursor()  # a plan whose worker turn ended without it (cancelled): never on a stale cursor
             cursor, plan, generation, batch = self.cursor, self._cursor_plan, self._cursor_generation, self._opens
             self._opens = []
             if cursor is None or plan is None:
