@@ -148,7 +148,7 @@ def test_a_mounts_status_has_exactly_the_documented_fields_and_the_metrics_mirro
             seen = [scrape(url)]
             while readers.thread.is_alive():
                 seen.append(scrape(url))
-                time.sleep(0.2)
+                time.sleep(0.02)  # the job reads for about a second: scrapes must catch it
             results = readers.result()
             print(f"job done at {time.monotonic() - t0:.1f}s")
             assert all(not r["bad"] for r in results), "a reader got bytes other than the source's"
