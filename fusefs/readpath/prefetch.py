@@ -468,7 +468,6 @@ class Prefetcher:
                 ids = _regid(queued_plan, self.policy.entry_gid)(np.asarray(queued, dtype=np.int64))
                 queued = ids[ids >= 0].tolist()
             self._opens = queued
-        self._view_key = ()
         self._presume_node = None  # an older plan's: a Presume for this one comes after this step
         self._follow = ins
         if not self._observing:
@@ -495,7 +494,7 @@ class Prefetcher:
                 self.cursor.presume(ins.presume, 0)
             self._prepare = True
         self._built_for = ins.plan
-        self._view_key = ()  # a deferred turn's view was the old cursor's
+        self._view_key = ()  # the old cursor's (a deferred turn's worker may have set it since)
         self._opens_ready.set()  # let the worker publish the new cursor's first view
 
     def _presume(self, ins: Presume) -> None:
