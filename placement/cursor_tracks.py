@@ -618,6 +618,9 @@ class CursorBase:
                 b.carried_tail = sum(t.seen.count(1) for t in tracks if t.job_epoch == newest and t.seen is not None)
             for i, g in enumerate(recent):
                 b.strays.append((g, b.opens - len(recent) + i))
+            # Also this cursor's own recent opens: a plan that replaces this one before it observed
+            # anything (two plans between two turns) carries them on, instead of nothing.
+            b.recent.extend(recent)
             if recent:
                 b.state = "detecting"
                 b.look_pending = True

@@ -903,3 +903,33 @@ def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found
     assert history[0]["opens"] - history[0]["hits"] <= found_at + 2 * b * 2, history
     assert all(history[e]["hits"] == history[e]["opens"] for e in (1, 2)), history
     assert cur.first_mismatch_open is None or cur.first_mismatch_open >= sanity
+
+
+def test_a_plan_replaced_before_it_observed_anything_carries_the_opens_on() -> None:
+    """Two plans replace each other before the cursor's next turn (seed discovery's plan, then the
+    seed written): the second cursor is built from the first, which never observed an open.  It
+    must carry the opens the first carried (they are the only evidence of where the readers are),
+    and relock on them before its first open, as a cursor built straight from the original does;
+    before, it carried nothing and waited two batches per local rank of opens to lock."""
+    n, b = 1100, 8
+    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(13))
+    training(loop, n, seed=31, epochs=range(2))
+    at = loop.breaks[1][0] + 300
+
+    def wrong() -> NodeCursor:
+        old = NodeCursor(plan(n, 31 + 5000, 2, 2, b, epochs=2), settings(b))
+        replay(old, loop.opens[:at])
+        assert old.state == "mismatch"
+        return old
+
+    direct = NodeCursor(plan(n, 31, 2, 2, b, epochs=2), settings(b), previous=wrong())
+    direct.prepare()
+    between = NodeCursor(plan(n, 31 + 7000, 2, 2, b, epochs=2), settings(b), previous=wrong())  # never a turn
+    twice = NodeCursor(plan(n, 31, 2, 2, b, epochs=2), settings(b), previous=between)
+    twice.prepare()
+    assert direct.state == twice.state == "tracking"
+    assert {r: (t.epoch, t.low) for r, t in twice.tracks.items()} == {
+        r: (t.epoch, t.low) for r, t in direct.tracks.items()
+    }
+    assert all(replay(twice, loop.opens[at:]))
+    assert twice.status()["opens"] == len(loop.opens) and twice.status()["plans"] == 3
