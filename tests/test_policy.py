@@ -59,7 +59,7 @@ from fusefs.readpath.contract import (
     UsePages,
     ViewPublished,
 )
-from fusefs.readpath.policy import PolicySettings, ReadPolicy, StagingMode, entries_due
+from fusefs.readpath.policy import VISIT, PolicySettings, ReaderAnswer, ReadPolicy, StagingMode, entries_due
 from fusefs.tiers import Budget
 from placement.cursor import CursorStatus
 from placement.plan import Plan
@@ -1017,10 +1017,14 @@ def test_a_run_of_readers_steps_in_one_call_decides_what_one_step_each_would(
     step is logged or validated) against ``handle`` of the same ``Opened``/``Released`` events one
     by one, from the same state: a pushed file (UsePages), one whose push the kernel refused
     (UseHeld), one still being fetched (its release cancels the stage), kept pages (reused), the
-    same file open twice at once, an unplanned entry.  The Place gids, the answers, the pages kept
-    after each release, the other instructions, the step count and the policy's books agree."""
+    same file open twice at once, an unplanned entry; then visits (an open and its release as one
+    op, ``VISIT``): of a file open elsewhere, of kept pages (twice: the direct path), of a
+    cancelled stage, of an unplanned entry, each against its Opened and Released one by one.  The
+    Place gids, the answers, the pages kept after each release, the other instructions, the step
+    count and the policy's books (the order of kept pages included) agree."""
     a, b, c, d, e = one_node[0].entry_of(np.arange(5)).tolist()
     ops = [a, b, c, e, e, 0, ~e, ~a, ~c, ~0, ~e, b, ~b, ~b, d, e, ~e]
+    ops += [d + VISIT, d + VISIT, a + VISIT, e + VISIT, c + VISIT, 0 + VISIT]
 
     def prepared() -> Setup:
         s = Setup(*one_node, threads=3)
@@ -1054,19 +1058,24 @@ def test_a_run_of_readers_steps_in_one_call_decides_what_one_step_each_would(
     other: list[Instruction] = []
     for op in ops:
         answer: object = None
-        for ins in one.do(Opened(op) if op >= 0 else Released(~op)):
+        entry = op - VISIT if op >= VISIT else op
+        for ins in one.do(Opened(entry) if op >= 0 else Released(~op)):
             if isinstance(ins, Place):
                 places.append(ins.gid)
             elif isinstance(ins, UsePages | UseHeld):
                 answer = ins
             else:
                 other.append(ins)
-        answers.append(answer if op >= 0 else one.policy.in_page_cache(~op))
+        if op >= VISIT:
+            other.extend(one.do(Released(entry)))
+            answers.append((answer, one.policy.in_page_cache(entry)))
+        else:
+            answers.append(answer if op >= 0 else one.policy.in_page_cache(~op))
 
     run = prepared()
     assert run.policy.lean()
     run_places: list[int] = []
-    run_answers: list[UsePages | UseHeld | bool | None] = []
+    run_answers: list[ReaderAnswer] = []
     run.policy.readers(ops, run_places, run_answers)
     run.policy.validate()
     assert (run_places, run_answers, run.policy.drain()) == (places, answers, other)

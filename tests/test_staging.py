@@ -17,7 +17,7 @@ from inprocess import CTX, Mount, assemble, drained, make_source, serve, settled
 
 from fusefs.fuse.front import FileInfo
 from fusefs.meta.ids import ROOT_INODE, entry_of, inode_of
-from fusefs.readpath.openfiles import OWN_OPEN
+from fusefs.readpath.openfiles import OWN_OPEN, VISIT_OPEN
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,8 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
     booking the same events one by one (``opened_natively``/``released_natively``, and
     ``OpenFiles.seen_natively`` for fh 0), one in runs (a pair in one run, an open left open across
     runs, a read-back open, by its thread id and as the front marked it, an inode outside the tree,
-    the same file open twice at once, a close of an open never seen): the policy's steps, its books,
+    the same file open twice at once, a close of an open never seen; visits, an open and its release
+    the front folded into one event, also of a file open across runs): the policy's steps, its books,
     the cursor's batch of opens, the counters, the handle table, the ``no_open`` handles and the
     marked pages come out the same.  ``lean``: no step is logged or validated, so the runs take the
     policy's one-call path (``ReadPolicy.readers``) and are compared with the one-by-one steps by
@@ -262,10 +263,19 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
                 await m.read_inode(inode)  # pages kept after a read: its next opens may be native
             await drained(m)
             a, b, c, d, e = inodes
+            unread = await m.lookup(sorted(source[1])[5])  # nothing kept: its open is answered None
             outside = inode_of(len(m.rp.snapshot.tree)) + 5
             runs = [
                 [(1, a, base + 1, CTX.pid), (1, b, base + 2, CTX.pid), (0, a, base + 1, 0), (1, c, base + 3, 4242)],
                 [(1, outside, base + 4, CTX.pid), (0, b, base + 2, 0), (0, c, base + 3, 0), (1, d, base + 5, CTX.pid)],
+                # visits (VISIT_OPEN: an open and its release folded by the front): kept pages, a file
+                # open elsewhere (d), a read back, an inode outside the tree
+                [
+                    (3, a, base + 8, CTX.pid),
+                    (3, d, base + 9, CTX.pid),
+                    (3, b, base + 10, 4242),
+                    (3, outside, base + 11, 1),
+                ],
                 # an open the front saw come from a thread of the daemon's own (opened 2, OWN_OPEN):
                 # a read back whose thread left ThroughMount.readers before trio booked it
                 [(0, outside, base + 4, 0), (1, a, base + 6, CTX.pid), (0, a, base + 6, 0), (2, e, base + 7, 777)],
@@ -273,6 +283,17 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
                 # no_open: fh 0, paired by inode; e open twice at once, across runs; c closed unseen
                 [(1, e, 0, CTX.pid), (1, a, 0, CTX.pid), (1, e, 0, CTX.pid), (0, a, 0, 0), (0, c, 0, 0)],
                 [(0, e, 0, 0), (1, outside, 0, CTX.pid), (1, b, 0, CTX.pid), (0, b, 0, 0), (1, b, 0, CTX.pid)],
+                # no_open visits: of e and b, each also open across runs (their handles answer), of a
+                # (none open), of c twice, of an inode outside the tree, of a file never read
+                [
+                    (3, e, 0, CTX.pid),
+                    (3, b, 0, CTX.pid),
+                    (3, a, 0, CTX.pid),
+                    (3, c, 0, 1),
+                    (3, c, 0, 1),
+                    (3, outside, 0, 1),
+                    (3, unread, 0, 1),
+                ],
                 [(0, e, 0, 0), (0, b, 0, 0), (0, outside, 0, 0), (1, d, 0, CTX.pid)],
             ]
             for run in runs:
@@ -281,6 +302,15 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
                     continue
                 for opened, inode, fh, pid in run:
                     entry = inode - ROOT_INODE
+                    if opened == VISIT_OPEN:  # its open, then its release
+                        if fh == 0:
+                            if 0 <= entry < len(m.rp.snapshot.tree):
+                                m.ops.open_files.seen_natively(True, entry)
+                                m.ops.open_files.seen_natively(False, entry)
+                        else:
+                            m.ops.opened_natively(inode, fh, pid)
+                            m.ops.released_natively(fh)
+                        continue
                     if fh == 0:
                         if 0 <= entry < len(m.rp.snapshot.tree):
                             m.ops.open_files.seen_natively(bool(opened), entry)
@@ -294,7 +324,7 @@ def test_a_run_of_native_events_booked_in_one_call_books_what_one_by_one_would(
     one_by_one, in_runs = ends
     assert one_by_one == in_runs
     steps, opens = one_by_one[0], one_by_one[1]  # type: ignore[index]
-    assert (
-        opens == 5 + 4 + 6
-    )  # 5 reads, then a, b, d, a again (not the read backs), then 6 seen (e twice, a, b twice, d)
+    # 5 reads, then a, b, d, a again (not the read backs), visits of a and d; then 6 seen (e twice,
+    # a, b twice, d) and 6 visits (e, b, a, c twice, the unread file)
+    assert opens == 5 + 4 + 2 + 6 + 6
     assert lean == (len(steps) == 0)

@@ -93,8 +93,11 @@ enum {
     OP_LISTXATTR, OP_REMOVEXATTR, OP_CREATE,
     EV_OPEN = 100, /* an OPEN answered natively: (inode, fh, own), pid */
     EV_RELEASE = 101, /* a RELEASE of a native handle answered natively: (inode, fh) */
+    EV_VISIT_REC = 103, /* drain()'s own: an EV_OPEN whose release fold() folded into it */
     EV_BATCH = 102, /* drain()'s record for a run of consecutive events: (EV_BATCH, 0, [opened, inode, fh, pid]*);
-                     * opened: 1 an open, 2 an open by one of the daemon's own threads (own_thread), 0 a release */
+                     * opened: 1 an open, 2 an open by one of the daemon's own threads (own_thread), 0 a release,
+                     * 3 a visit: an open and its release folded into one (see fold() below) */
+    EV_VISIT = 3, /* `opened` of a visit */
 };
 
 typedef struct {
@@ -122,7 +125,7 @@ static struct {
     atomic_uchar *pages; /* inode -> 1 when its pages are known pushed */
     uint64_t npages;
     atomic_uint_fast64_t next_fh;
-    atomic_uint_fast64_t native_opens, native_releases, native_ioctls, native_getattrs, forwarded, ring_full, batches;
+    atomic_uint_fast64_t native_opens, native_releases, native_ioctls, native_getattrs, forwarded, ring_full, batches, visits;
     int mounted;
     int no_open_asked; /* mount()'s no_open: watch() will arm it (INIT is answered accordingly) */
     pid_t self; /* this process (set by mount()): its own opens are read backs, never a reader's */
@@ -1079,6 +1082,34 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+/* A reader's open and its release, in one run of events with no other event on the same inode
+ * between them, become one record, a visit (EV_VISIT_REC at the open's place; the release is marked
+ * in `folded` and left out): half the records trio books per warm open, and a visit is booked as one
+ * step (OpenFiles.book_native, ReadPolicy.readers).  What moves is only the release, earlier past
+ * events of other files, whose booking does not depend on it (native_front.py says why).  Opens by
+ * the daemon's own threads (a[2]: read backs) are never folded.  The scan for an open's release
+ * stops at the first later event on its inode: a release is folded only into the open it closes
+ * (the same handle; with fh 0, fanotify's, the next event on that inode). */
+static void fold(rec_t *batch, size_t n, unsigned char *folded) {
+    memset(folded, 0, n);
+    for (size_t i = 0; i < n; i++) {
+        rec_t *o = &batch[i];
+        if (o->op != EV_OPEN || o->a[2])
+            continue;
+        for (size_t j = i + 1; j < n && batch[j].op >= EV_OPEN; j++) {
+            rec_t *r = &batch[j];
+            if (r->a[0] != o->a[0])
+                continue;
+            if (r->op == EV_RELEASE && r->a[1] == o->a[1]) {
+                o->op = EV_VISIT_REC;
+                folded[j] = 1;
+                atomic_fetch_add_explicit(&S.visits, 1, memory_order_relaxed);
+            }
+            break;
+        }
+    }
+}
+
 static PyObject *py_drain(PyObject *m, PyObject *arg) {
     (void)m;
     Py_ssize_t most = PyLong_AsSsize_t(arg);
@@ -1112,6 +1143,8 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
         atomic_fetch_add(&S.batches, 1);
     /* Each run of consecutive events becomes one record holding a flat list of ints: trio books a
      * run in one call without a tuple per event (the hot path: warm opens are nothing else). */
+    unsigned char folded[256]; /* a release folded into its open's visit (fold()): left out of the list */
+    fold(batch, n, folded);
     size_t nout = 0;
     for (size_t i = 0; i < n; i++)
         if (batch[i].op < EV_OPEN || i == 0 || batch[i - 1].op < EV_OPEN)
@@ -1124,10 +1157,15 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             size_t j = i;
             while (j < n && batch[j].op >= EV_OPEN)
                 j++;
-            PyObject *flat = out ? PyList_New((Py_ssize_t)(4 * (j - i))) : NULL;
-            for (size_t e = i; flat && e < j; e++) {
+            size_t kept = 0;
+            for (size_t e = i; e < j; e++)
+                kept += !folded[e];
+            PyObject *flat = out ? PyList_New((Py_ssize_t)(4 * kept)) : NULL;
+            for (size_t e = i, q = 0; flat && e < j; e++) {
                 rec_t *y = &batch[e];
-                long opened = y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1; /* 2: own_thread() */
+                if (folded[e])
+                    continue;
+                long opened = y->op == EV_VISIT_REC ? EV_VISIT : y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1; /* 2: own_thread() */
                 PyObject *v[4] = {PyLong_FromLong(opened), PyLong_FromUnsignedLongLong(y->a[0]),
                                   PyLong_FromUnsignedLongLong(y->a[1]), PyLong_FromUnsignedLong(y->pid)};
                 for (int f = 0; f < 4; f++) {
@@ -1137,8 +1175,9 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
                             Py_XDECREF(v[g]);
                         break;
                     }
-                    PyList_SET_ITEM(flat, (Py_ssize_t)(4 * (e - i) + f), v[f]);
+                    PyList_SET_ITEM(flat, (Py_ssize_t)(4 * q + f), v[f]);
                 }
+                q++;
             }
             PyObject *t = flat ? Py_BuildValue("(iiN)", EV_BATCH, 0, flat) : NULL;
             if (t != NULL)
@@ -1534,7 +1573,8 @@ static PyObject *py_watch(PyObject *m, PyObject *args) {
 static PyObject *py_stats(PyObject *m, PyObject *noargs) {
     (void)m, (void)noargs;
 #define U(x) (unsigned long long)atomic_load(&(x))
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsi}", "batches", U(S.batches), "native_opens", U(S.native_opens),
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "batches", U(S.batches), "visits", U(S.visits),
+                         "native_opens", U(S.native_opens),
                          "native_releases", U(S.native_releases), "native_ioctls", U(S.native_ioctls),
                          "native_getattrs", U(S.native_getattrs), "forwarded",
                          U(S.forwarded), "ring_full", U(S.ring_full), "observed_opens", U(F.opens),
@@ -1589,7 +1629,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     C(OP_MKDIR); C(OP_UNLINK); C(OP_RMDIR); C(OP_SYMLINK); C(OP_RENAME); C(OP_LINK); C(OP_OPEN);
     C(OP_READ); C(OP_WRITE); C(OP_RELEASE); C(OP_OPENDIR); C(OP_READDIR); C(OP_READDIRPLUS);
     C(OP_RELEASEDIR); C(OP_STATFS); C(OP_SETXATTR); C(OP_GETXATTR); C(OP_LISTXATTR);
-    C(OP_REMOVEXATTR); C(OP_CREATE); C(EV_OPEN); C(EV_RELEASE); C(EV_BATCH); C(NATIVE_FH_BASE);
+    C(OP_REMOVEXATTR); C(OP_CREATE); C(EV_OPEN); C(EV_RELEASE); C(EV_BATCH); C(EV_VISIT); C(NATIVE_FH_BASE);
     C(FUSE_SET_ATTR_SIZE); C(FUSE_SET_ATTR_MODE); C(FUSE_SET_ATTR_UID); C(FUSE_SET_ATTR_GID);
 #undef C
     return m;

@@ -45,6 +45,13 @@ class FrontStatus(TypedDict):
             "release events): records per batch = (forwarded + native_opens + native_releases) / batches"
         ),
     ]
+    visits: Annotated[
+        int,
+        counter(
+            "opens handed to the daemon together with their release, as one event (an open and its close with no "
+            "other event on the file between them, in one drain of the ring): booked as one step"
+        ),
+    ]
     ring_full: Annotated[
         int, counter("opens or releases forwarded instead of answered natively because the event ring was full")
     ]

@@ -23,7 +23,14 @@ with the daemon's bookkeeping (``SeerOperations.book_native``, the same counters
 cursor as a Python open of a pushed file) before a READ on it (pages dropped since) can run.  The
 extension hands each run of consecutive events over as one record (a flat list of ints), booked
 in one call: warm opens are nothing but events, and a tuple and a call per event cost more than
-the booking itself.
+the booking itself.  Within such a run the extension folds an open and its release into one
+*visit* when no other event on the same file lies between them (``fold()`` in ``_native.c``;
+status ``front.visits``), booked as one step (``ReadPolicy.readers``).  The release so moves earlier,
+past events of other files only; booking those never reads the moved file's state (an open or
+release of a file touches that file's pages, kept charge and handle, and sums the run only adds
+to), so each file's steps and every counter come out as before.  One thing is not the same: where
+the file lands in the order of kept pages (reclaimed oldest first) among files released in the
+same run, a few milliseconds apart.
 
 Concurrency rules (also CONCURRENCY.md; the C side's are at the top of ``_native.c``):
 * Only the trio thread drains the ring and replies to forwarded requests; each request is

@@ -205,6 +205,7 @@ class Pyfuse3Front(ThroughMount):
             "native_getattrs": 0,
             "forwarded": 0,
             "batches": 0,
+            "visits": 0,
             "ring_full": 0,
             "open_mode": "requests",
             "fanotify": "off",

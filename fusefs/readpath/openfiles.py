@@ -22,6 +22,7 @@ from fusefs.readpath.contract import UseHeld, UsePages
 from fusefs.readpath.counters import ReadCounters, Source
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer
 from fusefs.readpath.pfs import SourceFile, StaleFile
+from fusefs.readpath.policy import VISIT
 from fusefs.readpath.prefetch import Prefetcher
 from fusefs.readpath.revalidate import Revalidator
 
@@ -55,10 +56,15 @@ OWN_OPEN = 2
 read back, :meth:`Staging.read_back`): decided when the OPEN arrived, since by the time trio books
 the event the read back may be over and its thread no longer in ``ThroughMount.readers``."""
 
+VISIT_OPEN = 3
+"""book_native's ``opened`` for a visit: an open and its release folded into one by the front (no
+other event on the file between them; :data:`fusefs.readpath.policy.VISIT`)."""
+
 _PAIRED = -1  # book_native: an open released in the same run (no handle)
 _KEEP = -2  # a release whose pages the policy may keep (Staging.pages_kept)
 _DIRECT = -3  # a release of a handle opened with direct_io: its pages are not kept
 _UNSEEN = -4  # a no_open open whose handle is made and dropped within the run (none is made)
+_SEEN = -5  # a no_open release: nothing for the pages table (no OPEN arrives to ask it)
 
 
 class OpenFiles:
@@ -174,6 +180,22 @@ class OpenFiles:
         opens = 0
         for opened, inode, fh, pid in zip(events[0::4], events[1::4], events[2::4], events[3::4], strict=True):
             entry = inode - ROOT_INODE
+            if opened == VISIT_OPEN:  # an open and its release as one step: no handle either way
+                if not 0 <= entry < entries:
+                    continue
+                if fh == 0:
+                    seen = seen_of.get(entry)
+                    if seen is not None:  # also open across runs: its handle takes the open's answer
+                        opens += 1
+                        ops += (entry, ~entry)
+                        targets += (seen.handle, _SEEN)
+                        continue
+                elif staging.reads_back(pid):
+                    continue  # a read back opened and released: nothing to book
+                opens += 1
+                ops.append(entry + VISIT)
+                targets.append(_UNSEEN if fh == 0 else _PAIRED)
+                continue
             if fh == 0:  # no_open: seen through fanotify (never a handle of ours): what seen_natively does
                 if not 0 <= entry < entries:
                     continue
@@ -195,7 +217,7 @@ class OpenFiles:
                 elif seen is not None:  # a close of an open never seen (made before the mark): ignored
                     seen.count -= 1
                     ops.append(~entry)
-                    targets.append(_DIRECT if seen.handle.direct else _KEEP)
+                    targets.append(_SEEN)
                     if seen.count <= 0:
                         del seen_of[entry]
                         if seen.handle.source is not None:
@@ -203,7 +225,7 @@ class OpenFiles:
                         seen.handle.data = None
                 elif entry in unseen_count:  # its handle would have been made and dropped in this run
                     ops.append(~entry)
-                    targets.append(_KEEP)  # a new handle is never direct
+                    targets.append(_SEEN)
                     unseen_count[entry] -= 1
                     if unseen_count[entry] <= 0:
                         del unseen_count[entry], unseen_ops[entry]
@@ -249,6 +271,15 @@ class OpenFiles:
                 if answer is True and target == _KEEP:  # Staging.pages_kept, the policy asked already
                     staging.pages_kept(~op, cached=True)
                 continue
+            if isinstance(answer, tuple):  # a visit's (open's answer, kept after its release)
+                op -= VISIT
+                answer, kept_after = answer
+                if target == _PAIRED:  # a native open (counted as such) and its release's pages mark
+                    page_cache.files += 1
+                    page_cache.bytes += sizes.item(op)
+                    if kept_after:
+                        staging.pages_kept(op, cached=True)
+                    continue
             size: int = sizes.item(op)
             if target == _UNSEEN or isinstance(target, OpenFile):
                 # no_open, as seen_natively (a stall of 0 s changes no counter)
@@ -301,9 +332,7 @@ class OpenFiles:
         if seen is None:
             return
         seen.count -= 1
-        self.prefetcher.consumed(entry)
-        if not seen.handle.direct:
-            self.prefetcher.staging.pages_kept(entry)
+        self.prefetcher.consumed(entry)  # no pages_kept: in this mode no OPEN asks the pages table
         if seen.count <= 0:
             del self.seen[entry]
             if seen.handle.source is not None:

@@ -123,6 +123,15 @@ _STAGED: frozenset[PageState] = frozenset(("fetching", "pushing", "pushed", "hel
 FILL_RETRY_SECONDS = 1.0  # between passes over replicas whose owners could not serve them yet
 PAST_PLANS = 3  # followed plans whose owners :meth:`ReadPolicy.holders` remembers
 # Tier fills that may start per open this node serves while its readers read (see _pump_fill).
+VISIT = 1 << 40
+""":meth:`ReadPolicy.readers`' flag on an op: ``entry | VISIT`` is a *visit*, an open of ``entry`` and its
+release with no other op on ``entry`` between them (the native front folds such pairs): one step
+that does what the open and the release do one after the other.  Far above any entry."""
+
+ReaderAnswer = UsePages | UseHeld | bool | None | tuple[UsePages | UseHeld | None, bool]
+"""Per op of :meth:`ReadPolicy.readers`: an open's UsePages, UseHeld or None; a release's
+:meth:`ReadPolicy.in_page_cache` right after it; a visit's both, as a pair."""
+
 FILL_PER_OPEN = 0.5
 
 
@@ -663,7 +672,7 @@ class ReadPolicy:
 
     def _opened(self, ev: Opened) -> None:
         places: list[int] = []
-        staged: list[UsePages | UseHeld | bool | None] = []
+        staged: list[ReaderAnswer] = []
         self._reader_steps((ev.entry,), places, staged)
         if places:
             self._out.append(Place(places[0]))
@@ -704,33 +713,35 @@ class ReadPolicy:
         the next step to carry out, in its order)."""
         return self._log is None and not self.settings.validate and not self._out
 
-    def readers(self, ops: Sequence[int], places: list[int], staged: list[UsePages | UseHeld | bool | None]) -> None:
-        """A run of readers' opens (``entry``) and releases (``~entry``), in order: exactly what
-        :meth:`handle` of ``Opened``/``Released`` does for each (the same state changes, one step
-        each), without an event, an instruction list or a dispatch per step.  Only when
-        :meth:`lean`.  Appends each open's Place gid (planned opens only) to ``places`` and, per op,
-        its answer (an open's UsePages, UseHeld or None; a release's :meth:`in_page_cache` right
-        after it) to ``staged``.  Other instructions these steps decide (a release's CancelStage, an
-        open that caught the window's StageSlots) stay in the outbox: :meth:`drain` them after.
+    def readers(self, ops: Sequence[int], places: list[int], staged: list[ReaderAnswer]) -> None:
+        """A run of readers' opens (``entry``), releases (``~entry``) and visits (``entry | VISIT``),
+        in order: exactly what :meth:`handle` of ``Opened``/``Released`` does for each (the same
+        state changes, one step each, two for a visit), without an event, an instruction list or a
+        dispatch per step.  Only when :meth:`lean`.  Appends each open's Place gid (planned opens
+        only) to ``places`` and, per op, its :data:`ReaderAnswer` to ``staged``.  Other
+        instructions these steps decide (a release's CancelStage, an open that caught the window's
+        StageSlots) stay in the outbox: :meth:`drain` them after.
         Neither step ever decides a Fill or Stage (``followed`` unchanged), reserves bytes (no
         reclaim inside), or logs."""
         self._busy = True
         try:
-            self._reader_steps(ops, places, staged)
+            visits = self._reader_steps(ops, places, staged)
         finally:
             self._busy = False
             self.steps += len(ops)
+        self.steps += visits
 
-    def _reader_steps(
-        self, ops: Sequence[int], places: list[int], staged: list[UsePages | UseHeld | bool | None]
-    ) -> None:
+    def _reader_steps(self, ops: Sequence[int], places: list[int], staged: list[ReaderAnswer]) -> int:
         """The state changes of :meth:`readers` (and of one ``Opened`` step, :meth:`_opened`).
 
         An open counts for the fills' credit and the tick, marks the group rule used while no plan
         predicts, is placed for the cursor (or counted unplanned) and takes what is staged or kept
         for it; a release retires the file (:meth:`_retire`, rule 4: what its room allows starts at
-        the next view).  The run's invariants are read once: the plan's gids and the mode change
-        only on other events."""
+        the next view).  A visit is both; when its file's pages are kept and nothing else holds it
+        (the warm open), their net effect is done directly: the file moves to the end of ``kept``
+        (taken, then kept again at its release) and counts as reused.  The run's invariants are
+        read once: the plan's gids and the mode change only on other events.  Returns how many
+        visits there were (each is two steps)."""
         gids = self.entry_gid
         planned = gids.shape[0]
         unplaced = self._unplaced
@@ -741,15 +752,17 @@ class ReadPolicy:
         due = self.view.due
         take = self._take
         retire = self._retire
-        credit, cap = self._fill_credit, self._fill_credit_cap
-        opened = unplanned = 0
+        kept_unused = self._kept_unused
+        credit, cap = self._fill_credit, self._fill_credit_cap  # not read in the loop (see finally)
+        opened = unplanned = visits = reused = 0
         try:
             for op in ops:
                 if op >= 0:
+                    visit = op >= VISIT
+                    if visit:
+                        op -= VISIT
+                        visits += 1
                     opened += 1
-                    if credit == math.inf:
-                        credit = 0.0  # readers started: fills keep pace with them from now on
-                    credit = min(credit + FILL_PER_OPEN, cap)
                     gid: int = gids.item(op) if op < planned else -1
                     if gid < 0:
                         unplanned += 1
@@ -758,21 +771,37 @@ class ReadPolicy:
                         unplaced[op] = unplaced.get(op, 0) + 1
                         since_view.add(op)
                     p = pages.get(op)
+                    if visit and p is None and op in kept:  # _take, then _retire: their net effect
+                        kept[op] = kept.pop(op)
+                        kept_unused.discard(op)
+                        reused += 1
+                        staged.append((UsePages(op), True))
+                        continue
                     caught = (p is not None and p.state == "fetching") or (
                         p is None and predicting and op in due and op not in kept
                     )
-                    staged.append(take(op))
+                    answer = take(op)
                     if caught:
                         self._caught()
+                    if visit:
+                        retire(op)
+                        staged.append((answer, op in kept))
+                    else:
+                        staged.append(answer)
                 else:
                     retire(~op)
                     staged.append(~op in kept)  # in_page_cache: retire() took it out of self.pages
         finally:
-            self._fill_credit = credit
+            if opened:  # each open adds FILL_PER_OPEN up to the cap (in one sum: the same, exactly)
+                if credit == math.inf:
+                    credit = 0.0  # readers started: fills keep pace with them from now on
+                self._fill_credit = min(credit + FILL_PER_OPEN * opened, cap)
+            self.reused += reused
             self._opens_since_tick += opened
             self.unplanned_opens += unplanned
             if opened and self.group_owner is not None and self.mode != "predicting":
                 self.ruled = True
+        return visits
 
     def _take(self, entry: int) -> UsePages | UseHeld | None:
         """What an open of ``entry`` can use: staged pages or bytes, or pages kept from an earlier read."""

@@ -108,7 +108,7 @@ from fusefs.readpath.contract import (
 from fusefs.readpath.counters import ReadCounters
 from fusefs.readpath.fetcher import Fetcher, NotFromPeer, Sources
 from fusefs.readpath.hooks import ReadPathHooks
-from fusefs.readpath.policy import Holder, Mode, ReadPolicy, entries_due
+from fusefs.readpath.policy import VISIT, Holder, Mode, ReaderAnswer, ReadPolicy, entries_due
 from fusefs.readpath.staging import Staging, StagingStatus
 from fusefs.tiers import Tier
 from placement.cursor import CursorSettings, CursorStatus, NodeCursor
@@ -120,11 +120,13 @@ log = logging.getLogger(__name__)
 
 VIEW_INTERVAL = 0.01  # seconds between the cursor loop's turns while it settles: at most 100/s
 STEADY_INTERVAL = 0.03
-"""Seconds between turns after one that found every open predicted on a carried view while tracking.
-Each turn costs the trio thread a few hundred microseconds whatever it carries (the cursor's status,
-the view's publication, the pump): at 100 turns a second that was 3% of a core on every node.  A
-break in the pattern shows as an unpredicted open at the next turn, from which turns are
-``VIEW_INTERVAL`` apart again: it is seen at most 20 ms later than before."""
+"""Seconds between turns after one that found every open predicted on a carried view while tracking,
+or a mismatch that stayed one.  Each turn costs the trio thread a few hundred microseconds whatever
+it carries (the cursor's status, the view's publication, the pump): at 100 turns a second that was
+3% of a core on every node, and in a mismatch (readers in an order no plan predicts, e.g. no seed
+written) about 1 us per warm open.  A break in the pattern shows as an unpredicted open at the next
+turn, from which turns are ``VIEW_INTERVAL`` apart again, and a relock out of a mismatch at the
+next turn: either is seen at most 20 ms later than before."""
 TICK_INTERVAL = 0.5  # seconds between retries of what waits for room freed outside the policy
 LANE_INTERVAL = 5.0
 """Seconds between the lane loop's looks when nothing woke it.  A view that changed plan, state, node
@@ -372,10 +374,11 @@ class Prefetcher:
         answer = self._handle(Opened(entry))
         return answer if isinstance(answer, _STAGED) else None
 
-    def book(self, ops: list[int]) -> list[UsePages | UseHeld | bool | None]:
-        """A run of readers' opens (``entry``) and releases (``~entry``), in order: for each, what
+    def book(self, ops: list[int]) -> list[ReaderAnswer]:
+        """A run of readers' opens (``entry``), releases (``~entry``) and visits (``entry | VISIT``:
+        an open and its release, :data:`~fusefs.readpath.policy.VISIT`), in order: for each, what
         :meth:`opened` answers, or for a release, after :meth:`consumed`, whether the policy keeps
-        its pages (``in_page_cache``, as :meth:`Staging.pages_kept` asks).  Where the policy logs
+        its pages (``in_page_cache``, as :meth:`Staging.pages_kept` asks); a visit's both.  Where the policy logs
         and validates nothing, the steps run as one call (:meth:`ReadPolicy.readers`): the open
         hook sees the run's opens first, in order, the Place decisions join the cursor's batch in
         order, the cursor loop is woken once, and what else the steps decided is carried out after
@@ -384,10 +387,14 @@ class Prefetcher:
         CancelStage calls back into the policy; and the hook only observes (seed discovery records
         the opens), never reading or calling the read path."""
         policy = self.policy
-        out: list[UsePages | UseHeld | bool | None] = []
+        out: list[ReaderAnswer] = []
         if not policy.lean():
             for op in ops:
-                if op >= 0:
+                if op >= VISIT:
+                    answer = self.opened(op - VISIT)
+                    self.consumed(op - VISIT)
+                    out.append((answer, policy.in_page_cache(op - VISIT)))
+                elif op >= 0:
                     out.append(self.opened(op))
                 else:
                     self.consumed(~op)
@@ -397,7 +404,7 @@ class Prefetcher:
         if on_open is not None:
             for op in ops:
                 if op >= 0:
-                    on_open(op)
+                    on_open(op - VISIT if op >= VISIT else op)
         places: list[int] = []
         policy.readers(ops, places, out)
         for ins in policy.drain():
@@ -405,7 +412,7 @@ class Prefetcher:
         if places:
             self._opens.extend(places)
             self._opens_ready.set()
-        elif self.cursor is not None and min(ops, default=0) < 0:  # a release wakes the cursor loop
+        elif self.cursor is not None and ops and (min(ops) < 0 or max(ops) >= VISIT):  # a release wakes the cursor loop
             self._opens_ready.set()
         return out
 
@@ -607,6 +614,7 @@ class Prefetcher:
             if self.hooks.on_view is not None and self.policy.view is view:
                 self.hooks.on_view(view)
             # Let opens gather: placing is cheap, a turn is not (longer while nothing changes).
+            steady = steady or (view.state == previous.state == "mismatch" and not view.fresh)
             await trio.sleep(STEADY_INTERVAL if steady else VIEW_INTERVAL)
 
     def _advance(self, cursor: NodeCursor, plan: Plan, gids: list[int], predicted: int, prepare: bool) -> CursorView:

@@ -592,10 +592,12 @@ def measure(config: str, data: Dataset, work: Path, a: argparse.Namespace) -> Co
                 f"{(native + front['forwarded']) / opened:.2f} requests: {native / opened:.2f} answered in C "
                 f"({front['native_getattrs'] / opened:.2f} of them GETATTR), "
                 f"{front['forwarded'] / opened:.2f} forwarded to Python; "
-                f"{records / max(front['batches'], 1):.1f} ring records per batch drained",
+                f"{records / max(front['batches'], 1):.1f} ring records per batch drained, "
+                f"{front['visits'] / opened:.2f} of the opens booked with their release as one visit",
                 f"opens seen through fanotify {front['observed_opens']} of {opened}, "
                 f"the daemon's own dropped {front['own_opens_dropped']}",
-                f"mode {doc['prefetch']['mode']}",
+                f"mode {doc['prefetch']['mode']}, cursor "
+                + (f"{cur['state']} ({cur['plans']} plans)" if (cur := doc["prefetch"]["cursor"]) else "none"),
                 "warm opens from " + " ".join(f"{k}:{v}" for k, v in by.items()) + f" of {opened}",
                 f"warm READ requests {reads}",
                 f"uncached opens {st['uncached_opens']}, invalidations {st['invalidations']}",
