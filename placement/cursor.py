@@ -74,6 +74,7 @@ points above, which use all three.
 from __future__ import annotations
 
 import bisect
+import itertools
 from typing import Any
 
 from placement.cursor_fit import FALSE_LOCK, Anchor, Fit, PassIndex, fit_strays, log_chance
@@ -198,12 +199,82 @@ class NodeCursor(CursorHorizon, CursorLocking):
         quick, and a thread hop per batch of opens would cost the daemon's FUSE thread more.
         """
         predicted = 0
-        for i, gid in enumerate(gids):
-            hit = self._observe(gid, slow_ok=False)
+        i, n = 0, len(gids)
+        while i < n:
+            strays = self._strays(gids, i, slow_ok=False)
+            if strays:
+                i += strays
+                continue
+            hit = self._observe(gids[i], slow_ok=False)
             if hit is None:
                 return i, predicted
             predicted += hit
-        return len(gids), predicted
+            i += 1
+        return n, predicted
+
+    def observe_all(self, gids: list[int]) -> int:
+        """:meth:`observe` of each of ``gids``, in order; returns how many were predicted."""
+        predicted = 0
+        i, n = 0, len(gids)
+        while i < n:
+            strays = self._strays(gids, i, slow_ok=True)
+            if strays:
+                i += strays
+                continue
+            predicted += bool(self._observe(gids[i], slow_ok=True))
+            i += 1
+        return predicted
+
+    def _strays(self, gids: list[int], start: int, slow_ok: bool) -> int:
+        """The opens from ``gids[start]`` on that :meth:`_observe` would record as strays of a
+        dataset in a mismatch, recorded at once; returns how many (0: none, or the first is not one).
+
+        A mismatch (readers in an order no plan predicts, e.g. no seed written) makes every open a
+        stray, tested once a batch: one by one that was most of the trio thread's cost of a warm
+        open.  The same state changes in bulk, up to the first open of another dataset (or none of
+        the plan's) and the first at which a test is due, which is left to :meth:`_observe` (the
+        quick path hands it to the slow one; the slow one records it, then tests).  ``slow_ok``:
+        which of the two this stands in for (the quick one asks before recording an open, the
+        slow one after, so a batch ends one open apart).  ``tests/test_cursor.py`` compares the
+        two ways."""
+        d = self.last_d
+        if d is None:
+            return 0
+        dc = self.datasets[d]
+        if dc.state != "mismatch" or dc.look_pending:
+            return 0
+        lo, hi = dc.offset, dc.offset + dc.n
+        end, n = start, len(gids)
+        while end < n and lo <= gids[end] < hi:
+            end += 1
+        run = end - start
+        if run == 0:
+            return 0
+        # The test _observe would ask for before open k of the run (slow: after recording it).  In a
+        # mismatch it can be due only where a batch ends, so only k = 0 (its other effect, a reset
+        # of the schedule, holds from the first k where it holds at all) and every batch-th k after.
+        batch = max(1, self.shape.batch_size)
+        first = -(dc.opens + 1 + slow_ok) % batch
+        k = 0
+        while k < run:
+            if self._look_due(dc, int(not slow_ok), k + slow_ok):
+                run = k
+                break
+            k = first if k < first else k + batch
+        if run == 0:
+            return 0
+        local = [g - lo for g in gids[start : start + run]]
+        first = dc.opens + 1
+        self.opens += run
+        self.plan_opens += run
+        dc.opens += run
+        dc.plan_opens += run
+        dc.recent.extend(local)
+        dc.judged.extend(itertools.repeat(False, run))
+        self._count_epochs(self._lead_epoch, run, 0)
+        dc.strays.extend(zip(local, range(first, first + run), strict=True))
+        dc.stray_seen += run
+        return run
 
     def _observe(self, gid: int, slow_ok: bool) -> bool | None:
         """observe(); None, with nothing recorded, when that is not quick and ``slow_ok`` is False."""

@@ -111,23 +111,24 @@ class CursorLocking(CursorBase):
 
     # ---- searching -----------------------------------------------------------------------
 
-    def _look_due(self, dc: DatasetCursor, coming: int) -> bool:
+    def _look_due(self, dc: DatasetCursor, coming: int, ahead: int = 0) -> bool:
         """Whether the evidence should be tested now (``coming``: the open being placed, 1 when it
-        is not recorded yet).
+        is not recorded yet; ``ahead``: strays not recorded yet before it, as the bulk path of a
+        mismatch asks, :meth:`NodeCursor._strays`).
 
         Tests are spaced geometrically in the evidence seen (each one spends part of the false-lock
         budget, see :meth:`DatasetCursor.multiplicity`), and in a mismatch once a batch (costs).
         """
         if dc.look_pending:
             return True
-        count = dc.evidence_count() + coming
-        size = min(dc.evidence_size() + coming, dc.strays.maxlen or 0)
+        count = dc.evidence_count() + coming + ahead
+        size = min(dc.evidence_size() + coming + ahead, dc.strays.maxlen or 0)
         if size < dc.looked_size // 2:  # old strays expired: a new run of them, test it soon
             dc.next_look = 0
         if count < dc.next_look or not dc.lockable(size):
             return False
         if dc.state == "mismatch":
-            return (dc.opens + 1) % max(1, self.shape.batch_size) == 0
+            return (dc.opens + ahead + 1) % max(1, self.shape.batch_size) == 0
         return True
 
     def _look(self, dc: DatasetCursor) -> None:

@@ -738,6 +738,12 @@ class CursorBase:
         row[0] += 1
         row[1] += hit
 
+    def _count_epochs(self, epoch: int | None, opens: int, hits: int) -> None:
+        """:meth:`_count_epoch` of ``opens`` opens at once, ``hits`` of them predicted."""
+        row = self._unplaced if epoch is None else self.history.setdefault(epoch, [0, 0])
+        row[0] += opens
+        row[1] += hits
+
     def _settle_unplaced(self) -> None:
         """Opens seen before the lead's epoch was known belong to the epoch it locked on."""
         for dc in self.datasets:

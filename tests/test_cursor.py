@@ -933,3 +933,64 @@ def test_a_plan_replaced_before_it_observed_anything_carries_the_opens_on() -> N
     }
     assert all(replay(twice, loop.opens[at:]))
     assert twice.status()["opens"] == len(loop.opens) and twice.status()["plans"] == 3
+
+
+def _cursor_books(c: NodeCursor) -> object:
+    """Everything observing changes in a cursor, for comparing two that saw the same opens."""
+    return (
+        (c.opens, c.hits, c.plan_opens, c.plan_hits, c.state, c.epoch, c.segment, c.last_d, c.first_mismatch_open),
+        (sorted(c.history.items()), list(c._unplaced)),
+        [
+            (
+                (dc.state, dc.opens, dc.hits, dc.plan_opens, dc.plan_hits, dc.stray_seen, dc.look_pending),
+                (dc.next_look, dc.looks, dc.looked_size, dc.explained_at, dc.mismatch_reason),
+                (list(dc.recent), list(dc.judged), list(dc.strays)),
+                [(t.rank, t.job_epoch, t.low, t.high) for t in dc.tracks],
+            )
+            for dc in c.datasets
+        ],
+    )
+
+
+@pytest.mark.parametrize("rng_seed", [3, 4])
+def test_strays_of_a_mismatch_are_recorded_in_bulk_as_one_by_one(rng_seed: int) -> None:
+    """In a mismatch every open is a stray, tested once a batch; the cursor records runs of them at
+    once (``observe_while_quick`` and ``observe_all``, the daemon's quick and slow paths).  Against
+    the same cursor recording each open one by one, fed the same chunks the same way: the opens
+    each path took, the predictions, and every counter, buffer, test schedule, state and track come
+    out the same, through a mismatch (a wrong seed, a validation set interleaved, opens outside the
+    plan) and a relock out of it (the plan's own order from a mid-epoch resume), so each test ran
+    at the same open."""
+    n, n_val, b = 600, 60, 8
+    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(rng_seed))
+    for e in range(2):
+        training(loop, n, seed=77, epochs=range(e, e + 1))
+        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    opens = list(loop.opens)
+    rng = random.Random(rng_seed)
+    for _ in range(20):  # opens of no file of the plan, anywhere
+        opens.insert(rng.randrange(len(opens)), n + n_val + rng.randrange(50))
+    right = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(rng_seed))
+    training(right, n, seed=1234, epochs=range(1, 3), first=40)
+    opens += right.opens  # the plan's order: the cursor relocks out of the mismatch
+
+    def fed(bulk: bool) -> tuple[list[tuple[int, int, int]], object]:
+        cur = NodeCursor(plan(n, 1234, 2, 2, b, epochs=3, n_val=n_val), settings(b))
+        if not bulk:
+            cur._strays = lambda *_a, **_k: 0  # type: ignore[method-assign]
+        chunks = random.Random(rng_seed)
+        taken: list[tuple[int, int, int]] = []
+        i = 0
+        while i < len(opens):
+            chunk = opens[i : i + chunks.randrange(1, 300)]
+            quick, predicted = cur.observe_while_quick(chunk)
+            taken.append((quick, predicted, cur.observe_all(chunk[quick:])))
+            i += len(chunk)
+        return taken, _cursor_books(cur)
+
+    bulk, one_by_one = fed(True), fed(False)
+    states = [dc[0][0] for dc in one_by_one[1][2]]  # type: ignore[index]
+    assert states[0] == "tracking", states
+    assert one_by_one[1][0][8] is not None  # type: ignore[index]  # (first_mismatch_open: there was one)
+    assert bulk == one_by_one
+    assert sum(t[0] for t in bulk[0]) > len(opens) // 2  # most opens were quick (not all handed on)

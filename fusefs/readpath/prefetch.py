@@ -621,10 +621,13 @@ class Prefetcher:
         """Worker thread: a new cursor's preparation, the opens left, then the view the trio side asks for."""
         if prepare:
             cursor.prepare()  # relock on the opens a replaced plan's cursor saw; build the maps needed next
-        for gid in gids:
+        if not log.isEnabledFor(logging.DEBUG):  # at once (runs of strays in bulk): the same as one by one
+            predicted += cursor.observe_all(gids)
+            gids = []
+        for gid in gids:  # one by one, to log each unpredicted open
             if cursor.observe(gid):
                 predicted += 1
-            elif log.isEnabledFor(logging.DEBUG):
+            else:
                 log.debug(
                     "unpredicted open: gid %d (%s, epoch %d, positions %s)",
                     gid,
