@@ -166,7 +166,9 @@ class OpenFiles:
         counters = self.counters
         sizes = self.tree.size
         seen_of = self.seen
-        closing = {fh for opened, fh in zip(events[0::4], events[2::4], strict=True) if not opened}
+        fhs = events[2::4]
+        # handles released in this run (no_open: none, every fh is 0)
+        closing = {fh for opened, fh in zip(events[0::4], fhs, strict=True) if not opened} if any(fhs) else set()
         paired: dict[int, int] = {}  # fh -> entry: opened in this run, released later in it
         # no_open: files with no handle before this run, opened in it: how many opens are not closed
         # yet, and those opens' positions in ops.  A handle is made only for those still open after
@@ -279,6 +281,10 @@ class OpenFiles:
                     page_cache.bytes += sizes.item(op)
                     if kept_after:
                         staging.pages_kept(op, cached=True)
+                    continue
+                if isinstance(answer, UsePages):  # no_open, pages the kernel holds (the warm open)
+                    page_cache.files += 1
+                    page_cache.bytes += sizes.item(op)
                     continue
             size: int = sizes.item(op)
             if target == _UNSEEN or isinstance(target, OpenFile):

@@ -771,12 +771,14 @@ class ReadPolicy:
                         unplaced[op] = unplaced.get(op, 0) + 1
                         since_view.add(op)
                     p = pages.get(op)
-                    if visit and p is None and op in kept:  # _take, then _retire: their net effect
-                        kept[op] = kept.pop(op)
-                        kept_unused.discard(op)
-                        reused += 1
-                        staged.append((UsePages(op), True))
-                        continue
+                    if visit and p is None:
+                        charge = kept.pop(op, None)
+                        if charge is not None:  # kept pages: _take, then _retire, their net effect
+                            kept[op] = charge
+                            kept_unused.discard(op)
+                            reused += 1
+                            staged.append((UsePages(op), True))
+                            continue
                     caught = (p is not None and p.state == "fetching") or (
                         p is None and predicting and op in due and op not in kept
                     )
