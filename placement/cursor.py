@@ -43,6 +43,8 @@ API (what the daemon calls):
 * ``observe_while_quick(gids) -> (observed, predicted)``: the same for as long as each open is
   quick (microseconds: placing with built maps); leaves the rest -- tests of strays, a dataset's
   first open, a permutation for a new epoch -- to the caller's worker thread (``observe``).
+* ``observe_all(gids) -> predicted``: ``observe`` of each, in order (the worker thread's batch).
+  Both record a run of strays of a dataset in a mismatch at once, up to the next test.
 * ``upcoming_gids(limit) -> (epochs, gids)`` arrays, and ``upcoming(limit) -> [(epoch, gid)]``:
   what this node opens next, local ranks interleaved batch by batch, across datasets: a pass under
   way first, training in order, a validation pass where one is due (after an epoch, or every N
@@ -263,6 +265,12 @@ class NodeCursor(CursorHorizon, CursorLocking):
             k = first if k < first else k + batch
         if run == 0:
             return 0
+        # One by one, each open where enough strays came in asked lockable() of its size, which
+        # remembers its answer for the last size asked (the state it reads is the same all run):
+        # ask it of the last one's, so that what it remembers is the same.
+        last = run - 1 + slow_ok
+        if dc.stray_seen + last + int(not slow_ok) >= dc.next_look:
+            dc.lockable(min(len(dc.strays) + last + int(not slow_ok), dc.strays.maxlen or 0))
         local = [g - lo for g in gids[start : start + run]]
         first = dc.opens + 1
         self.opens += run

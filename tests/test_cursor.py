@@ -944,6 +944,7 @@ def _cursor_books(c: NodeCursor) -> object:
             (
                 (dc.state, dc.opens, dc.hits, dc.plan_opens, dc.plan_hits, dc.stray_seen, dc.look_pending),
                 (dc.next_look, dc.looks, dc.looked_size, dc.explained_at, dc.mismatch_reason),
+                (dc._lockable_key, dc._lockable),
                 (list(dc.recent), list(dc.judged), list(dc.strays)),
                 [(t.rank, t.job_epoch, t.low, t.high) for t in dc.tracks],
             )

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -149,6 +150,46 @@ def _expected_front() -> str:
     """The front a plain mount serves through here: SEERFS_TEST_FRONT (tools/run-tests' second pass),
     else the default, native where the extension was built."""
     return os.environ.get(FRONT_ENV) or ("native" if _native_built() else "pyfuse3")
+
+
+@pytest.mark.mount
+def test_native_opens_are_booked_within_moments_without_a_request_to_wake_the_daemon(tmp_path: Path) -> None:
+    """Open and release events do not wake a busy daemon (one wake per drain, not per open); its
+    own timer brings it back to book them.  Warm opens answered in C, then nothing through FUSE:
+    the metrics endpoint (TCP, not a FUSE request, so nothing else wakes the ring's drain) shows
+    every open booked within seconds, served from the page cache.  Without the timer the events
+    after the first drain stay in the ring until the next request."""
+    if _expected_front() != "native":
+        pytest.skip("the native front is not in use (not built, or the pyfuse3 pass)")
+    src = tmp_path / "src"
+    digests, _total = make_source(src, 60, 0, mean_size=20000)
+    rels = sorted(digests)
+    with mounted(
+        src, tmp_path / "mnt", "-o", "metrics.enabled=true,metrics.port=0", cache_dir=tmp_path / "cache"
+    ) as mnt:
+        for rel in rels:
+            (mnt / rel).read_bytes()
+        url = status(mnt)["metrics"]["url"]
+        before = status(mnt)  # the last FUSE request: the release events after it wake nobody
+
+        def booked() -> float:
+            with urllib.request.urlopen(url, timeout=30) as res:
+                text = res.read().decode()
+            return sum(
+                float(line.split()[-1]) for line in text.splitlines() if line.startswith("seerfs_reads_opens_total")
+            )
+
+        for rel in rels:
+            (mnt / rel).read_bytes()
+        wait_for(
+            lambda: booked() >= before["reads"]["opens"] + len(rels), 10, "the warm opens booked, nothing else asked"
+        )
+        after = status(mnt)
+    assert after["front"]["native_opens"] - before["front"]["native_opens"] == len(rels)
+    page_cache = (
+        after["reads"]["by_source"]["page_cache"]["files"] - before["reads"]["by_source"]["page_cache"]["files"]
+    )
+    assert page_cache == len(rels)
 
 
 @pytest.mark.mount

@@ -85,6 +85,7 @@
 #include <unistd.h>
 
 #define NTHREADS 2
+#define DRAIN_MAX 1024 /* records one drain() takes at most */
 #define FAN_GATHER_NS 2000000 /* the fanotify thread's wait between a wake and its read (no_open) */
 #define NATIVE_FH_BASE (UINT64_C(1) << 62) /* native handles: far above Python's counter */
 
@@ -999,15 +1000,17 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     S.timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     S.poll_fd = epoll_create1(EPOLL_CLOEXEC);
     S.timer_armed = 0;
-    if (!S.pages || !S.ring || S.wake_fd < 0 || S.timer_fd < 0 || S.poll_fd < 0)
+    if (!S.pages || !S.ring)
         goto fail;
     struct epoll_event ev = {.events = EPOLLIN};
     ev.data.fd = S.wake_fd;
-    if (epoll_ctl(S.poll_fd, EPOLL_CTL_ADD, S.wake_fd, &ev) < 0)
-        goto fail;
+    int ok = S.wake_fd >= 0 && S.timer_fd >= 0 && S.poll_fd >= 0 &&
+             epoll_ctl(S.poll_fd, EPOLL_CTL_ADD, S.wake_fd, &ev) == 0;
     ev.data.fd = S.timer_fd;
-    if (epoll_ctl(S.poll_fd, EPOLL_CTL_ADD, S.timer_fd, &ev) < 0)
-        goto fail;
+    if (!ok || epoll_ctl(S.poll_fd, EPOLL_CTL_ADD, S.timer_fd, &ev) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError); /* EMFILE, ENFILE: the fds trio is woken through */
+        goto fail_set;
+    }
     S.se = fuse_session_new(&fargs, &OPS, sizeof OPS, NULL);
     if (S.se == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "fuse_session_new failed (bad mount options?)");
@@ -1150,10 +1153,10 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
         r = read(S.timer_fd, &v, sizeof v);
         (void)r;
     }
-    rec_t batch[256];
+    static rec_t batch[DRAIN_MAX]; /* static: only the trio thread drains (one caller at a time) */
     size_t n = 0;
-    if (most > 256 || most <= 0)
-        most = 256;
+    if (most > DRAIN_MAX || most <= 0)
+        most = DRAIN_MAX;
     pthread_mutex_lock(&S.lock);
     S.wake_pending = 0;
     while (S.count && n < (size_t)most) {
@@ -1178,7 +1181,7 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     }
     /* Each run of consecutive events becomes one record holding a flat list of ints: trio books a
      * run in one call without a tuple per event (the hot path: warm opens are nothing else). */
-    unsigned char folded[256]; /* a release folded into its open's visit (fold()): left out of the list */
+    static unsigned char folded[DRAIN_MAX]; /* a release folded into its open's visit (fold()): left out of the list */
     fold(batch, n, folded);
     size_t nout = 0;
     for (size_t i = 0; i < n; i++)

@@ -28,9 +28,11 @@ the booking itself.  Within such a run the extension folds an open and its relea
 status ``front.visits``), booked as one step (``ReadPolicy.readers``).  The release so moves earlier,
 past events of other files only; booking those never reads the moved file's state (an open or
 release of a file touches that file's pages, kept charge and handle, and sums the run only adds
-to), so each file's steps and every counter come out as before.  One thing is not the same: where
+to), so each file's steps and every counter come out as before.  Two things are not the same: where
 the file lands in the order of kept pages (reclaimed oldest first) among files released in the
-same run, a few milliseconds apart.
+same run, a few milliseconds apart; and a moved release's CancelStage (a file still being staged)
+is carried out before, not after, what later opens of the run decided (StageSlots), which are
+independent of it.
 
 Concurrency rules (also CONCURRENCY.md; the C side's are at the top of ``_native.c``):
 * Only the trio thread drains the ring and replies to forwarded requests; each request is
@@ -72,13 +74,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_BATCH = 256
-EVENT_DELAY = 0.004
+_BATCH = 1024  # records per drain at most (the extension's DRAIN_MAX)
+EVENT_DELAY = 0.008
 """Seconds trio waits, after a drain that found records, before draining again without a wake: open
 and release events do not wake it while it is busy (``_native.c``, the ring), so a burst of cached
 opens costs one wake per this interval, not one per open; they are booked at most this late.  4 ms
 rather than 1: about 60 records per drain instead of 30 at 11k opens/s, and 8 us less daemon CPU per
-warm open (ARCHITECTURE.md, section 7); still well inside the cursor loop's 10-30 ms turn."""
+warm open; 8 ms rather than 4 (with drains of up to 1,024 records, :data:`_BATCH`): about 1 us less
+on the trio thread per warm open at 20k opens/s, each drain's own cost spread over twice the opens
+(ARCHITECTURE.md, section 7); still inside the cursor loop's 10-30 ms turn."""
 
 
 class _Fields:
