@@ -229,6 +229,8 @@ class NativeFront(ThroughMount):
                             await self._room.wait()
                         self._running += 1
                         nursery.start_soon(self._serve, handler, rec)
+                if self._ended:
+                    break  # END was the last record: nothing comes after it
                 if len(batch) < _BATCH:
                     # Events pushed from now on wake nobody (trio is not idle): come back for them
                     # after EVENT_DELAY (the extension's timer), or at once for a request.
