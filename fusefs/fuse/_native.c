@@ -29,10 +29,7 @@
  *     waits for its answer), or trio is idle (the last drain found nothing), or the ring is a
  *     quarter full.  An event pushed while trio is busy wakes nobody: trio, after a drain that
  *     found records, waits at most EVENT_DELAY (native_front.py) before draining again, so events
- *     are booked within that delay and one wake serves many opens.  That delay is a timerfd
- *     (wake_after()), and trio waits on one epoll fd holding both it and the eventfd (mount()
- *     returns it): a wait with a trio timeout instead cost a cancellation per drain, about a
- *     tenth of the trio thread's time at 20k warm opens/s.  Only trio touches the timer.  drain() reads the eventfd
+ *     are booked within that delay and one wake serves many opens.  drain() reads the eventfd
  *     before taking the mutex, and clears the pending flag and sets the idle flag under it, so
  *     trio never sleeps without a timeout on a non-empty ring.
  *   - Nothing is ever dropped: a forwarded request that finds the ring full waits on a condition
@@ -75,9 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/timerfd.h>
 #include <sys/fanotify.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -117,10 +112,7 @@ typedef struct {
 
 static struct {
     struct fuse_session *se;
-    int wake_fd; /* eventfd: the ring became non-empty (read by drain()) */
-    int timer_fd; /* timerfd: wake_after()'s delay ran out (read by drain()) */
-    int poll_fd; /* epoll of the two: what trio waits on (mount() returns it) */
-    int timer_armed; /* wake_after() armed timer_fd since the last drain() that found nothing (trio only) */
+    int wake_fd; /* eventfd: the ring became non-empty (read by trio) */
     int ended; /* the session ended (stop(), or the kernel): drain() then returns END once */
     pthread_t threads[NTHREADS];
     int nthreads;
@@ -141,8 +133,6 @@ static struct {
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER,
      .room = PTHREAD_COND_INITIALIZER,
      .wake_fd = -1,
-     .timer_fd = -1,
-     .poll_fd = -1,
      .consumer_idle = 1};
 
 /* no_open mode (mount()'s `no_open`, armed by watch()): OPEN is answered ENOSYS, so the kernel sets
@@ -234,15 +224,6 @@ static void attrs_release(void) {
 }
 
 /* ------------------------------------------------------------------ the ring */
-
-static void close_wake_fds(void) {
-    int *fds[] = {&S.poll_fd, &S.timer_fd, &S.wake_fd};
-    for (int i = 0; i < 3; i++) {
-        if (*fds[i] >= 0)
-            close(*fds[i]);
-        *fds[i] = -1;
-    }
-}
 
 static void wake(void) {
     uint64_t one = 1;
@@ -997,18 +978,10 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
     S.no_open_asked = no_open;
     S.self = getpid();
     S.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    S.timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    S.poll_fd = epoll_create1(EPOLL_CLOEXEC);
-    S.timer_armed = 0;
     if (!S.pages || !S.ring)
         goto fail;
-    struct epoll_event ev = {.events = EPOLLIN};
-    ev.data.fd = S.wake_fd;
-    int ok = S.wake_fd >= 0 && S.timer_fd >= 0 && S.poll_fd >= 0 &&
-             epoll_ctl(S.poll_fd, EPOLL_CTL_ADD, S.wake_fd, &ev) == 0;
-    ev.data.fd = S.timer_fd;
-    if (!ok || epoll_ctl(S.poll_fd, EPOLL_CTL_ADD, S.timer_fd, &ev) < 0) {
-        PyErr_SetFromErrno(PyExc_OSError); /* EMFILE, ENFILE: the fds trio is woken through */
+    if (S.wake_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError); /* EMFILE, ENFILE: the fd trio is woken through */
         goto fail_set;
     }
     S.se = fuse_session_new(&fargs, &OPS, sizeof OPS, NULL);
@@ -1025,7 +998,7 @@ static PyObject *py_mount(PyObject *m, PyObject *args) {
         goto fail_set;
     }
     S.mounted = 1;
-    return PyLong_FromLong(S.poll_fd);
+    return PyLong_FromLong(S.wake_fd);
 fail:
     PyErr_NoMemory();
 fail_set:
@@ -1033,7 +1006,9 @@ fail_set:
     S.pages = NULL;
     free(S.ring);
     S.ring = NULL;
-    close_wake_fds();
+    if (S.wake_fd >= 0)
+        close(S.wake_fd);
+    S.wake_fd = -1;
     return NULL;
 }
 
@@ -1101,7 +1076,8 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
     fuse_session_destroy(S.se);
     Py_END_ALLOW_THREADS S.se = NULL;
     S.mounted = 0;
-    close_wake_fds();
+    close(S.wake_fd);
+    S.wake_fd = -1;
     atomic_uchar *pages = S.pages;
     S.pages = NULL;
     S.npages = 0;
@@ -1149,10 +1125,6 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     uint64_t v;
     ssize_t r = read(S.wake_fd, &v, sizeof v); /* before looking: a push after this wakes us again */
     (void)r;
-    if (S.timer_armed) { /* its expiry (if any) is this drain's wake; disarmed below if idle */
-        r = read(S.timer_fd, &v, sizeof v);
-        (void)r;
-    }
     static rec_t batch[DRAIN_MAX]; /* static: only the trio thread drains (one caller at a time) */
     size_t n = 0;
     if (most > DRAIN_MAX || most <= 0)
@@ -1174,11 +1146,6 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     pthread_mutex_unlock(&S.lock);
     if (n)
         atomic_fetch_add(&S.batches, 1);
-    else if (S.timer_armed) { /* idle from now on: no timer wake, only a push's */
-        struct itimerspec off = {0};
-        timerfd_settime(S.timer_fd, 0, &off, NULL);
-        S.timer_armed = 0;
-    }
     /* Each run of consecutive events becomes one record holding a flat list of ints: trio books a
      * run in one call without a tuple per event (the hot path: warm opens are nothing else). */
     static unsigned char folded[DRAIN_MAX]; /* a release folded into its open's visit (fold()): left out of the list */
@@ -1249,25 +1216,6 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             return NULL;
         }
     return out;
-}
-
-/* wake_after(seconds): make the fd mount() returned readable after `seconds` (trio, after a drain
- * that found records: events pushed meanwhile wake nobody, see push()), unless a push wakes it first. */
-static PyObject *py_wake_after(PyObject *m, PyObject *arg) {
-    (void)m;
-    double sec = PyFloat_AsDouble(arg);
-    if (sec == -1.0 && PyErr_Occurred())
-        return NULL;
-    if (S.timer_fd < 0)
-        Py_RETURN_NONE;
-    struct itimerspec t = {0};
-    long long ns = sec > 0 ? (long long)(sec * 1e9) : 1;
-    t.it_value.tv_sec = (time_t)(ns / 1000000000);
-    t.it_value.tv_nsec = (long)(ns % 1000000000);
-    if (timerfd_settime(S.timer_fd, 0, &t, NULL) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    S.timer_armed = 1;
-    Py_RETURN_NONE;
 }
 
 static PyObject *py_reply_err(PyObject *m, PyObject *args) {
@@ -1642,12 +1590,11 @@ static PyObject *py_stats(PyObject *m, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096, no_open=False) -> wake fd: epoll of the ring's eventfd and wake_after()'s timer (not served yet)"},
+    {"mount", py_mount, METH_VARARGS, "mount(mountpoint, options, inodes, ring=4096, no_open=False) -> wake eventfd (not served yet)"},
     {"start", py_start, METH_NOARGS, "start the receive threads"},
     {"stop", py_stop, METH_NOARGS, "end the session from any thread: the receive threads stop, run() sees END"},
     {"unmount", py_unmount, METH_NOARGS, "join the threads, answer what is left, unmount, free"},
-    {"wake_after", py_wake_after, METH_O, "wake_after(seconds): the wake fd becomes readable after `seconds` unless a push makes it so first"},
-    {"drain", py_drain, METH_O, "drain(most) -> up to `most` ring records in order, each run of events as one EV_BATCH record (clears the wake fd first)"},
+    {"drain", py_drain, METH_O, "drain(most) -> up to `most` ring records in order, each run of events as one EV_BATCH record (reads the wake eventfd first)"},
     {"reply_err", py_reply_err, METH_VARARGS, "reply_err(req, errno); 0 is success without data"},
     {"reply_none", py_reply_none, METH_O, "reply_none(req)"},
     {"reply_entry", py_reply_entry, METH_VARARGS, "reply_entry(req, attrs)"},
