@@ -200,32 +200,28 @@ class NodeCursor(CursorHorizon, CursorLocking):
         the rest of ``gids``, to the caller's worker thread.  Placing with maps already built is
         quick, and a thread hop per batch of opens would cost the daemon's FUSE thread more.
         """
+        return self._observe_run(gids, slow_ok=False)
+
+    def observe_all(self, gids: list[int]) -> int:
+        """:meth:`observe` of each of ``gids``, in order; returns how many were predicted."""
+        return self._observe_run(gids, slow_ok=True)[1]
+
+    def _observe_run(self, gids: list[int], slow_ok: bool) -> tuple[int, int]:
+        """:meth:`_observe` of ``gids`` in order, runs of strays in bulk (:meth:`_strays`), until
+        one is not quick (only when not ``slow_ok``); returns (opens observed, of which predicted)."""
         predicted = 0
         i, n = 0, len(gids)
         while i < n:
-            strays = self._strays(gids, i, slow_ok=False)
+            strays = self._strays(gids, i, slow_ok)
             if strays:
                 i += strays
                 continue
-            hit = self._observe(gids[i], slow_ok=False)
+            hit = self._observe(gids[i], slow_ok)
             if hit is None:
                 return i, predicted
             predicted += hit
             i += 1
         return n, predicted
-
-    def observe_all(self, gids: list[int]) -> int:
-        """:meth:`observe` of each of ``gids``, in order; returns how many were predicted."""
-        predicted = 0
-        i, n = 0, len(gids)
-        while i < n:
-            strays = self._strays(gids, i, slow_ok=True)
-            if strays:
-                i += strays
-                continue
-            predicted += bool(self._observe(gids[i], slow_ok=True))
-            i += 1
-        return predicted
 
     def _strays(self, gids: list[int], start: int, slow_ok: bool) -> int:
         """The opens from ``gids[start]`` on that :meth:`_observe` would record as strays of a
@@ -256,10 +252,11 @@ class NodeCursor(CursorHorizon, CursorLocking):
         # mismatch it can be due only where a batch ends, so only k = 0 (its other effect, a reset
         # of the schedule, holds from the first k where it holds at all) and every batch-th k after.
         batch = max(1, self.shape.batch_size)
+        coming = int(not slow_ok)  # the open being placed, not recorded yet when the test is asked
         first = -(dc.opens + 1 + slow_ok) % batch
         k = 0
         while k < run:
-            if self._look_due(dc, int(not slow_ok), k + slow_ok):
+            if self._look_due(dc, coming, k + slow_ok):
                 run = k
                 break
             k = first if k < first else k + batch
@@ -269,10 +266,10 @@ class NodeCursor(CursorHorizon, CursorLocking):
         # remembers its answer for the last size asked (the state it reads is the same all run):
         # ask it of the last one's, so that what it remembers is the same.
         last = run - 1 + slow_ok
-        if dc.stray_seen + last + int(not slow_ok) >= dc.next_look:
-            dc.lockable(min(len(dc.strays) + last + int(not slow_ok), dc.strays.maxlen or 0))
+        if dc.stray_seen + last + coming >= dc.next_look:
+            dc.lockable(min(len(dc.strays) + last + coming, dc.strays.maxlen or 0))
         local = [g - lo for g in gids[start : start + run]]
-        first = dc.opens + 1
+        number = dc.opens + 1  # the dataset's open number of the run's first
         self.opens += run
         self.plan_opens += run
         dc.opens += run
@@ -280,7 +277,7 @@ class NodeCursor(CursorHorizon, CursorLocking):
         dc.recent.extend(local)
         dc.judged.extend(itertools.repeat(False, run))
         self._count_epochs(self._lead_epoch, run, 0)
-        dc.strays.extend(zip(local, range(first, first + run), strict=True))
+        dc.strays.extend(zip(local, range(number, number + run), strict=True))
         dc.stray_seen += run
         return run
 
@@ -323,7 +320,7 @@ class NodeCursor(CursorHorizon, CursorLocking):
             self.plan_hits += 1
             dc.hits += 1
             dc.plan_hits += 1
-        self._count_epoch(epoch, hit)
+        self._count_epochs(epoch, 1, hit)
         if hit and dc.state == "presumed":
             dc.provisional[epoch] = dc.provisional.get(epoch, 0) + 1
         if hit:

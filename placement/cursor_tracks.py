@@ -729,17 +729,9 @@ class CursorBase:
 
     # ---- counting ------------------------------------------------------------------------
 
-    def _count_epoch(self, epoch: int | None, hit: bool) -> None:
-        if epoch is None:
-            self._unplaced[0] += 1
-            self._unplaced[1] += hit
-            return
-        row = self.history.setdefault(epoch, [0, 0])
-        row[0] += 1
-        row[1] += hit
-
     def _count_epochs(self, epoch: int | None, opens: int, hits: int) -> None:
-        """:meth:`_count_epoch` of ``opens`` opens at once, ``hits`` of them predicted."""
+        """Count ``opens`` opens, ``hits`` of them predicted, in ``epoch``'s history (None: the
+        lead's epoch is not known yet, settled at its lock)."""
         row = self._unplaced if epoch is None else self.history.setdefault(epoch, [0, 0])
         row[0] += opens
         row[1] += hits
