@@ -60,6 +60,57 @@ FRONTS = [
 ]
 
 
+@pytest.mark.skipif(not _native_built(), reason="fusefs.fuse._native not built (libfuse3-dev)")
+def test_the_native_front_folds_an_open_and_its_release_into_a_visit_only_with_nothing_on_the_file_between() -> None:
+    """fold()'s rules, on what drain() would hand trio for these ring records: an open and the release
+    of the same handle become one visit at the open's place (pid the opener's) when no other event on
+    that inode lies between them, in one run of events; events of other files between do not stop it,
+    a second open of the file, the daemon's own open (a read back), a forwarded request (it ends the
+    run) or a release of another handle do.  Fails if fold() folds across any of those or misses one."""
+    from fusefs.fuse import _native
+
+    o, r, getattr_op = _native.EV_OPEN, _native.EV_RELEASE, _native.OP_GETATTR
+    v = _native.EV_VISIT
+    records = [
+        (o, 5, 50, 0, 100),  # visit: open and release of 5, with 6's open and 7's release between
+        (o, 6, 60, 0, 101),  # not folded: 6 opened again (handle 61) before its release
+        (r, 7, 70, 0, 0),  # a release whose open was in an earlier drain
+        (r, 5, 50, 0, 0),
+        (o, 6, 61, 0, 102),
+        (r, 6, 60, 0, 0),
+        (r, 6, 61, 0, 0),  # the scan for 6/61 stops at 6/60's release: left too
+        (o, 8, 80, 1, 103),  # a read back (own thread): never folded
+        (r, 8, 80, 0, 0),
+        (o, 9, 0, 0, 104),  # fanotify's (fh 0): a visit, twice in a row
+        (r, 9, 0, 0, 0),
+        (o, 9, 0, 0, 105),
+        (r, 9, 0, 0, 0),
+        (o, 10, 90, 0, 106),  # a forwarded request between: two runs, nothing folded
+        (getattr_op, 10, 0, 0, 0),
+        (r, 10, 90, 0, 0),
+        (o, 11, 91, 0, 107),  # a release of another handle of the file: not this open's
+        (r, 11, 92, 0, 0),
+    ]
+    runs = _native.fold_events(records)
+    assert runs[0][:2] == (_native.EV_BATCH, 0) and runs[1] == (getattr_op,) and runs[2][:2] == (_native.EV_BATCH, 0)
+    quads = [tuple(runs[0][2][i : i + 4]) for i in range(0, len(runs[0][2]), 4)]
+    assert quads == [
+        (v, 5, 50, 100),
+        (1, 6, 60, 101),
+        (0, 7, 70, 0),
+        (1, 6, 61, 102),
+        (0, 6, 60, 0),
+        (0, 6, 61, 0),
+        (2, 8, 80, 103),
+        (0, 8, 80, 0),
+        (v, 9, 0, 104),
+        (v, 9, 0, 105),
+        (1, 10, 90, 106),
+    ]
+    assert runs[2][2] == [0, 10, 90, 0, 1, 11, 91, 107, 0, 11, 92, 0]
+    assert len(runs) == 3
+
+
 @pytest.mark.mount
 @pytest.mark.parametrize("front", FRONTS)
 def test_each_front_keeps_the_same_contract_under_a_real_mount(mountpoint: Path, front: str) -> None:

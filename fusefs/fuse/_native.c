@@ -1095,7 +1095,8 @@ static PyObject *py_unmount(PyObject *m, PyObject *noargs) {
  * the daemon's own threads (a[2]: read backs) are never folded.  The scan for an open's release
  * stops at the first later event on its inode: a release is folded only into the open it closes
  * (the same handle; with fh 0, fanotify's, the next event on that inode). */
-static void fold(rec_t *batch, size_t n, unsigned char *folded) {
+static size_t fold(rec_t *batch, size_t n, unsigned char *folded) {
+    size_t visits = 0;
     memset(folded, 0, n);
     for (size_t i = 0; i < n; i++) {
         rec_t *o = &batch[i];
@@ -1108,11 +1109,40 @@ static void fold(rec_t *batch, size_t n, unsigned char *folded) {
             if (r->op == EV_RELEASE && r->a[1] == o->a[1]) {
                 o->op = EV_VISIT_REC;
                 folded[j] = 1;
-                atomic_fetch_add_explicit(&S.visits, 1, memory_order_relaxed);
+                visits++;
             }
             break;
         }
     }
+    return visits;
+}
+
+/* The run of events batch[i..j) after fold() as drain()'s record (EV_BATCH, 0, flat list), or NULL
+ * with an exception set. */
+static PyObject *event_run(const rec_t *batch, size_t i, size_t j, const unsigned char *folded) {
+    size_t kept = 0;
+    for (size_t e = i; e < j; e++)
+        kept += !folded[e];
+    PyObject *flat = PyList_New((Py_ssize_t)(4 * kept));
+    for (size_t e = i, q = 0; flat && e < j; e++) {
+        const rec_t *y = &batch[e];
+        if (folded[e])
+            continue;
+        long opened = y->op == EV_VISIT_REC ? EV_VISIT : y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1; /* 2: own_thread() */
+        PyObject *v[4] = {PyLong_FromLong(opened), PyLong_FromUnsignedLongLong(y->a[0]),
+                          PyLong_FromUnsignedLongLong(y->a[1]), PyLong_FromUnsignedLong(y->pid)};
+        for (int f = 0; f < 4; f++) {
+            if (v[f] == NULL) {
+                Py_CLEAR(flat);
+                for (int g = f + 1; g < 4; g++)
+                    Py_XDECREF(v[g]);
+                break;
+            }
+            PyList_SET_ITEM(flat, (Py_ssize_t)(4 * q + f), v[f]);
+        }
+        q++;
+    }
+    return flat ? Py_BuildValue("(iiN)", EV_BATCH, 0, flat) : NULL;
 }
 
 static PyObject *py_drain(PyObject *m, PyObject *arg) {
@@ -1149,7 +1179,7 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
     /* Each run of consecutive events becomes one record holding a flat list of ints: trio books a
      * run in one call without a tuple per event (the hot path: warm opens are nothing else). */
     static unsigned char folded[DRAIN_MAX]; /* a release folded into its open's visit (fold()): left out of the list */
-    fold(batch, n, folded);
+    atomic_fetch_add_explicit(&S.visits, fold(batch, n, folded), memory_order_relaxed);
     size_t nout = 0;
     for (size_t i = 0; i < n; i++)
         if (batch[i].op < EV_OPEN || i == 0 || batch[i - 1].op < EV_OPEN)
@@ -1162,29 +1192,7 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             size_t j = i;
             while (j < n && batch[j].op >= EV_OPEN)
                 j++;
-            size_t kept = 0;
-            for (size_t e = i; e < j; e++)
-                kept += !folded[e];
-            PyObject *flat = out ? PyList_New((Py_ssize_t)(4 * kept)) : NULL;
-            for (size_t e = i, q = 0; flat && e < j; e++) {
-                rec_t *y = &batch[e];
-                if (folded[e])
-                    continue;
-                long opened = y->op == EV_VISIT_REC ? EV_VISIT : y->op != EV_OPEN ? 0 : y->a[2] ? 2 : 1; /* 2: own_thread() */
-                PyObject *v[4] = {PyLong_FromLong(opened), PyLong_FromUnsignedLongLong(y->a[0]),
-                                  PyLong_FromUnsignedLongLong(y->a[1]), PyLong_FromUnsignedLong(y->pid)};
-                for (int f = 0; f < 4; f++) {
-                    if (v[f] == NULL) {
-                        Py_CLEAR(flat);
-                        for (int g = f + 1; g < 4; g++)
-                            Py_XDECREF(v[g]);
-                        break;
-                    }
-                    PyList_SET_ITEM(flat, (Py_ssize_t)(4 * q + f), v[f]);
-                }
-                q++;
-            }
-            PyObject *t = flat ? Py_BuildValue("(iiN)", EV_BATCH, 0, flat) : NULL;
+            PyObject *t = out ? event_run(batch, i, j, folded) : NULL;
             if (t != NULL)
                 PyList_SET_ITEM(out, (Py_ssize_t)k, t);
             k++; /* an event run lost to an allocation failure: out is dropped below */
@@ -1215,6 +1223,50 @@ static PyObject *py_drain(PyObject *m, PyObject *arg) {
             Py_DECREF(out);
             return NULL;
         }
+    return out;
+}
+
+/* fold_events(records) -> what drain() hands trio for `records`, a list of (op, inode, fh, own, pid):
+ * each run of events (op EV_OPEN or EV_RELEASE) folded and made into one EV_BATCH record, any other
+ * op (a forwarded request, which ends a run in the ring too) as (op,).  fold()'s rules, tested
+ * without a mount (tests/test_front.py); it touches no session state, so it is safe at any time. */
+static PyObject *py_fold_events(PyObject *m, PyObject *arg) {
+    (void)m;
+    PyObject *seq = PySequence_Fast(arg, "fold_events() takes a list of (op, inode, fh, own, pid)");
+    if (seq == NULL)
+        return NULL;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    rec_t *batch = calloc(n ? n : 1, sizeof *batch);
+    unsigned char *folded = malloc(n ? n : 1);
+    PyObject *out = NULL;
+    if (batch == NULL || folded == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned long long ino, fh, own;
+        unsigned int pid;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i), "iKKKI", &batch[i].op, &ino, &fh, &own, &pid))
+            goto done;
+        batch[i].a[0] = ino, batch[i].a[1] = fh, batch[i].a[2] = own, batch[i].pid = pid;
+    }
+    fold(batch, n, folded);
+    out = PyList_New(0);
+    for (size_t i = 0; out && i < n; i++) {
+        size_t j = i + 1;
+        if (batch[i].op >= EV_OPEN)
+            while (j < n && batch[j].op >= EV_OPEN)
+                j++;
+        PyObject *t = batch[i].op >= EV_OPEN ? event_run(batch, i, j, folded) : Py_BuildValue("(i)", batch[i].op);
+        if (t == NULL || PyList_Append(out, t) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(t);
+        i = j - 1;
+    }
+done:
+    free(batch);
+    free(folded);
+    Py_DECREF(seq);
     return out;
 }
 
@@ -1595,6 +1647,7 @@ static PyMethodDef methods[] = {
     {"stop", py_stop, METH_NOARGS, "end the session from any thread: the receive threads stop, run() sees END"},
     {"unmount", py_unmount, METH_NOARGS, "join the threads, answer what is left, unmount, free"},
     {"drain", py_drain, METH_O, "drain(most) -> up to `most` ring records in order, each run of events as one EV_BATCH record (reads the wake eventfd first)"},
+    {"fold_events", py_fold_events, METH_O, "fold_events(records) -> drain()'s records for (op, inode, fh, own, pid) tuples, runs of events folded (tests)"},
     {"reply_err", py_reply_err, METH_VARARGS, "reply_err(req, errno); 0 is success without data"},
     {"reply_none", py_reply_none, METH_O, "reply_none(req)"},
     {"reply_entry", py_reply_entry, METH_VARARGS, "reply_entry(req, attrs)"},

@@ -1,6 +1,7 @@
 """Types of the C extension ``fusefs/fuse/_native.c`` (the native front's binding)."""
 
 from collections.abc import Sequence
+from typing import Any
 
 Buffer = bytes | bytearray | memoryview
 
@@ -34,6 +35,7 @@ OP_CREATE: int
 EV_OPEN: int
 EV_RELEASE: int
 EV_BATCH: int
+EV_VISIT: int
 NATIVE_FH_BASE: int
 FUSE_SET_ATTR_SIZE: int
 FUSE_SET_ATTR_MODE: int
@@ -63,7 +65,8 @@ class DirBuffer:
 
 # A forwarded request: (op, req, a0..a7, s1, s2, uid, gid, pid, umask); a run of consecutive events:
 # (EV_BATCH, 0, [opened, inode, fh, pid, ...]) in ring order (opened: 1 for an OPEN, 2 for an OPEN by one of
-# the daemon's own threads, i.e. a read back through the mount, 0 for a RELEASE).  Typed as the first, which
+# the daemon's own threads, i.e. a read back through the mount, 0 for a RELEASE, 3 for a visit: an OPEN and
+# its RELEASE folded into one).  Typed as the first, which
 # is what the handlers index.
 Record = tuple[int, int, int, int, int, int, int, int, int, int, bytes, bytes, int, int, int, int]
 
@@ -73,6 +76,7 @@ def start() -> None: ...
 def stop() -> None: ...
 def unmount() -> None: ...
 def drain(most: int, /) -> list[Record]: ...
+def fold_events(records: Sequence[tuple[int, int, int, int, int]], /) -> list[tuple[Any, ...]]: ...
 def reply_err(req: int, err: int, /) -> None: ...
 def reply_none(req: int, /) -> None: ...
 def reply_entry(req: int, attrs: object, /) -> None: ...
