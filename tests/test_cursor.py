@@ -946,7 +946,10 @@ def _cursor_books(c: NodeCursor) -> object:
                 (dc.next_look, dc.looks, dc.looked_size, dc.explained_at, dc.mismatch_reason),
                 (dc._lockable_key, dc._lockable),
                 (list(dc.recent), list(dc.judged), list(dc.strays)),
-                [(t.rank, t.job_epoch, t.low, t.high) for t in dc.tracks],
+                [
+                    (t.rank, t.epoch, t.job_epoch, t.low, t.high, sorted(t.consumed), t.segment, t.seen)
+                    for t in dc.tracks
+                ],
             )
             for dc in c.datasets
         ],
@@ -995,3 +998,71 @@ def test_strays_of_a_mismatch_are_recorded_in_bulk_as_one_by_one(rng_seed: int) 
     assert one_by_one[1][0][8] is not None  # type: ignore[index]  # (first_mismatch_open: there was one)
     assert bulk == one_by_one
     assert sum(t[0] for t in bulk[0]) > len(opens) // 2  # most opens were quick (not all handed on)
+
+
+@pytest.mark.parametrize(
+    ("world", "node", "n", "every", "set_epoch", "rng_seed"),
+    [(2, 0, 601, 0, True, 5), (4, 1, 602, 10, True, 6), (2, 0, 600, 0, False, 7)],
+)
+def test_hits_of_a_followed_job_are_recorded_in_bulk_as_one_by_one(
+    world: int, node: int, n: int, every: int, set_epoch: bool, rng_seed: int
+) -> None:
+    """While a job is followed nearly every open is a plain hit; the cursor records runs of them at
+    once (``NodeCursor._hits``).  Against the same cursor placing each open one by one, fed the same
+    chunks the same way: after every chunk, the opens each path took, the predictions, and every
+    counter, buffer, state and track (each position consumed, the pass, its segment) are the same,
+    through epoch changes (ranks a pass apart), a validation set after every epoch or every
+    ``every`` steps (training resumed mid-pass), a loop without ``set_epoch`` and without
+    validation (the same order every epoch: ranks a job epoch apart on one map), files a padded
+    pass holds twice (``n`` not a multiple of ``world``), files opened twice within a pass, opens
+    outside the plan and a jump (a resume mid-epoch, relocked on)."""
+    n_val, b = 60, 8
+    loop = Loop(world=world, per_node=2, node=node, batch=b, rng=random.Random(rng_seed))
+    if every:
+        val_every_steps(loop, n, n_val, 1234, 3, every, "share")
+    elif set_epoch:
+        for e in range(3):
+            training(loop, n, seed=1234, epochs=range(e, e + 1))
+            validation(loop, n, n_val, f"validation after epoch {e}", e)
+    else:  # epochs back to back: at each end one rank starts the next while the other finishes, on one map
+        training(loop, n, seed=1234, epochs=range(3), set_epoch=False)
+    training(loop, n, seed=1234, epochs=range(1, 3), first=40, set_epoch=set_epoch)  # a jump back: a resume
+    opens = list(loop.opens)
+    rng = random.Random(rng_seed)
+    for _ in range(20):
+        at = rng.randrange(1, len(opens))
+        opens.insert(at, opens[at - rng.randrange(1, 4)])  # a file opened again just after
+        opens.insert(rng.randrange(len(opens)), n + n_val + rng.randrange(50))  # no file of the plan
+
+    def fed(bulk: bool) -> tuple[list[tuple[int, int, int, object]], object, int]:
+        cur = NodeCursor(plan(n, 1234, world, 2, b, epochs=3, n_val=n_val), settings(b))
+        in_bulk = 0
+        if bulk:
+            hits = cur._hits
+
+            def counted(gids: list[int], start: int) -> int:
+                nonlocal in_bulk
+                run = hits(gids, start)
+                in_bulk += run
+                return run
+
+            cur._hits = counted  # type: ignore[method-assign]
+        else:
+            cur._hits = lambda *_a, **_k: 0  # type: ignore[method-assign]
+        chunks = random.Random(rng_seed)
+        taken: list[tuple[int, int, int, object]] = []
+        i = 0
+        while i < len(opens):
+            chunk = opens[i : i + chunks.randrange(1, 300)]
+            quick, predicted = cur.observe_while_quick(chunk)
+            taken.append((quick, predicted, cur.observe_all(chunk[quick:]), _cursor_books(cur)))
+            i += len(chunk)
+        return taken, _cursor_books(cur), in_bulk
+
+    bulk, one_by_one = fed(True), fed(False)
+    assert bulk[:2] == one_by_one[:2]
+    books = one_by_one[1]
+    assert books[2][0][0][0] == "tracking"  # type: ignore[index]  # the training set, followed
+    assert books[0][1] > 0.9 * len(opens)  # type: ignore[index]  # followed: nearly every open a hit
+    assert bulk[2] > 0.8 * len(opens)  # most of them in bulk
+    assert len({t[0] for t in books[2][0][4]}) == 2  # type: ignore[index]  # both local ranks tracked
