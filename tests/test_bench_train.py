@@ -51,8 +51,12 @@ def test_small_run_counts_pfs_bytes_and_every_open_once(tmp_path: Path, capsys: 
     assert by["lower bound"]["pfs_bytes"] == 0
     assert by["direct"]["pfs_bytes"] == EPOCHS * total
     assert by["lower bound"]["fs_cpu"] is None and by["direct"]["fs_cpu"] is None  # no FUSE daemon of their own
+    assert by["lower bound"]["fs_us"] is None and by["direct"]["fs_us"] is None
     for config in ("seerfs", "seerfs+seed"):
         assert by[config]["fs_cpu"] > 0, config  # the daemon served every open: it took CPU
+        # Its CPU per file of the later epochs: some, and no more than the whole run's over those files.
+        later = (EPOCHS - 1) * (FILES + VAL)
+        assert 0 < by[config]["fs_us"] * later <= 1.05e6 * by[config]["fs_cpu_s"], config
         assert total <= by[config]["pfs_bytes"] <= 1.05 * total, config
         sources = by[config]["sources"]
         assert sum(sources.values()) == EPOCHS * (FILES + VAL), (config, sources)

@@ -23,7 +23,8 @@ FUSE and pyfuse3 alone cost the job spread over N daemons and page caches, the r
 It prints per-epoch and total times (total = setup + copy + epochs; setup is a rank's start, where
 rank 0 writes the seed for seerfs+seed, to its first epoch), each as a ratio to the lower bound, PFS bytes from the
 emulator's own counters as a multiple of the dataset, CPU use of the emulator, the readers and the FUSE
-daemons (seerfs's, all nodes together, or the other filesystem's: "fs CPU", a share of one core while the job ran), the
+daemons (seerfs's, all nodes together, or the other filesystem's: "fs CPU", a share of one core while the job ran;
+"fs us", the daemons' CPU per file read in the later epochs, in microseconds: what serving a local file costs), the
 share of CPU time the hypervisor stole during each configuration (a disturbed run shows here: rerun
 it), how long a first touch of fresh memory took just before it ("touch", see warm_memory), and
 whether each target holds.  Every parameter is printed with the results.
@@ -48,6 +49,7 @@ run's epochs move by a few percent from run to run, as much as a target's margin
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import mmap
@@ -57,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +117,7 @@ class Result:
     reader_cpu: float = 0.0  # readers' CPU (ranks + loader workers) per rank, share of wall time
     fs_cpu: float | None = None  # the FUSE daemons' CPU (all of them) while the readers ran, share of wall time
     fs_cpu_s: float | None = None  # the same in CPU seconds: what the daemons took from the job's cores
+    fs_us: float | None = None  # the daemons' CPU per file read in the later epochs, microseconds (fs_us_per_file)
     sources: dict[str, int] = field(default_factory=dict)  # seerfs: opens per place they were served from
     wait_s: list[float] = field(default_factory=list)  # per epoch, the longest any rank waited for batches
     hit_rate: float | None = None
@@ -162,6 +166,60 @@ def read_time_summary(results: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+class CpuSamples:
+    """The FUSE daemons' CPU seconds (all of them, /proc) every :data:`CPU_EVERY` seconds, with the
+    wall clock the readers stamp their epochs with, in a thread while the readers run."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self.taken: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-samples", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.taken.append((time.time(), sum(process_cpu(pid) for pid in self.pids)))
+            if self._stop.wait(CPU_EVERY):
+                self.taken.append((time.time(), sum(process_cpu(pid) for pid in self.pids)))
+                return
+
+    def __enter__(self) -> CpuSamples:
+        if self.pids:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.pids:
+            self._thread.join()
+
+
+CPU_EVERY = 0.05
+"""Seconds between :class:`CpuSamples` readings (/proc counts CPU in 10 ms ticks)."""
+
+
+def fs_us_per_file(taken: list[tuple[float, float]], results: list[dict[str, Any]]) -> float | None:
+    """The daemons' CPU per file read in the later epochs (epoch 1 on, every rank), microseconds:
+    what serving a file costs once it is local, without epoch 0's fetches and staging.  The CPU
+    between the first rank's start of epoch 1 and the last rank's end, interpolated between
+    samples; None with one epoch or too few samples."""
+    if len(taken) < 2 or any(len(r["epochs"]) < 2 for r in results):
+        return None
+    begin = min(r["epochs"][1]["start"] for r in results)
+    end = max(r["epochs"][-1]["start"] + r["epochs"][-1]["seconds"] for r in results)
+    files = sum(e.get("files", 0) for r in results for e in r["epochs"][1:])
+    times = [t for t, _ in taken]
+    if files == 0 or begin < times[0] or end > times[-1]:
+        return None
+
+    def at(when: float) -> float:
+        k = max(1, bisect.bisect_left(times, when))
+        (t0, c0), (t1, c1) = taken[k - 1], taken[k]
+        return c0 + (c1 - c0) * (when - t0) / max(t1 - t0, 1e-9)
+
+    return float(1e6 * (at(end) - at(begin)) / files)
+
+
 def timed_readers(
     config: str, root: Path | list[Path], job: Job, run_dir: Path, servers: Sequence[int] = (), **extra: Any
 ) -> Result:
@@ -169,7 +227,8 @@ def timed_readers(
     (``servers``: the pids of the FUSE daemons serving ROOT, whose CPU is taken around the run too)."""
     fs0 = sum(process_cpu(pid) for pid in servers)
     t = time.monotonic()
-    res = run_readers(root, job, None, run_dir)
+    with CpuSamples(servers) as samples:
+        res = run_readers(root, job, None, run_dir)
     wall = time.monotonic() - t
     fs_cpu_s = sum(process_cpu(pid) for pid in servers) - fs0 if servers else None
     fs_cpu = fs_cpu_s / max(wall, 1e-9) if fs_cpu_s is not None else None
@@ -181,6 +240,7 @@ def timed_readers(
         reader_cpu=reader_cpu(res, wall),
         fs_cpu=fs_cpu,
         fs_cpu_s=fs_cpu_s,
+        fs_us=fs_us_per_file(samples.taken, res) if servers else None,
         setup_s=setup,
         read_ms=read_time_summary(res),
         **extra,
@@ -520,6 +580,7 @@ def combined(runs: Sequence[Result]) -> Result:
 
     fs = [r.fs_cpu for r in runs if r.fs_cpu is not None]
     fs_s = [r.fs_cpu_s for r in runs if r.fs_cpu_s is not None]
+    fs_us = [r.fs_us for r in runs if r.fs_us is not None]
     rates = [r.hit_rate for r in runs if r.hit_rate is not None]
     return replace(
         last,
@@ -534,6 +595,7 @@ def combined(runs: Sequence[Result]) -> Result:
         reader_cpu=med([r.reader_cpu for r in runs]),
         fs_cpu=med(fs) if fs else None,
         fs_cpu_s=med(fs_s) if fs_s else None,
+        fs_us=med(fs_us) if fs_us else None,
         hit_rate=min(rates) if rates else None,
         rounds=[list(r.epoch_s) for r in runs],
         round_steal=[r.steal for r in runs],
@@ -650,7 +712,7 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
     w = max(14, *(len(r.config) for r in results))
     print(
         f"{'configuration':<{w}}  {'setup':>6}  {head}  {'total':>15}  {'PFS bytes':>9}  {'emu CPU':>7}  "
-        f"{'rdr CPU':>7}  {'fs CPU':>6}  {'steal':>5}  {'touch':>6}  notes"
+        f"{'rdr CPU':>7}  {'fs CPU':>6}  {'fs us':>5}  {'steal':>5}  {'touch':>6}  notes"
     )
     ref = lower or next((r for r in results if r.config == "direct"), None)  # --decode has no lower bound
     if lower is None and ref is not None:
@@ -665,9 +727,10 @@ def print_table(results: list[Result], total: int, a: argparse.Namespace, emu_pa
         if r.sources:
             notes += ", " + " ".join(f"{k}:{v}" for k, v in r.sources.items())
         fs = "-" if r.fs_cpu is None else f"{r.fs_cpu:.0%}"
+        fs_us = "-" if r.fs_us is None else f"{r.fs_us:.0f}"
         print(
             f"{r.config:<{w}}  {r.setup_s:5.2f}s  {cells}  {r.total_s:6.2f}s ({tot_ratio:4.2f}x)  "
-            f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {fs:>6}  {r.steal:5.1%}  "
+            f"{r.pfs_bytes / total:8.2f}x  {r.emu_cpu:6.0%}  {r.reader_cpu:6.0%}  {fs:>6}  {fs_us:>5}  {r.steal:5.1%}  "
             f"{r.touch_us:4.1f}us  {notes.strip(', ')}"
         )
     if lower is not None and lower.rounds:

@@ -303,7 +303,7 @@ def main() -> int:
         t0 = time.monotonic()
         if sampler is not None:
             sampler.set_epoch(epoch)
-        before, opened_before = len(read_times), len(opened_at)
+        before, opened_before, files_before = len(read_times), len(opened_at), result["samples"]
         parts.clear()
         if decode:
             model.train()
@@ -322,6 +322,7 @@ def main() -> int:
                 "seconds": time.monotonic() - t0,
                 "wait_s": waited,
                 "read_s": sum(read_times[before:]),
+                "files": result["samples"] - files_before,
                 # With time_reads: each file's open+read, in the order the rank consumed them.
                 **({"reads_s": [round(x, 6) for x in read_times[before:]]} if spec.get("time_reads") else {}),
                 # With time_reads: each file's path and when its open began (time.monotonic()).
