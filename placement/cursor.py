@@ -44,7 +44,8 @@ API (what the daemon calls):
   quick (microseconds: placing with built maps); leaves the rest -- tests of strays, a dataset's
   first open, a permutation for a new epoch -- to the caller's worker thread (``observe``).
 * ``observe_all(gids) -> predicted``: ``observe`` of each, in order (the worker thread's batch).
-  Both record a run of strays of a dataset in a mismatch at once, up to the next test.
+  Both record a run of strays of a dataset in a mismatch at once, up to the next test, and a run
+  of plain hits of a followed pass at once.
 * ``upcoming_gids(limit) -> (epochs, gids)`` arrays, and ``upcoming(limit) -> [(epoch, gid)]``:
   what this node opens next, local ranks interleaved batch by batch, across datasets: a pass under
   way first, training in order, a validation pass where one is due (after an epoch, or every N
