@@ -310,29 +310,47 @@ class NodeCursor(CursorHorizon, CursorLocking):
         first = tracks[0].index
         if first is None or first.shared or any(u.index is not first for u in tracks):
             return 0
-        lo, hi = dc.offset, dc.offset + dc.n
-        end, n = start, len(gids)
-        while end < n and lo <= gids[end] < hi:
-            end += 1
-        if end == start:
+        lo, size = dc.offset, dc.n
+        i = gids[start] - lo
+        if not 0 <= i < size:
             return 0
-        local = np.asarray(gids[start:end], dtype=np.int64) - lo
-        ranks: list[int] = first.rank_of[local].tolist()
-        positions: list[int] = first.pos_of[local].tolist()
-        repeated: list[bool] = first.repeated[local].tolist() if first.repeated is not None else []
+        # The first open looked up alone: where it is no plain hit (opens of two kinds taking
+        # turns), the run ends at once without a numpy call (microseconds, whatever its length).
+        t = dc.by_rank.get(first.rank_of.item(i))
+        pos = first.pos_of.item(i)
+        if t is None or (first.repeated is not None and first.repeated.item(i)) or pos in t.consumed:
+            return 0
+        if not t.low <= pos < t.high + self.settings.window:
+            return 0
         by_rank, window, segment = dc.by_rank, self.settings.window, self.segment
         own_epochs = d == self.lead and self._lead_epoch is not None  # counted in the reading rank's epoch
         counts: dict[int | None, int] = {}
-        run = 0
-        for k, pos in enumerate(positions):
-            t = by_rank.get(ranks[k])
-            if t is None or (repeated and repeated[k]) or not t.low <= pos < t.high + window or pos in t.consumed:
+        placed: list[int] = []
+        k, n, step = start, len(gids), 32
+        while k < n:  # in slices growing 4x: a run's cost stays linear in its length
+            local = np.asarray(gids[k : k + step], dtype=np.int64) - lo
+            inside = (local >= 0) & (local < size)
+            m = len(local) if inside.all() else int(inside.argmin())  # up to the first of another dataset
+            local = local[:m]
+            ranks: list[int] = first.rank_of[local].tolist()
+            positions: list[int] = first.pos_of[local].tolist()
+            repeated: list[bool] = first.repeated[local].tolist() if first.repeated is not None else []
+            took = 0
+            for j, pos in enumerate(positions):
+                t = by_rank.get(ranks[j])
+                if t is None or (repeated and repeated[j]) or not t.low <= pos < t.high + window or pos in t.consumed:
+                    break
+                t.consume(pos, window)
+                t.segment = segment
+                epoch = t.job_epoch if own_epochs else self._lead_epoch
+                counts[epoch] = counts.get(epoch, 0) + 1
+                took += 1
+            placed += local[:took].tolist()
+            if took < step:
                 break
-            t.consume(pos, window)
-            t.segment = segment
-            epoch = t.job_epoch if own_epochs else self._lead_epoch
-            counts[epoch] = counts.get(epoch, 0) + 1
-            run += 1
+            k += step
+            step *= 4
+        run = len(placed)
         if run == 0:
             return 0
         self.opens += run
@@ -343,7 +361,7 @@ class NodeCursor(CursorHorizon, CursorLocking):
         dc.plan_opens += run
         dc.hits += run
         dc.plan_hits += run
-        dc.recent.extend(local[:run].tolist())
+        dc.recent.extend(placed)
         dc.judged.extend(itertools.repeat(True, run))
         for epoch, count in counts.items():
             self._count_epochs(epoch, count, count)
