@@ -201,12 +201,14 @@ CPU_EVERY = 0.05
 def fs_us_per_file(taken: list[tuple[float, float]], results: list[dict[str, Any]]) -> float | None:
     """The daemons' CPU per file read in the later epochs (epoch 1 on, every rank), microseconds:
     what serving a file costs once it is local, without epoch 0's fetches and staging.  The CPU
-    between the first rank's start of epoch 1 and the last rank's end, interpolated between
-    samples; None with one epoch or too few samples."""
+    between the first rank's start of epoch 1 and the last rank's end (wall clock, as the readers
+    stamp them), interpolated between samples; None with one epoch or too few samples.  The ranks
+    step together (a barrier per batch), so what the window holds of another rank's epoch 0 is a
+    batch at most."""
     if len(taken) < 2 or any(len(r["epochs"]) < 2 for r in results):
         return None
     begin = min(r["epochs"][1]["start"] for r in results)
-    end = max(r["epochs"][-1]["start"] + r["epochs"][-1]["seconds"] for r in results)
+    end = max(r["epochs"][-1]["end"] for r in results)
     files = sum(e.get("files", 0) for r in results for e in r["epochs"][1:])
     times = [t for t, _ in taken]
     if files == 0 or begin < times[0] or end > times[-1]:

@@ -320,6 +320,7 @@ def main() -> int:
                 "epoch": epoch,
                 "start": started_at,
                 "seconds": time.monotonic() - t0,
+                "end": time.time(),  # wall clock, as start (a status read may lie between start and t0)
                 "wait_s": waited,
                 "read_s": sum(read_times[before:]),
                 "files": result["samples"] - files_before,
