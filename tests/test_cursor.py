@@ -1002,7 +1002,7 @@ def test_strays_of_a_mismatch_are_recorded_in_bulk_as_one_by_one(rng_seed: int) 
 
 @pytest.mark.parametrize(
     ("world", "node", "n", "every", "set_epoch", "rng_seed"),
-    [(2, 0, 601, 0, True, 5), (4, 1, 602, 10, True, 6), (2, 0, 600, 0, False, 7)],
+    [(2, 0, 601, 0, True, 5), (4, 1, 602, 10, True, 6), (2, 0, 600, 0, False, 7), (2, 0, 600, -1, False, 3)],
 )
 def test_hits_of_a_followed_job_are_recorded_in_bulk_as_one_by_one(
     world: int, node: int, n: int, every: int, set_epoch: bool, rng_seed: int
@@ -1013,19 +1013,23 @@ def test_hits_of_a_followed_job_are_recorded_in_bulk_as_one_by_one(
     counter, buffer, state and track (each position consumed, the pass, its segment) are the same,
     through epoch changes (ranks a pass apart), a validation set after every epoch or every
     ``every`` steps (training resumed mid-pass), a loop without ``set_epoch`` and without
-    validation (the same order every epoch: ranks a job epoch apart on one map), files a padded
+    validation (the same order every epoch: ranks a job epoch apart on one map, also as one
+    stream per rank, ``every`` -1, where they are a step apart across each end), files a padded
     pass holds twice (``n`` not a multiple of ``world``), files opened twice within a pass, opens
     outside the plan and a jump (a resume mid-epoch, relocked on)."""
     n_val, b = 60, 8
     loop = Loop(world=world, per_node=2, node=node, batch=b, rng=random.Random(rng_seed))
-    if every:
+    if every > 0:
         val_every_steps(loop, n, n_val, 1234, 3, every, "share")
     elif set_epoch:
         for e in range(3):
             training(loop, n, seed=1234, epochs=range(e, e + 1))
             validation(loop, n, n_val, f"validation after epoch {e}", e)
-    else:  # epochs back to back: at each end one rank starts the next while the other finishes, on one map
+    elif every == 0:  # epochs back to back: at each end one rank starts the next while the other finishes
         training(loop, n, seed=1234, epochs=range(3), set_epoch=False)
+    else:  # three epochs as one stream per rank: ranks a step apart across each end, on one map
+        rows = {r: torch_rank_order(n, world, r, 1234, None) * 3 for r in loop.ranks}
+        loop.stretch("three epochs, one loader", 0, 0, rows)
     training(loop, n, seed=1234, epochs=range(1, 3), first=40, set_epoch=set_epoch)  # a jump back: a resume
     opens = list(loop.opens)
     rng = random.Random(rng_seed)
