@@ -276,7 +276,7 @@ class DatasetCursor:
         self.recent: deque[int] = deque(maxlen=cap)  # every open, for a replacing plan to relock on
         self.judged: deque[bool] = deque(maxlen=max(8, settings.judge_opens))
         self.looks = 0  # hypothesis tests since the last lock
-        self._lockable_key: tuple[int, int, bool] | None = None
+        self._lockable_key: tuple[int, int, bool, int] | None = None
         self._lockable = False
         self.next_look = 0  # evidence count at which the next test runs (each one spends budget)
         self.looked_size = 0  # evidence held at the last test
@@ -384,10 +384,12 @@ class DatasetCursor:
     def lockable(self, strays: int) -> bool:
         """Whether ``strays`` opens could lock at all, fitting perfectly (else a test is wasted).
 
-        Asked at every open of a presumed dataset: remembered for the last (strays, looks, node)."""
+        Asked at every open of a presumed dataset: remembered for the last (strays, looks, node,
+        horizon), everything the answer depends on (the horizon grows with the epochs seen, and
+        with it the hypotheses a search may try)."""
         if strays < self.cur.settings.detect_opens:
             return False
-        key = (strays, self.looks, self.cur.node_confirmed)
+        key = (strays, self.looks, self.cur.node_confirmed, self.horizon())
         if key == self._lockable_key:
             return self._lockable
         self._lockable_key = key

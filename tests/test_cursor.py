@@ -935,6 +935,20 @@ def test_a_plan_replaced_before_it_observed_anything_carries_the_opens_on() -> N
     assert twice.status()["opens"] == len(loop.opens) and twice.status()["plans"] == 3
 
 
+def test_lockable_answers_anew_when_the_horizon_grows() -> None:
+    """Whether some strays could lock at all depends on how many hypotheses a search may try, which
+    grows with the epochs seen (the horizon); the answer is remembered, and must not be a stale
+    one after the horizon grew.  Fails if the memo's key leaves the horizon out."""
+    n, b = 600, 8
+    cur = NodeCursor(plan(n, 1234, 2, 2, b, epochs=3), settings(b))
+    dc = cur.datasets[0]
+    least = next(s for s in range(1, 10_000) if dc._can_lock(s))  # the fewest that could lock now
+    assert dc.lockable(least)
+    dc.finalists.append((0, 10**9))  # a search came close at a far epoch: the horizon reaches it
+    assert not dc._can_lock(least), "the test needs a horizon whose hypotheses need more strays"
+    assert dc.lockable(least) is False
+
+
 def _cursor_books(c: NodeCursor) -> object:
     """Everything observing changes in a cursor, for comparing two that saw the same opens."""
     return (
