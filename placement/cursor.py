@@ -279,12 +279,7 @@ class NodeCursor(CursorHorizon, CursorLocking):
             dc.lockable(min(len(dc.strays) + last + coming, dc.strays.maxlen or 0))
         local = [g - lo for g in gids[start : start + run]]
         number = dc.opens + 1  # the dataset's open number of the run's first
-        self.opens += run
-        self.plan_opens += run
-        dc.opens += run
-        dc.plan_opens += run
-        dc.recent.extend(local)
-        dc.judged.extend(itertools.repeat(False, run))
+        self._record_run(dc, local, hit=False)
         self._count_epochs(self._lead_epoch, run, 0)
         dc.strays.extend(zip(local, range(number, number + run), strict=True))
         dc.stray_seen += run
@@ -311,30 +306,30 @@ class NodeCursor(CursorHorizon, CursorLocking):
         if first is None or first.shared or any(u.index is not first for u in tracks):
             return 0
         lo, size = dc.offset, dc.n
-        i = gids[start] - lo
-        if not 0 <= i < size:
-            return 0
-        # The first open looked up alone: where it is no plain hit (opens of two kinds taking
-        # turns), the run ends at once without a numpy call (microseconds, whatever its length).
-        t = dc.by_rank.get(first.rank_of.item(i))
-        pos = first.pos_of.item(i)
-        if t is None or (first.repeated is not None and first.repeated.item(i)) or pos in t.consumed:
-            return 0
-        if not t.low <= pos < t.high + self.settings.window:
-            return 0
         by_rank, window, segment = dc.by_rank, self.settings.window, self.segment
         own_epochs = d == self.lead and self._lead_epoch is not None  # counted in the reading rank's epoch
         counts: dict[int | None, int] = {}
         placed: list[int] = []
-        k, n, step = start, len(gids), 32
-        while k < n:  # in slices growing 4x: a run's cost stays linear in its length
-            local = np.asarray(gids[k : k + step], dtype=np.int64) - lo
-            inside = (local >= 0) & (local < size)
-            m = len(local) if inside.all() else int(inside.argmin())  # up to the first of another dataset
-            local = local[:m]
-            ranks: list[int] = first.rank_of[local].tolist()
-            positions: list[int] = first.pos_of[local].tolist()
-            repeated: list[bool] = first.repeated[local].tolist() if first.repeated is not None else []
+        k, n, step = start, len(gids), 1
+        while k < n:  # the first open alone, then slices of 32 growing 4x: a run's cost stays linear
+            if step == 1:
+                # Without a numpy call (microseconds, whatever its length): where the first is no
+                # plain hit (opens of two kinds taking turns), the run ends at once.
+                i = gids[k] - lo
+                if not 0 <= i < size:
+                    break
+                local = [i]
+                ranks = [first.rank_of.item(i)]
+                positions = [first.pos_of.item(i)]
+                repeated = [first.repeated.item(i)] if first.repeated is not None else []
+            else:
+                arr = np.asarray(gids[k : k + step], dtype=np.int64) - lo
+                inside = (arr >= 0) & (arr < size)
+                arr = arr[: len(arr) if inside.all() else int(inside.argmin())]  # up to another dataset's
+                local = arr.tolist()
+                ranks = first.rank_of[arr].tolist()
+                positions = first.pos_of[arr].tolist()
+                repeated = first.repeated[arr].tolist() if first.repeated is not None else []
             took = 0
             for j, pos in enumerate(positions):
                 t = by_rank.get(ranks[j])
@@ -345,27 +340,33 @@ class NodeCursor(CursorHorizon, CursorLocking):
                 epoch = t.job_epoch if own_epochs else self._lead_epoch
                 counts[epoch] = counts.get(epoch, 0) + 1
                 took += 1
-            placed += local[:took].tolist()
+            placed += local[:took]
             if took < step:
                 break
             k += step
-            step *= 4
-        run = len(placed)
-        if run == 0:
+            step = 32 if step == 1 else 4 * step
+        if not placed:
             return 0
-        self.opens += run
-        self.plan_opens += run
-        self.hits += run
-        self.plan_hits += run
-        dc.opens += run
-        dc.plan_opens += run
-        dc.hits += run
-        dc.plan_hits += run
-        dc.recent.extend(placed)
-        dc.judged.extend(itertools.repeat(True, run))
+        self._record_run(dc, placed, hit=True)
         for epoch, count in counts.items():
             self._count_epochs(epoch, count, count)
-        return run
+        return len(placed)
+
+    def _record_run(self, dc: DatasetCursor, local: list[int], hit: bool) -> None:
+        """The counters and buffers a run of opens of ``dc`` (dataset-local ids), all hits or all
+        strays, changes as :meth:`_observe` of each would; their epochs are the caller's to count."""
+        run = len(local)
+        self.opens += run
+        self.plan_opens += run
+        dc.opens += run
+        dc.plan_opens += run
+        if hit:
+            self.hits += run
+            self.plan_hits += run
+            dc.hits += run
+            dc.plan_hits += run
+        dc.recent.extend(local)
+        dc.judged.extend(itertools.repeat(hit, run))
 
     def _observe(self, gid: int, slow_ok: bool) -> bool | None:
         """observe(); None, with nothing recorded, when that is not quick and ``slow_ok`` is False."""
