@@ -177,11 +177,12 @@ class CpuSamples:
         self._thread = threading.Thread(target=self._run, name="cpu-samples", daemon=True)
 
     def _run(self) -> None:
-        while True:
+        stopped = False
+        while True:  # a last reading after the stop: the window's end lies before it
             self.taken.append((time.time(), sum(process_cpu(pid) for pid in self.pids)))
-            if self._stop.wait(CPU_EVERY):
-                self.taken.append((time.time(), sum(process_cpu(pid) for pid in self.pids)))
+            if stopped:
                 return
+            stopped = self._stop.wait(CPU_EVERY)
 
     def __enter__(self) -> CpuSamples:
         if self.pids:
