@@ -578,6 +578,7 @@ class CursorBase:
         self.datasets = [DatasetCursor(self, d) for d in range(len(job.datasets))]
         self._ends = [d.offset + d.n for d in job.datasets]
         self._lead_epoch: int | None = None  # the lead's job epoch while it is placed, else None
+        self._replaying = False  # relocking on carried opens: passes found then teach no schedule
         if previous is not None:
             self._carry(previous, regid)
 
@@ -971,7 +972,15 @@ class CursorBase:
                 self._lead_epoch = self._epoch
 
     def _pass_started(self, dc: DatasetCursor) -> None:
-        if dc.d == self.lead:
+        """A pass of ``dc`` began: learn where the lead is then (when such passes come).
+
+        Not while relocking on carried opens (:meth:`NodeCursor.prepare`): they replay the past, and
+        the lead is already where its newest carried opens put it, not where it was when the pass
+        began.  A sanity check's pass, relocked after the training set's, was learned at training's
+        step 4 as "every 4 steps", and the horizon filled with validation passes (the rest of the
+        epoch went unstaged).  The replaced cursor learned those passes as they came; its schedule
+        is carried over."""
+        if dc.d == self.lead or self._replaying:
             return
         lead = self.datasets[self.lead]
         if lead.state not in ("tracking", "presumed") or not lead.tracks or all(t.high == 0 for t in lead.tracks):

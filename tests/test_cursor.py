@@ -905,6 +905,45 @@ def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found
     assert cur.first_mismatch_open is None or cur.first_mismatch_open >= sanity
 
 
+@pytest.mark.parametrize("job_seed", [7, 1234])
+@pytest.mark.parametrize("found_at", [40, 130, 300])
+def test_a_sanity_pass_relocked_from_carried_opens_teaches_no_schedule(found_at: int, job_seed: int) -> None:
+    """Lightning, nothing written, as above: the found seed's plan relocks on the carried opens, the
+    training set's first and then the sanity check's.  That relock replays the past: the sanity
+    pass began before any training open, not where training is when the relock reaches it.  Taken
+    as a pass begun there (step 4 at 40 training opens), it taught "validation every 4 steps" and
+    the horizon filled with validation passes: the rest of epoch 0 was never staged and its
+    readers waited on the PFS for each file (the Lightning client test's epoch-0 collapses).  The
+    horizon must hold the next training opens all through epoch 0, and the schedule stays the
+    one the first validation pass after an epoch teaches."""
+    n, n_val, b = 503, 125, 8
+    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(4))
+    validation(loop, n, n_val, "sanity check", 0, batches=2)
+    sanity = len(loop.opens)
+    for e in range(2):
+        training(loop, n, seed=job_seed, epochs=range(e, e + 1))
+        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    assumed = NodeCursor(plan(n, 0, 2, 2, b, epochs=2, n_val=n_val), settings(b))
+    at = sanity + found_at
+    replay(assumed, loop.opens[:at])
+    cur = NodeCursor(plan(n, job_seed, 2, 2, b, epochs=2, n_val=n_val), settings(b), previous=assumed)
+    cur.prepare()
+    assert cur.datasets[1].every_steps is None, cur.status()["datasets"][1]
+    end = loop.breaks[2][0]  # epoch 0's validation pass
+    checked = 0
+    for i in range(at, end):
+        cur.observe(loop.opens[i])
+        if i % 17 == 0 and i + 64 < end and cur.state == "tracking":
+            coming = set(loop.opens[i + 1 : i + 65])
+            ahead = set(cur.upcoming_gids(256)[1].tolist())
+            assert coming <= ahead, f"open {i}: {len(coming - ahead)} of the next 64 not in the horizon"
+            checked += 1
+    assert checked >= (end - at - 64) // 17 - 2, checked
+    replay(cur, loop.opens[end : loop.breaks[3][0]])
+    val = cur.status()["datasets"][1]
+    assert (val["every_steps"], val["every_epochs"]) == (None, 1), val
+
+
 def test_a_plan_replaced_before_it_observed_anything_carries_the_opens_on() -> None:
     """Two plans replace each other before the cursor's next turn (seed discovery's plan, then the
     seed written): the second cursor is built from the first, which never observed an open.  It
