@@ -288,7 +288,8 @@ def test_a_file_opened_before_its_bytes_came_is_not_pushed(one_node: tuple[Plan,
 
 
 def test_a_plan_change_while_a_stage_is_in_flight(one_node: tuple[Plan, npt.NDArray[np.int64]]) -> None:
-    """A new plan leaves stages in flight to finish; its first view retires what left the horizon
+    """A new plan leaves stages in flight to finish; a view the old plan's cursor computed meanwhile
+    only counts the opens it predicted; the new plan's first view retires what left the horizon
     (pushed pages are kept, reclaimable) and stages the new window.  A failed plan stages nothing
     more but keeps what was fetched: stages in flight end in kept pages an open is served from."""
     s = Setup(*one_node)
@@ -299,8 +300,11 @@ def test_a_plan_change_while_a_stage_is_in_flight(one_node: tuple[Plan, npt.NDAr
     assert isinstance(out[0], FollowPlan) and not any(isinstance(i, CancelStage) for i in out)
     assert s.do(StageFetched(a, b"a" * s.size(a))) == [Push(a, b"a" * s.size(a))]
     s.do(Pushed(a, ok=True))
-    stale = CursorView("tracking", 0, 0, entries_due([c]), (c,))
+    stale = CursorView("tracking", 0, 0, entries_due([c]), (c,), predicted=3)
+    before = s.policy.predicted_opens
     assert s.do(ViewPublished(stale, [], s.policy.generation - 1)) == []  # computed for the old plan
+    # ... which predicted its turn's opens as they came: counted, and nothing else of it followed
+    assert s.policy.predicted_opens == before + 3 and s.policy.view is not stale
     assert a in s.policy.pages
     out = s.view([b, c])
     assert a not in s.policy.pages and s.policy.kept == {a: s.size(a)}  # left the horizon: pages kept

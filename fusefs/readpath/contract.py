@@ -106,7 +106,8 @@ class Released:
 
 @dataclass(slots=True)
 class ViewPublished:
-    """The cursor placed a batch of opens (``placed``: their entries) and computed ``view``."""
+    """The cursor placed a batch of opens (``placed``: their entries) and computed ``view``.  One of
+    a plan replaced since (an older ``generation``) counts its predicted opens and nothing else."""
 
     view: CursorView
     placed: Sequence[int]

@@ -617,8 +617,12 @@ class ReadPolicy:
             self._out.append(Presume(node, self.generation))
 
     def _view_published(self, ev: ViewPublished) -> None:
+        # The opens of the turn were predicted (or not) when they came, by whichever plan's cursor
+        # placed them: counted even when that plan was replaced meanwhile (its turn's opens go to
+        # the new cursor as carried history, never observed again, so never counted twice).
+        self.predicted_opens += ev.view.predicted
         if ev.generation != self.generation:
-            return  # computed for a plan replaced meanwhile
+            return  # computed for a plan replaced meanwhile: nothing else of it is followed
         for entry in ev.placed:
             left = self._unplaced.get(entry, 0) - 1
             if left > 0:
@@ -626,7 +630,6 @@ class ReadPolicy:
             else:
                 self._unplaced.pop(entry, None)
         view = ev.view
-        self.predicted_opens += view.predicted
         previous, self.view = self.view, view
         if view.fresh:  # a recomputed horizon knows every open it was given; later ones it does not
             self._opened_since_view = set(self._unplaced)

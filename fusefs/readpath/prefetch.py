@@ -594,7 +594,9 @@ class Prefetcher:
                 finally:
                     self._observing = False
                 if self._follow is not None:
-                    self._build_cursor()  # carries this batch over; the view is of the replaced plan
+                    # The view is of the replaced plan: only its count of predicted opens is taken.
+                    self._handle(ViewPublished(view, [], generation))
+                    self._build_cursor()  # carries this batch over
                     continue
             placed = plan.entry_of(np.asarray(batch, dtype=np.int64)).tolist() if batch else []
             previous = self.policy.view
