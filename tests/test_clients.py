@@ -799,7 +799,9 @@ def test_lightning_sanity_check_nothing_written(
     opens before the lock (about 20 per rank) and a few first reads of a batch that a busy CPU
     delayed are slow.  Runs that waited on the PFS for about a hundred opens after the lock were the
     view held back by positions the relock never saw (the cursor's progress now counts consumed
-    positions, ``NodeCursor.progress_key``)."""
+    positions, ``NodeCursor.progress_key``), and later a validation schedule learned from the
+    sanity pass as the relock replayed it (it now learns none: test_cursor.py's
+    ``test_a_sanity_pass_relocked_from_carried_opens_teaches_no_schedule``)."""
     opts = seerfs_options(2, 3, val=True)
     run = run_client(
         tmp_path, source, "found", "lightning_loop.py", 2, ["--seed", "7", "--val", "epoch"], opts, seed=None

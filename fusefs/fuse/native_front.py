@@ -234,9 +234,9 @@ class NativeFront(ThroughMount):
                 if len(batch) < _BATCH:
                     # Events pushed from now on wake nobody (trio is not idle): come back for them
                     # after EVENT_DELAY, or at once for a request.  (A timerfd polled with the
-                    # eventfd instead of this timeout cost less CPU; it was withdrawn when Lightning's
-                    # sanity-pass test lost epoch 0's staging with it, which later runs showed
-                    # without it too: ARCHITECTURE.md, section 7.)
+                    # eventfd instead of this timeout cost less CPU; it was withdrawn over a
+                    # Lightning test's lost staging, whose cause was later found in the cursor:
+                    # ARCHITECTURE.md, section 7.)
                     with trio.move_on_after(EVENT_DELAY):
                         await trio.lowlevel.wait_readable(self._wake_fd)
                 else:
