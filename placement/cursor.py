@@ -164,11 +164,7 @@ class NodeCursor(CursorHorizon, CursorLocking):
         call it from a worker thread."""
         for dc in self.datasets:
             if dc.look_pending:
-                self._replaying = True
-                try:
-                    self._look_carried(dc)
-                finally:
-                    self._replaying = False
+                self._look_carried(dc)
             for t in dc.tracks:
                 self.index(dc, dc.variant, t.epoch)
                 if t.finished(self.settings.window) or t.high * 2 >= t.length:

@@ -46,7 +46,17 @@ class CursorLocking(CursorBase):
         seed change, and in a three-node soak whole epochs in mismatch.  The new plan is judged on
         the opens it sees next instead, as a plan made before any open is: within two batches per
         local rank it locks, or declares the mismatch itself.
+
+        A replay of the past: passes it finds teach no schedule (:meth:`_pass_started`).
         """
+        self._replaying = True
+        try:
+            self._relock_carried(dc)
+        finally:
+            self._replaying = False
+
+    def _relock_carried(self, dc: DatasetCursor) -> None:
+        """:meth:`_look_carried`'s relock itself."""
         first_mismatch = self.first_mismatch_open
         self._look(dc)
         if dc.state in ("detecting", "mismatch"):

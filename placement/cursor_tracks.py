@@ -974,7 +974,7 @@ class CursorBase:
     def _pass_started(self, dc: DatasetCursor) -> None:
         """A pass of ``dc`` began: learn where the lead is then (when such passes come).
 
-        Not while relocking on carried opens (:meth:`NodeCursor.prepare`): they replay the past, and
+        Not while relocking on carried opens (``_look_carried``): they replay the past, and
         the lead is already where its newest carried opens put it, not where it was when the pass
         began.  A sanity check's pass, relocked after the training set's, was learned at training's
         step 4 as "every 4 steps", and the horizon filled with validation passes (the rest of the
