@@ -861,6 +861,23 @@ def test_false_lock_chance_bounds_what_random_files_achieve(
     assert FALSE_LOCK == NodeCursor.FALSE_LOCK
 
 
+LIGHTNING = (503, 125, 8)  # training files, validation files, batch size
+
+
+def lightning_nothing_written(job_seed: int, epochs: int) -> tuple[Loop, int]:
+    """Lightning's loop on one node of two ranks (LIGHTNING's sizes): the sanity check's two
+    validation batches per rank, then each epoch's training and validation pass.  Returns the loop
+    and how many opens the sanity check made."""
+    n, n_val, b = LIGHTNING
+    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(4))
+    validation(loop, n, n_val, "sanity check", 0, batches=2)
+    sanity = len(loop.opens)
+    for e in range(epochs):
+        training(loop, n, seed=job_seed, epochs=range(e, e + 1))
+        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    return loop, sanity
+
+
 @pytest.mark.parametrize("job_seed", [7, 1234])
 @pytest.mark.parametrize("found_at", [40, 130, 300])
 def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found_at: int, job_seed: int) -> None:
@@ -871,13 +888,8 @@ def test_a_sanity_pass_before_a_found_seed_never_locks_the_training_cursor(found
     lock the training cursor (it stays where it was, epoch 0, nothing locked), no hit is ever taken
     back (a refuted presumption withdraws its hits), and of epoch 0 at most the opens before the
     seed was found and two batches per local rank go unpredicted."""
-    n, n_val, b = 503, 125, 8
-    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(4))
-    validation(loop, n, n_val, "sanity check", 0, batches=2)
-    sanity = len(loop.opens)
-    for e in range(3):
-        training(loop, n, seed=job_seed, epochs=range(e, e + 1))
-        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    n, n_val, b = LIGHTNING
+    loop, sanity = lightning_nothing_written(job_seed, 3)
     assumed = NodeCursor(plan(n, 0, 2, 2, b, epochs=3, n_val=n_val), settings(b))
     hits_seen: list[int] = []
     for g in loop.opens[:sanity]:
@@ -911,18 +923,13 @@ def test_a_sanity_pass_relocked_from_carried_opens_teaches_no_schedule(found_at:
     """Lightning, nothing written, as above: the found seed's plan relocks on the carried opens, the
     training set's first and then the sanity check's.  That relock replays the past: the sanity
     pass began before any training open, not where training is when the relock reaches it.  Taken
-    as a pass begun there (step 4 at 40 training opens), it taught "validation every 4 steps" and
+    as a pass begun there (step 3 after 300 training opens), it taught "validation every 3 steps" and
     the horizon filled with validation passes: the rest of epoch 0 was never staged and its
     readers waited on the PFS for each file (the Lightning client test's epoch-0 collapses).  The
     horizon must hold the next training opens all through epoch 0, and the schedule stays the
     one the first validation pass after an epoch teaches."""
-    n, n_val, b = 503, 125, 8
-    loop = Loop(world=2, per_node=2, node=0, batch=b, rng=random.Random(4))
-    validation(loop, n, n_val, "sanity check", 0, batches=2)
-    sanity = len(loop.opens)
-    for e in range(2):
-        training(loop, n, seed=job_seed, epochs=range(e, e + 1))
-        validation(loop, n, n_val, f"validation after epoch {e}", e)
+    n, n_val, b = LIGHTNING
+    loop, sanity = lightning_nothing_written(job_seed, 2)
     assumed = NodeCursor(plan(n, 0, 2, 2, b, epochs=2, n_val=n_val), settings(b))
     at = sanity + found_at
     replay(assumed, loop.opens[:at])
